@@ -1,0 +1,1 @@
+"""Prefect deployments: schedules, triggers and work pools are declared here and nowhere else."""

@@ -1,0 +1,122 @@
+"""Preflight: everything that can be checked before training starts, turned into a RunPlan."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from training.config import ConfigError, PipelineConfig
+from training.data import DataSchemaError, inspect_dataset
+from training.imports import ImportPathError, resolve_callable
+from training.storage import fsspec_filesystem, join, normalize_location
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_LOOP = "training.loop:train_loop_per_worker"
+BUILTIN_VALIDATE = "training.validate:validate_checkpoint"
+BUILTIN_METRICS = {"val_loss", "val_accuracy", "loss", "accuracy"}
+
+
+class RunPlan(BaseModel):
+    """A checked configuration plus the facts training and validation need; small, passed between tasks."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: PipelineConfig
+    storage: str
+    serving: str
+    train_loop: str
+    loop_config: dict[str, Any]
+    validate_kwargs: dict[str, Any]
+
+    @property
+    def run_name(self) -> str:
+        """The run's name."""
+        return self.config.run_name
+
+
+def check_writable(uri: str, field: str) -> str:
+    """Create the location if needed and prove it is writable, leaving nothing behind."""
+    location = normalize_location(uri)
+    fs, path = fsspec_filesystem(location)
+    probe = join(path, f".podium-write-probe-{uuid.uuid4().hex}")
+    try:
+        fs.makedirs(path, exist_ok=True)
+        fs.pipe_file(probe, b"ok")
+        fs.rm_file(probe)
+    except Exception as exc:
+        raise ConfigError(f"{field} = {uri!r}: not writable ({type(exc).__name__}: {exc})") from None
+    return location
+
+
+def plan_run(config: PipelineConfig) -> RunPlan:
+    """Check data, import paths and locations; raise ConfigError naming the field before any training."""
+    cfg = config
+    errors: list[str] = []
+    for field, value in (("data.train", cfg.data.train), ("data.val", cfg.data.val),
+                         ("storage", cfg.storage), ("serving", cfg.serving)):
+        if not value:
+            errors.append(f"{field} is empty: expected a path or URI")
+    train_loop = cfg.training.train_loop or BUILTIN_LOOP
+    for field, path in (("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)):
+        try:
+            resolve_callable(path, field)
+        except ImportPathError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+
+    infos = {}
+    for field, uri in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        try:
+            infos[field] = inspect_dataset(normalize_location(uri), cfg.data.label_column, cfg.data.feature_columns)
+        except FileNotFoundError:
+            errors.append(f"{field} = {uri!r}: no such file or directory")
+        except (DataSchemaError, OSError) as exc:
+            errors.append(f"{field}: {exc}")
+    if not errors:
+        tr, va = infos["data.train"], infos["data.val"]
+        if tr.feature_columns != va.feature_columns:
+            errors.append(f"data.val: feature columns {va.feature_columns} differ from data.train's {tr.feature_columns}")
+    builtin = train_loop == BUILTIN_LOOP and cfg.validation.fn == BUILTIN_VALIDATE
+    if builtin and cfg.promotion.metric not in BUILTIN_METRICS:
+        errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
+                      f"{sorted(BUILTIN_METRICS)}")
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    storage = check_writable(cfg.storage, "storage")
+    serving = check_writable(cfg.serving, "serving")
+
+    tr = infos["data.train"]
+    num_classes = max(tr.num_classes, infos["data.val"].num_classes)
+    loop_config = {
+        **cfg.training.model_dump(exclude={"train_loop", "train_loop_config"}),
+        "train_data": normalize_location(cfg.data.train),
+        "val_data": normalize_location(cfg.data.val),
+        "label_column": cfg.data.label_column,
+        "feature_columns": tr.feature_columns,
+        "num_classes": num_classes,
+        **cfg.training.train_loop_config,
+    }
+    validate_kwargs = {
+        "val_data": normalize_location(cfg.data.val),
+        "label_column": cfg.data.label_column,
+        "feature_columns": tr.feature_columns,
+        "torch_threads": cfg.training.torch_threads,
+        "run_name": cfg.run_name,
+        **cfg.validation.kwargs,
+    }
+    validate_kwargs.setdefault("config", dict(validate_kwargs))  # Ray's docs: validate_fn(checkpoint, config)
+    return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
+                   loop_config=loop_config, validate_kwargs=validate_kwargs)
+
+
+@task(name="plan-run", cache_policy=NO_CACHE)
+def plan_run_task(config: PipelineConfig) -> RunPlan:
+    """Preflight checks (data schema, import paths, writable locations) before anything is trained."""
+    return plan_run(config)

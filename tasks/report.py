@@ -1,0 +1,163 @@
+"""What people see: Prefect artifacts (checkpoint table, promotion report, chart, progress) and the MLflow chart."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from tasks.promote import PromotionOutcome
+from tasks.selection import CheckpointRecord
+from tasks.tracking import TrackingRun
+
+logger = logging.getLogger(__name__)
+progress_logger = logging.getLogger("podium.progress")
+
+
+def artifact_key(run_name: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{what}".lower()).strip("-")
+
+
+def say(message: str, *args: object) -> None:
+    """A progress line for the terminal (the CLI shows podium.progress) and the run's log."""
+    progress_logger.info(message, *args)
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return ""
+    return f"{v:.4f}" if math.isfinite(v) else str(v)
+
+
+def checkpoint_rows(records: list[CheckpointRecord], champion_step: int | None) -> list[dict[str, str]]:
+    """One row per checkpoint: step, status, every metric, and which one is the champion."""
+    keys = sorted({k for r in records for k in r.metrics if k not in ("step", "epoch")})
+    rows = []
+    for r in records:
+        row = {"step": str(r.step), "status": r.status, **{k: _fmt(r.metrics.get(k)) for k in keys},
+               "champion": "★" if r.step == champion_step else "", "uri": r.uri}
+        if r.failure:
+            row["failure"] = r.failure[:200]
+        rows.append(row)
+    return rows
+
+
+def chart_markdown(records: list[CheckpointRecord], metric: str, mode: str, champion_step: int | None) -> str:
+    """A bar chart of the metric per checkpoint, in markdown (renders in the Prefect UI as is)."""
+    values = [(r.step, r.metrics.get(metric)) for r in records]
+    finite = [v for _, v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return f"No checkpoint has a finite `{metric}`."
+    lo, hi = min(finite), max(finite)
+    span = (hi - lo) or 1.0
+    lines = [f"### {metric} per checkpoint ({'lower' if mode == 'min' else 'higher'} is better)", "", "```"]
+    for step, v in values:
+        if v is None or not math.isfinite(v):
+            lines.append(f"step {step:>8}  {'(no value)':<40}")
+            continue
+        bar = "█" * (1 + int(39 * (v - lo) / span))
+        mark = "  ★ champion" if step == champion_step else ""
+        lines.append(f"step {step:>8}  {bar:<40} {v:.4f}{mark}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: str | None) -> str:
+    """The promotion report: what was promoted and why, or why not."""
+    lines = [f"# Promotion report: {run_name}", ""]
+    if outcome.promoted:
+        p = outcome.promoted
+        lines += [f"**Promoted** step {p.step} as serving version `{p.version}` "
+                  f"({p.metric} = {p.value:.6g}).", "",
+                  f"- serving copy: `{p.uri}`", f"- source checkpoint: `{p.checkpoint_uri}`",
+                  f"- MLflow registered version: {p.mlflow_version}",
+                  f"- previous champion: {outcome.champion_before or 'none'}"]
+    else:
+        lines += ["**Nothing promoted.**", ""]
+    lines += ["", f"Reason: {outcome.reason}"]
+    if tracking_url:
+        lines += ["", f"MLflow run: {tracking_url}"]
+    return "\n".join(lines)
+
+
+def log_chart_to_mlflow(tracking: TrackingRun, records: list[CheckpointRecord], metric: str,
+                        champion_step: int | None) -> None:
+    """The same chart as a PNG on the MLflow run (matplotlib ships with mlflow)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.info("matplotlib not installed: no chart on the MLflow run")
+        return
+    pts = [(r.step, r.metrics[metric]) for r in records if math.isfinite(r.metrics.get(metric, math.nan))]
+    if not pts:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o")
+    for s, v in pts:
+        if s == champion_step:
+            ax.scatter([s], [v], s=200, marker="*", color="gold", edgecolors="black", zorder=3, label="champion")
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{tracking.run_name}: {metric} per checkpoint")
+    if champion_step is not None:
+        ax.legend()
+    tracking.client().log_figure(tracking.run_id, fig, f"podium/{metric}_per_checkpoint.png")
+    plt.close(fig)
+
+
+def publish_reports(run_name: str, tracking: TrackingRun, records: list[CheckpointRecord],
+                    outcome: PromotionOutcome, metric: str, mode: str, tracking_url: str | None) -> None:
+    """Checkpoint table, promotion report and chart as Prefect artifacts; report and chart on MLflow."""
+    champion_step = outcome.promoted.step if outcome.promoted else None
+    create_table_artifact(table=checkpoint_rows(records, champion_step), key=artifact_key(run_name, "checkpoints"),
+                          description=f"Checkpoints of {run_name} with training and validation metrics")
+    report = promotion_markdown(run_name, outcome, tracking_url)
+    create_markdown_artifact(markdown=report, key=artifact_key(run_name, "promotion"),
+                             description=f"Promotion report of {run_name}")
+    create_markdown_artifact(markdown=chart_markdown(records, metric, mode, champion_step),
+                             key=artifact_key(run_name, "chart"), description=f"{metric} per checkpoint")
+    tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
+    log_chart_to_mlflow(tracking, records, metric, champion_step)
+
+
+class Progress:
+    """A Prefect progress artifact for the run, updated as training and validation go on."""
+
+    def __init__(self, run_name: str, total_epochs: int):
+        self.total = max(total_epochs, 1)
+        self.trained = 0.0
+        self.validated = 0
+        self.announced = 0
+        self.id: UUID | None = None
+        try:
+            self.id = create_progress_artifact(progress=0.0, key=artifact_key(run_name, "progress"),
+                                               description="Training epochs done (validations follow)")
+        except Exception:
+            logger.warning("could not create the progress artifact", exc_info=True)
+
+    def update(self, *, epoch: float | None = None, validated: int | None = None) -> None:
+        """Record progress: training by epoch, then validations."""
+        if epoch is not None:
+            self.trained = min(float(epoch), float(self.total))
+        if validated is not None:
+            self.validated = validated
+        if self.id is None:
+            return
+        pct = 100.0 * self.trained / self.total
+        try:
+            update_progress_artifact(self.id, progress=pct,
+                                     description=f"{self.trained:g}/{self.total} epochs, {self.validated} validated")
+        except Exception:
+            logger.debug("progress update failed", exc_info=True)

@@ -1,0 +1,110 @@
+"""Which checkpoint is best, and does it beat the champion? Pure functions of records, no side effects."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["min", "max"]
+
+PENDING, VALIDATED, FAILED = "pending", "validated", "failed"
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One checkpoint as recorded in MLflow: training metrics and, once validated, validation metrics."""
+
+    step: int
+    uri: str
+    status: str = PENDING
+    metrics: dict[str, float] = field(default_factory=dict)
+    model_id: str | None = None
+    run_name: str | None = None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class Champion:
+    """What the serving location currently holds."""
+
+    version: str
+    step: int | None
+    metric: str
+    value: float | None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of a promotion decision and the reason, in words for the report."""
+
+    promote: bool
+    reason: str
+    candidate: CheckpointRecord | None = None
+    value: float | None = None
+
+
+def _finite(v: float | None) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def select_best(records: list[CheckpointRecord], metric: str, mode: Mode) -> tuple[CheckpointRecord | None, str]:
+    """The best validated checkpoint by `metric` and why others were skipped.
+
+    Failed and pending checkpoints, and those whose metric is missing, NaN or
+    infinite, are never chosen. Ties go to the later step (it has seen more data).
+    """
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode = {mode!r}: expected 'min' or 'max'")
+    validated = [r for r in records if r.status == VALIDATED]
+    eligible = [r for r in validated if _finite(r.metrics.get(metric))]
+    if not eligible:
+        if not records:
+            return None, "no checkpoints were recorded"
+        if not validated:
+            return None, f"none of the {len(records)} checkpoints was validated successfully"
+        missing = [r.step for r in validated if metric not in r.metrics]
+        if len(missing) == len(validated):
+            known = sorted({k for r in validated for k in r.metrics})
+            return None, f"no checkpoint reports the metric {metric!r}; reported metrics: {known}"
+        return None, f"every validated checkpoint has a missing, NaN or infinite {metric!r}"
+    sign = 1.0 if mode == "min" else -1.0
+    best = min(eligible, key=lambda r: (sign * r.metrics[metric], -r.step))
+    skipped = len(records) - len(eligible)
+    note = f"; {skipped} checkpoint(s) not eligible (failed, pending, or no finite {metric})" if skipped else ""
+    return best, f"best of {len(eligible)} validated checkpoint(s) by {metric} ({mode}){note}"
+
+
+def decide_promotion(
+    best: CheckpointRecord | None,
+    champion: Champion | None,
+    metric: str,
+    mode: Mode,
+    min_delta: float = 0.0,
+    always: bool = False,
+    why_best: str = "",
+) -> Decision:
+    """Promote `best` if there is no champion, if `always`, or if it beats the champion by more than `min_delta`."""
+    if best is None:
+        return Decision(False, f"nothing to promote: {why_best}")
+    value = best.metrics[metric]
+    head = f"step {best.step} has {metric} = {value:.6g}"
+    if champion is None:
+        return Decision(True, f"{head}; first promotion to this serving location", best, value)
+    if champion.source is not None and champion.source == best.uri:
+        return Decision(False, f"{head}; it is already the champion ({champion.version})", best, value)
+    if always:
+        return Decision(True, f"{head}; promotion forced (always), champion {champion.version} "
+                              f"had {champion.value}", best, value)
+    if champion.metric != metric:
+        return Decision(False, f"{head}; champion {champion.version} was ranked by {champion.metric!r}, "
+                               f"not {metric!r}: not comparable (set always to replace it)", best, value)
+    if not _finite(champion.value):
+        return Decision(True, f"{head}; champion {champion.version} has no finite {metric}", best, value)
+    gain = (champion.value - value) if mode == "min" else (value - champion.value)
+    if gain > min_delta:
+        return Decision(True, f"{head}, better than champion {champion.version} ({champion.value:.6g}) by "
+                              f"{gain:.6g} > min_delta {min_delta:g}", best, value)
+    return Decision(False, f"{head}; champion {champion.version} has {champion.value:.6g}: improvement "
+                           f"{gain:.6g} is not more than min_delta {min_delta:g}", best, value)

@@ -1,0 +1,257 @@
+"""MLflow records: one run per training run, one LoggedModel per checkpoint, the registry alias.
+
+Workers use `MlflowClient` with explicit ids only: the fluent API would silently
+create runs. Checkpoint status lives in the `podium.status` tag (searchable on
+every backend) and in the LoggedModel status (READY / FAILED) for the UI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlflow.entities import LoggedModelStatus, Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.selection import FAILED, PENDING, VALIDATED, CheckpointRecord
+from training.events import CheckpointEvent
+
+logger = logging.getLogger(__name__)
+
+TAG_RUN = "podium.run_name"
+TAG_CHECKPOINT = "podium.checkpoint"
+TAG_URI = "podium.checkpoint_uri"
+TAG_STEP = "podium.step"
+TAG_STATUS = "podium.status"
+TAG_FAILURE = "podium.failure"
+MAX_TAG = 4000
+
+
+@dataclass(frozen=True)
+class TrackingRun:
+    """Where a podium run is recorded: passed between tasks instead of a client."""
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+    run_name: str
+
+    def client(self) -> MlflowClient:
+        """A client bound to this tracking URI (and the same registry)."""
+        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+
+    def run_url(self, ui: str) -> str:
+        """Link to the run in an MLflow UI at base URL `ui`."""
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+
+    def models_url(self, ui: str) -> str:
+        """Link to the experiment's model (checkpoint) comparison page."""
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models"
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def flatten_params(config: dict[str, Any]) -> dict[str, str]:
+    """Nested config -> MLflow params ('training.epochs': '5')."""
+    out: dict[str, str] = {}
+    _flatten("", config, out)
+    return {k: v[:6000] for k, v in out.items()}
+
+
+def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
+    """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    experiment_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
+                               max_results=1, order_by=["attributes.start_time DESC"])
+    if found:
+        run_id = found[0].info.run_id
+        if found[0].info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+    else:
+        run_id = client.create_run(experiment_id, run_name=run_name, tags={TAG_RUN: run_name}).info.run_id
+    flat = flatten_params(params)
+    existing = client.get_run(run_id).data.params
+    changed = {k: (existing[k], v) for k, v in flat.items() if k in existing and existing[k] != v}
+    if changed:
+        logger.warning("run %s resumed with changed config (MLflow keeps the first values): %s", run_name, changed)
+    new = [(k, v) for k, v in flat.items() if k not in existing]
+    for i in range(0, len(new), 100):
+        client.log_batch(run_id, params=[Param(k, v) for k, v in new[i : i + 100]])
+    return TrackingRun(tracking_uri, experiment_id, run_id, run_name)
+
+
+def close_tracking_run(tr: TrackingRun, failed: bool = False) -> None:
+    """Mark the MLflow run finished (or failed)."""
+    tr.client().set_terminated(tr.run_id, status="FAILED" if failed else "FINISHED")
+
+
+def _metrics(values: dict[str, float], step: int, model_id: str | None = None) -> list[Metric]:
+    now = int(time.time() * 1000)
+    # MLflow stores NaN/inf; keep them so the record shows what the function returned
+    return [Metric(k, float(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
+
+
+def log_training_metrics(tr: TrackingRun, event: CheckpointEvent) -> None:
+    """Training metrics of a report without a checkpoint, by step on the run."""
+    if event.metrics:
+        tr.client().log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step))
+
+
+def _record_from_model(model: Any) -> CheckpointRecord:
+    latest: dict[str, tuple[int, int, float]] = {}
+    for m in model.metrics or []:
+        key = (m.timestamp, m.step)
+        if m.key not in latest or key >= latest[m.key][:2]:
+            latest[m.key] = (m.timestamp, m.step, m.value)
+    tags = model.tags or {}
+    return CheckpointRecord(
+        step=int(tags.get(TAG_STEP, 0)),
+        uri=tags.get(TAG_URI, ""),
+        status=tags.get(TAG_STATUS, PENDING),
+        metrics={k: v[2] for k, v in latest.items()},
+        model_id=model.model_id,
+        run_name=tags.get(TAG_RUN),
+        failure=tags.get(TAG_FAILURE),
+    )
+
+
+def _search(tr: TrackingRun, extra: str = "") -> list[Any]:
+    client = tr.client()
+    flt = f"source_run_id = '{tr.run_id}'" + (f" AND {extra}" if extra else "")
+    models, token = [], None
+    while True:
+        page = client.search_logged_models([tr.experiment_id], filter_string=flt, max_results=1000,
+                                           page_token=token)
+        models.extend(page)
+        token = page.token
+        if not token:
+            return models
+
+
+def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
+    """Create the checkpoint's LoggedModel (status pending) with its training metrics; idempotent.
+
+    A checkpoint announced twice (a resumed run, a replayed event) gets its
+    existing record back, never a second one.
+    """
+    if not event.has_checkpoint:
+        raise ValueError(f"report at step {event.step} has no checkpoint to record")
+    existing = _search(tr, f"tags.`{TAG_CHECKPOINT}` = '{event.checkpoint_name}'")
+    if existing:
+        return _record_from_model(tr.client().get_logged_model(existing[0].model_id))
+    client = tr.client()
+    tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
+            TAG_STEP: str(event.step), TAG_STATUS: PENDING}
+    model = client.create_logged_model(
+        experiment_id=tr.experiment_id, name=f"{tr.run_name}-step-{event.step}", source_run_id=tr.run_id,
+        tags=tags, params={"step": str(event.step), "checkpoint_uri": event.checkpoint_uri,
+                           "epoch": str(event.epoch)},
+    )
+    if event.metrics:
+        client.log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step, model.model_id))
+    return CheckpointRecord(step=event.step, uri=event.checkpoint_uri, status=PENDING,
+                            metrics=dict(event.metrics), model_id=model.model_id, run_name=tr.run_name)
+
+
+def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float]) -> CheckpointRecord:
+    """Attach validation metrics to the checkpoint's model (and the run, by step); status validated."""
+    client = tr.client()
+    client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, record.model_id))
+    bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+    tags = {TAG_STATUS: VALIDATED}
+    if bad:
+        tags["podium.nonfinite_metrics"] = ",".join(bad)
+    client.set_logged_model_tags(record.model_id, tags)
+    client.finalize_logged_model(record.model_id, LoggedModelStatus.READY)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED,
+                            metrics={**record.metrics, **metrics}, model_id=record.model_id,
+                            run_name=record.run_name)
+
+
+def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str) -> CheckpointRecord:
+    """Mark a checkpoint's validation failed, with the reason; it will never be promoted."""
+    client = tr.client()
+    client.set_logged_model_tags(record.model_id, {TAG_STATUS: FAILED, TAG_FAILURE: reason[:MAX_TAG]})
+    client.finalize_logged_model(record.model_id, LoggedModelStatus.FAILED)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=record.metrics,
+                            model_id=record.model_id, run_name=record.run_name, failure=reason)
+
+
+def list_records(tr: TrackingRun) -> list[CheckpointRecord]:
+    """Every checkpoint record of the run, sorted by step (one paged search)."""
+    return sorted((_record_from_model(m) for m in _search(tr)), key=lambda r: r.step)
+
+
+def find_tracking_run(tracking_uri: str, experiment: str, run_name: str) -> TrackingRun:
+    """The MLflow run of an existing podium run; raises LookupError naming what was searched."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise LookupError(f"MLflow experiment {experiment!r} does not exist at {tracking_uri}")
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
+                               max_results=1, order_by=["attributes.start_time DESC"])
+    if not found:
+        raise LookupError(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
+    return TrackingRun(tracking_uri, exp.experiment_id, found[0].info.run_id, run_name)
+
+
+def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: str, alias: str,
+                      tags: dict[str, str]) -> str:
+    """Register the promoted copy as a new model version and move `alias` to it; returns the version."""
+    client = tr.client()
+    try:
+        client.create_registered_model(name, description="Checkpoints promoted by podium.")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
+                                     description=f"{tr.run_name} step {record.step}")
+    client.set_registered_model_alias(name, alias, mv.version)
+    if record.model_id:
+        client.set_logged_model_tags(record.model_id, {
+            "mlflow.modelVersions": json.dumps([{"name": name, "version": mv.version}]),
+            "podium.promoted": "true"})
+    return str(mv.version)
+
+
+def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
+    """Move a registry alias (rollback uses this)."""
+    MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(name, alias, version)
+
+
+def log_artifact_text(tr: TrackingRun, text: str, path: str) -> None:
+    """A text artifact on the run (the promotion report)."""
+    tr.client().log_text(tr.run_id, text, path)
+
+
+@task(name="open-tracking-run", cache_policy=NO_CACHE)
+def open_tracking_run_task(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
+    """Find or create the MLflow run of this podium run and log its configuration."""
+    return open_tracking_run(tracking_uri, experiment, run_name, params)
+
+
+@task(name="record-checkpoint", cache_policy=NO_CACHE)
+def record_checkpoint_task(tracking: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
+    """Create the checkpoint's MLflow record (idempotent)."""
+    return record_checkpoint(tracking, event)
+
+
+@task(name="find-tracking-run", cache_policy=NO_CACHE)
+def find_tracking_run_task(tracking_uri: str, experiment: str, run_name: str) -> TrackingRun:
+    """Find the MLflow run of an existing podium run."""
+    return find_tracking_run(tracking_uri, experiment, run_name)

@@ -1,0 +1,72 @@
+"""The training task: a Ray Train TorchTrainer run that announces every checkpoint as it is persisted."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.plan import RunPlan
+from training import raytrain
+from training.events import CheckpointEvent, EventSink
+from training.imports import resolve_callable
+
+
+def required_cpus(plan: RunPlan) -> float:
+    """Logical CPUs a local Ray needs: every training worker plus the validation concurrency."""
+    cfg = plan.config
+    return (cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
+            + cfg.validation.concurrency * cfg.validation.num_cpus)
+
+
+def check_resources(plan: RunPlan) -> None:
+    """Fail before training if the Ray cluster cannot ever fit a training worker group or one validation."""
+    import ray
+
+    cfg = plan.config
+    total = ray.cluster_resources()
+    need_train = {"CPU": cfg.scaling.num_workers * cfg.scaling.cpus_per_worker,
+                  "GPU": cfg.scaling.num_workers if cfg.scaling.use_gpu else 0}
+    need_val = {"CPU": cfg.validation.num_cpus, "GPU": cfg.validation.num_gpus, **cfg.validation.resources}
+    for what, need in (("scaling", need_train), ("validation", need_val)):
+        for res, amount in need.items():
+            if amount and total.get(res, 0) < amount:
+                raise ValueError(f"{what} asks for {amount:g} {res} but the Ray cluster has "
+                                 f"{total.get(res, 0):g} {res} in all")
+
+
+def train(plan: RunPlan, sink: EventSink) -> None:
+    """Train to completion (or resume the run of the same name), announcing each report to `sink`."""
+    cfg = plan.config
+    raytrain.fit(
+        train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
+        loop_config=plan.loop_config,
+        run_name=cfg.run_name,
+        storage=plan.storage,
+        num_workers=cfg.scaling.num_workers,
+        use_gpu=cfg.scaling.use_gpu,
+        cpus_per_worker=cfg.scaling.cpus_per_worker,
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
+    )
+
+
+@task(name="train-model", cache_policy=NO_CACHE)
+def train_model(plan: RunPlan, sink: EventSink) -> None:
+    """Run distributed training on Ray Train; checkpoints are announced while it runs."""
+    train(plan, sink)
+
+
+def connect_ray(plan: RunPlan) -> None:
+    """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation."""
+    raytrain.ensure_ray(required_cpus(plan))
+    check_resources(plan)
+
+
+def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:
+    """Checkpoints Ray Train persisted for this run that were never announced to this process."""
+    return [e for e in raytrain.persisted_checkpoints(plan.storage, plan.run_name) if e.checkpoint_name not in seen]
+
+
+@task(name="connect-ray", cache_policy=NO_CACHE)
+def connect_ray_task(plan: RunPlan) -> None:
+    """Connect to Ray and check the cluster can hold the training workers and a validation task."""
+    connect_ray(plan)

@@ -1,0 +1,52 @@
+"""What a checkpoint announcement carries, and where announcements go."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """A report from Ray Train: with `checkpoint_uri` set, a checkpoint that has been persisted."""
+
+    run_name: str
+    step: int
+    metrics: dict[str, float]
+    checkpoint_uri: str | None = None
+    checkpoint_name: str | None = None
+    epoch: int | None = None
+    persisted_at: float = field(default_factory=time.time)
+
+    @property
+    def has_checkpoint(self) -> bool:
+        """True when this report persisted a checkpoint."""
+        return self.checkpoint_uri is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-serializable) for queues and event payloads."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CheckpointEvent":
+        """Inverse of to_dict."""
+        return cls(**data)
+
+
+class EventSink(Protocol):
+    """Anything that takes announcements: a Ray queue, a Prefect event emitter, a list in a test."""
+
+    def put(self, event: CheckpointEvent) -> None: ...
+
+
+STEP_KEYS = ("step", "global_step", "training_iteration", "epoch")
+
+
+def step_of(metrics: dict[str, Any], fallback: int) -> int:
+    """The step a report is about: the first of STEP_KEYS present in its metrics, else `fallback`."""
+    for key in STEP_KEYS:
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return int(value)
+    return fallback

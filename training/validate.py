@@ -1,0 +1,27 @@
+"""The built-in validation function: `(checkpoint, **kwargs) -> dict of floats`, as in Ray's docs."""
+
+from __future__ import annotations
+
+import ray.train
+import torch
+
+from training.checkpoint import load_model
+from training.data import load_arrays
+from training.model import evaluate
+
+
+def validate_checkpoint(
+    checkpoint: ray.train.Checkpoint,
+    val_data: str,
+    label_column: str = "label",
+    feature_columns: list[str] | None = None,
+    torch_threads: int = 1,
+) -> dict[str, float]:
+    """Validation loss and accuracy of a podium checkpoint on the Parquet dataset `val_data`."""
+    torch.set_num_threads(torch_threads)
+    with checkpoint.as_directory() as d:
+        model, meta = load_model(d)
+    columns = feature_columns or meta.feature_columns
+    x, y = load_arrays(val_data, label_column, columns)
+    m = evaluate(model, torch.from_numpy(x), torch.from_numpy(y))
+    return {"val_loss": m["loss"], "val_accuracy": m["accuracy"]}
