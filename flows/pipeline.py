@@ -31,6 +31,7 @@ class RunSummary(BaseModel):
     tracking: TrackingRun
     checkpoints: list[CheckpointRecord]
     promotion: PromotionOutcome
+    training_ended_at: float | None = None
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
@@ -64,7 +65,7 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str, mlflow_ui:
         for event in missed_checkpoints(plan, seen):  # persisted while no flow was listening
             say("checkpoint step %d found in storage (not announced to this run)", event.step)
             validations.add(record_checkpoint_task(tracking, event))
-        training.result()  # training failures surface here, after persisted checkpoints were queued
+        training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
         progress.update(validated=validations.validated)
         say("training done; %d checkpoints, %d validated, %d failed", len(records),
@@ -80,4 +81,5 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str, mlflow_ui:
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     close_tracking_run(tracking)
-    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome)
+    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
+                      training_ended_at=training_ended_at)

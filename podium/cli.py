@@ -133,6 +133,7 @@ def _quiet_libraries(log_file: Path) -> None:
     """Route library logs to a file: the terminal shows podium's progress lines."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "podium,tasks,training,flows")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TQDM_DISABLE", "1")
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +150,10 @@ def _quiet_libraries(log_file: Path) -> None:
             if isinstance(h, prefect.logging.handlers.PrefectConsoleHandler):
                 lg.removeHandler(h)
     logging.getLogger().addHandler(handler)
+    import mlflow  # noqa: F401  (mlflow adds a stderr handler to its logger on import)
+
+    logging.getLogger("mlflow").handlers.clear()
+    logging.getLogger("mlflow").propagate = True
 
 
 def _prepare(args: argparse.Namespace, settings: PodiumSettings):
@@ -188,7 +193,9 @@ def _summary_json(summary, serving: str) -> dict[str, Any]:
         "mlflow_run_id": summary.tracking.run_id,
         "tracking_uri": summary.tracking.tracking_uri,
         "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
-                         **({"failure": r.failure} if r.failure else {})} for r in summary.checkpoints],
+                         "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {})}
+                        for r in summary.checkpoints],
+        "training_ended_at": summary.training_ended_at,
         "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
                       "metric": promoted.metric, "value": promoted.value,
                       "mlflow_version": promoted.mlflow_version} if promoted else None),
@@ -330,8 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=cmd_status)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
-    make.add_argument("--train-rows", type=int, default=8000, help="Training rows (default: 8000).")
-    make.add_argument("--val-rows", type=int, default=2000, help="Validation rows (default: 2000).")
+    make.add_argument("--train-rows", type=int, default=24000, help="Training rows (default: 24000).")
+    make.add_argument("--val-rows", type=int, default=6000, help="Validation rows (default: 6000).")
     make.add_argument("--features", type=int, default=16, help="Feature columns (default: 16).")
     make.add_argument("--classes", type=int, default=4, help="Classes (default: 4).")
     make.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")

@@ -22,6 +22,7 @@ class CheckpointRecord:
     model_id: str | None = None
     run_name: str | None = None
     failure: str | None = None
+    validated_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ TAG_URI = "podium.checkpoint_uri"
 TAG_STEP = "podium.step"
 TAG_STATUS = "podium.status"
 TAG_FAILURE = "podium.failure"
+TAG_VALIDATED_AT = "podium.validated_at"
 MAX_TAG = 4000
 
 
@@ -127,6 +128,7 @@ def _record_from_model(model: Any) -> CheckpointRecord:
         model_id=model.model_id,
         run_name=tags.get(TAG_RUN),
         failure=tags.get(TAG_FAILURE),
+        validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
     )
 
 
@@ -173,20 +175,22 @@ def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[st
     client = tr.client()
     client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, record.model_id))
     bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
-    tags = {TAG_STATUS: VALIDATED}
+    now = time.time()
+    tags = {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now)}
     if bad:
         tags["podium.nonfinite_metrics"] = ",".join(bad)
     client.set_logged_model_tags(record.model_id, tags)
     client.finalize_logged_model(record.model_id, LoggedModelStatus.READY)
     return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED,
                             metrics={**record.metrics, **metrics}, model_id=record.model_id,
-                            run_name=record.run_name)
+                            run_name=record.run_name, validated_at=now)
 
 
 def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str) -> CheckpointRecord:
     """Mark a checkpoint's validation failed, with the reason; it will never be promoted."""
     client = tr.client()
-    client.set_logged_model_tags(record.model_id, {TAG_STATUS: FAILED, TAG_FAILURE: reason[:MAX_TAG]})
+    client.set_logged_model_tags(record.model_id, {TAG_STATUS: FAILED, TAG_FAILURE: reason[:MAX_TAG],
+                                                   TAG_VALIDATED_AT: repr(time.time())})
     client.finalize_logged_model(record.model_id, LoggedModelStatus.FAILED)
     return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=record.metrics,
                             model_id=record.model_id, run_name=record.run_name, failure=reason)

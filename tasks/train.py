@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -34,8 +36,10 @@ def check_resources(plan: RunPlan) -> None:
                                  f"{total.get(res, 0):g} {res} in all")
 
 
-def train(plan: RunPlan, sink: EventSink) -> None:
-    """Train to completion (or resume the run of the same name), announcing each report to `sink`."""
+def train(plan: RunPlan, sink: EventSink) -> float:
+    """Train to completion (or resume the run of the same name), announcing each report to `sink`.
+
+    Returns the time training ended (epoch seconds)."""
     cfg = plan.config
     raytrain.fit(
         train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
@@ -47,12 +51,13 @@ def train(plan: RunPlan, sink: EventSink) -> None:
         cpus_per_worker=cfg.scaling.cpus_per_worker,
         callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
     )
+    return time.time()
 
 
 @task(name="train-model", cache_policy=NO_CACHE)
-def train_model(plan: RunPlan, sink: EventSink) -> None:
+def train_model(plan: RunPlan, sink: EventSink) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
-    train(plan, sink)
+    return train(plan, sink)
 
 
 def connect_ray(plan: RunPlan) -> None:

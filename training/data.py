@@ -91,8 +91,8 @@ def load_arrays(
 def make_classification_data(
     out_dir: str,
     *,
-    train_rows: int = 8000,
-    val_rows: int = 2000,
+    train_rows: int = 24000,
+    val_rows: int = 6000,
     num_features: int = 16,
     num_classes: int = 4,
     seed: int = 0,
