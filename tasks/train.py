@@ -62,8 +62,11 @@ def train_model(plan: RunPlan, sink: EventSink) -> float:
 
 def connect_ray(plan: RunPlan) -> None:
     """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation."""
-    raytrain.ensure_ray(required_cpus(plan))
+    raytrain.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
     check_resources(plan)
+    v = plan.config.validation
+    raytrain.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
+                                        resources=v.resources)
 
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:

@@ -77,6 +77,8 @@ def read_meta(directory: str) -> CheckpointMeta:
     try:
         with open(path) as f:
             doc = json.load(f)
+        if not isinstance(doc, dict):
+            raise CheckpointFormatError(f"{path!r} is corrupt: expected a JSON object, got {type(doc).__name__}")
         if doc.get("format") != FORMAT:
             raise CheckpointFormatError(f"{path!r}: format {doc.get('format')!r}, expected {FORMAT!r}")
         return CheckpointMeta(
@@ -90,7 +92,7 @@ def read_meta(directory: str) -> CheckpointMeta:
         )
     except CheckpointFormatError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointFormatError(f"{path!r} is corrupt: {exc}") from None
 
 
@@ -108,7 +110,10 @@ def _load_tensors(path: str) -> dict:
 def load_model(directory: str) -> tuple[nn.Module, CheckpointMeta]:
     """Rebuild the model from a podium checkpoint directory, in eval mode."""
     meta = read_meta(directory)
-    model = build_model(meta.model)
+    try:
+        model = build_model(meta.model)
+    except ValueError as exc:
+        raise CheckpointFormatError(f"{directory!r}: {exc}") from None
     try:
         model.load_state_dict(_load_tensors(os.path.join(directory, MODEL_FILE)))
     except RuntimeError as exc:

@@ -225,7 +225,8 @@ def switch_current(serving: str, version: PromotedVersion, reason: str) -> None:
     pointer = {"version": version.version, "switched_at": time.time(),
                "previous": previous.version if previous else None, "reason": reason}
     write_json(join(serving, POINTER), pointer)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    # names sort in the order of the switches (nanoseconds), readable thanks to the date prefix
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
     write_json(join(serving, "history", f"{stamp}-{version.version}-{uuid.uuid4().hex[:6]}.json"),
                {**pointer, "step": version.manifest.get("step"), "source": version.manifest.get("source")})
 

@@ -1,0 +1,1 @@
+"""podium's benchmarks: speed is measured here, never asserted in tests (see BENCHMARKS.md)."""

@@ -1,0 +1,107 @@
+"""Run one of the bare-Ray-Train variants (a), (b), (c) of the comparison in this process.
+
+    python -m benchmarks.variants --variant a|b|c --spec spec.json --out result.json
+
+compare.py starts each variant in a fresh process (fresh Ray, cold workers, as a user
+would run it) and reads the JSON it writes. The TorchTrainer is built exactly as
+podium's `training.raytrain.fit` builds it (same scaling, run and checkpoint config,
+same Ray Train poll interval podium sets), with podium's CheckpointAnnouncer writing
+each persisted checkpoint to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+
+STARTED = time.time()  # before the heavy imports: the process wall time includes them
+
+import ray  # noqa: E402
+import ray.train  # noqa: E402
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ValidationConfig, ValidationTaskConfig  # noqa: E402
+from ray.train.torch import TorchTrainer  # noqa: E402
+
+from benchmarks.instrument import ENV as RECORD_ENV  # noqa: E402
+from benchmarks.workload import FileSink, read_jsonl, validate_repeated  # noqa: E402
+from training import raytrain  # noqa: E402
+from training.storage import arrow_filesystem  # noqa: E402
+
+LOOPS = {"a": "benchmarks.loops:train_loop_plain", "b": "benchmarks.loops:train_loop_inline_validation",
+         "c": "benchmarks.loops:train_loop_ray_validation"}
+
+
+def init_ray(variant: str, log: str) -> None:
+    """A local Ray like podium's `ensure_ray` (2 logical CPUs here: training 1 + validation 1)."""
+    os.environ.setdefault(raytrain.POLL_INTERVAL_ENV, raytrain.DEFAULT_POLL_INTERVAL_S)
+    runtime_env = {"env_vars": {raytrain.POLL_INTERVAL_ENV: os.environ[raytrain.POLL_INTERVAL_ENV],
+                                RECORD_ENV: log}}
+    if variant == "c":
+        runtime_env["worker_process_setup_hook"] = "benchmarks.instrument.install"
+    ray.init(num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False, runtime_env=runtime_env)
+
+
+def run(variant: str, spec: dict) -> dict:
+    """Train one way; return the timestamps compare.py turns into the table."""
+    from training.imports import resolve_callable
+
+    log = spec["log"]
+    init_ray(variant, log)
+    ray_ready = time.time()
+    config = {**spec["loop_config"], "bench_log": log, "bench_validate_kwargs": spec["validate_kwargs"]}
+    fs, path = arrow_filesystem(spec["storage"])
+    validation_config = None
+    if variant == "c":
+        validation_config = ValidationConfig(fn=validate_repeated,
+                                             task_config=ValidationTaskConfig(fn_kwargs=spec["validate_kwargs"]),
+                                             ray_remote_kwargs={"num_cpus": 1})
+    fit_start = time.time()
+    trainer = TorchTrainer(
+        train_loop_per_worker=resolve_callable(LOOPS[variant]),
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=spec["run_name"], storage_path=path, storage_filesystem=fs,
+                             callbacks=[raytrain.CheckpointAnnouncer(spec["run_name"], [FileSink(log)])],
+                             failure_config=FailureConfig(max_failures=0),
+                             checkpoint_config=CheckpointConfig(num_to_keep=None)),
+        validation_config=validation_config,
+    )
+    result = trainer.fit()
+    fit_end = time.time()
+    best_step, best_value = None, None
+    if variant == "b":
+        recorded = [r for r in read_jsonl(log) if r["kind"] == "recorded"]
+        if recorded:
+            best = min(recorded, key=lambda r: (r["metrics"]["val_loss"], -r["step"]))
+            best_step, best_value = best["step"], best["metrics"]["val_loss"]
+    elif variant == "c":
+        validated = [(c, m) for c, m in (result.best_checkpoints or []) if "val_loss" in m]
+        if validated:
+            c, m = min(validated, key=lambda cm: (cm[1]["val_loss"], -cm[1].get("step", 0)))
+            best_step, best_value = m.get("step"), m["val_loss"]
+    best_chosen = time.time()
+    ray.shutdown()
+    return {"variant": variant, "process_start": STARTED, "ray_ready": ray_ready, "fit_start": fit_start,
+            "fit_end": fit_end, "best_chosen": best_chosen if variant != "a" else None, "best_step": best_step,
+            "best_value": best_value, "process_end": time.time()}
+
+
+def main() -> None:
+    """CLI of one variant run."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variant", choices=sorted(LOOPS), required=True)
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    with open(a.spec) as f:
+        spec = json.load(f)
+    out = run(a.variant, spec)
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

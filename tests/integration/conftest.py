@@ -1,0 +1,81 @@
+"""Real components for integration tests: a `prefect server` process, a local Ray, MLflow on SQLite."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real Prefect server (not the in-process one, which drops task-run records under load)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from podium.services import ensure_prefect_server, stop_prefect_server
+
+    home = tmp_path_factory.mktemp("podium-home")
+    url = ensure_prefect_server(home, _free_port())
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        stop_prefect_server(home)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray runtime shared by the session, sized for 2 training workers + 2 validations."""
+    import ray
+
+    from training import raytrain
+
+    raytrain.ensure_ray(4, ["podium_user_code:train_func"])
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> tuple[str, str]:
+    """The synthetic Parquet dataset, small."""
+    from training.data import make_classification_data
+
+    out = tmp_path_factory.mktemp("data")
+    return make_classification_data(str(out), train_rows=12000, val_rows=3000)
+
+
+@pytest.fixture
+def locations(tmp_path) -> dict[str, str]:
+    """Per-test storage, serving and MLflow store."""
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from podium.services import prepare_mlflow
+
+    prepare_mlflow(tracking_uri)
+    return {"storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"), "tracking_uri": tracking_uri}
+
+
+@pytest.fixture
+def pipeline(prefect_api, ray_cluster):
+    """Run the train-validate-promote flow against the real servers."""
+    from flows.pipeline import train_validate_promote
+    from training.config import build_config
+
+    def run(config: dict, tracking_uri: str, name_suffix: str = ""):
+        cfg = build_config(config)
+        return train_validate_promote.with_options(flow_run_name=f"{cfg.run_name}{name_suffix}")(
+            config=cfg, tracking_uri=tracking_uri)
+
+    return run
+
+
+os.environ.setdefault("DO_NOT_TRACK", "1")

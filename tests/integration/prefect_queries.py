@@ -1,0 +1,58 @@
+"""Reading back what a flow left on the Prefect server (records arrive through batching services)."""
+
+from __future__ import annotations
+
+import time
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+
+def flow_run_id(name: str):
+    with get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    assert len(runs) == 1, f"expected one flow run named {name!r}, found {len(runs)}"
+    return runs[0].id
+
+
+def task_runs(flow_run_name: str, expect_at_least: int, timeout: float = 30.0) -> list:
+    """Task runs of a flow run, waiting until at least `expect_at_least` are visible and all are final."""
+    fid = flow_run_id(flow_run_name)
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as c:
+            runs, offset = [], 0
+            while True:
+                page = c.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [fid]}), limit=200, offset=offset)
+                runs += page
+                offset += len(page)
+                if len(page) < 200:
+                    break
+        if (len(runs) >= expect_at_least and all(r.state and r.state.is_final() for r in runs)) \
+                or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
+
+
+def checkpoint_events(run_name: str, expect: int, timeout: float = 30.0) -> list:
+    """podium.checkpoint.persisted events of a run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as c:
+            page = c.read_events(filter=EventFilter(
+                event=EventNameFilter(name=["podium.checkpoint.persisted"]),
+                resource=EventResourceFilter(id_prefix=[f"podium.checkpoint.{run_name}."])), limit=50)
+        events = list(page.events)
+        if len(events) >= expect or time.monotonic() > deadline:
+            return events
+        time.sleep(0.5)
+
+
+def artifact_keys(flow_run_name: str) -> set[str]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    fid = flow_run_id(flow_run_name)
+    with get_client(sync_client=True) as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fid])))
+    return {a.key for a in arts if a.key}

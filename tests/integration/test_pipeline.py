@@ -1,0 +1,141 @@
+"""The whole pipeline against real components: Ray Train, a Prefect server, MLflow, the serving folder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from podium import load_promoted_model
+from prefect_queries import artifact_keys, checkpoint_events, task_runs
+from tasks.tracking import TAG_CHECKPOINT
+from training.data import load_arrays
+from training.serving import read_current, read_history
+
+pytestmark = pytest.mark.integration
+
+
+def _config(run_name, dataset, locations, **over):
+    cfg = {
+        "run_name": run_name,
+        "storage": locations["storage"],
+        "serving": locations["serving"],
+        "data": {"train": dataset[0], "val": dataset[1]},
+        "training": {"epochs": 4},
+        "validation": {"concurrency": 2},
+    }
+    for key, value in over.items():
+        cfg.setdefault(key, {}).update(value) if isinstance(value, dict) else cfg.__setitem__(key, value)
+    return cfg
+
+
+def _logged_models(tracking_uri, run_id):
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("podium")
+    return [m for m in client.search_logged_models([exp.experiment_id], max_results=1000)
+            if m.source_run_id == run_id]
+
+
+def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, dataset, locations):
+    summary = pipeline(_config("e2e", dataset, locations), locations["tracking_uri"])
+    records = summary.checkpoints
+    assert len(records) == 4, "one checkpoint per epoch"
+    assert all(r.status == "validated" for r in records)
+
+    # exactly one MLflow LoggedModel per checkpoint, with validation metrics merged onto it
+    models = _logged_models(locations["tracking_uri"], summary.tracking.run_id)
+    names = [m.tags[TAG_CHECKPOINT] for m in models]
+    assert sorted(names) == sorted(set(names)) and len(names) == 4
+    for m in models:
+        keys = {x.key for x in m.metrics}
+        assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= keys
+        assert str(m.status) in ("READY", "LoggedModelStatus.READY")
+
+    # validation overlapped training: a verdict arrived before training ended
+    assert min(r.validated_at for r in records) < summary.training_ended_at
+
+    # the promoted checkpoint is the best by val_loss (lower is better)
+    best = min(records, key=lambda r: r.metrics["val_loss"])
+    promoted = summary.promotion.promoted
+    assert promoted is not None and promoted.step == best.step
+    assert promoted.value == pytest.approx(best.metrics["val_loss"])
+
+    # serving: CURRENT names a complete version; it loads and predicts as recorded
+    current = read_current(locations["serving"])
+    assert current.version == promoted.version == "v000001"
+    model = load_promoted_model(locations["serving"])
+    x, y = load_arrays(dataset[1], "label", [f"f{i:02d}" for i in range(16)])
+    with torch.no_grad():
+        acc = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
+    assert acc == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
+    assert acc > 0.5
+
+    # MLflow registry: the champion alias points at a version whose source is the served copy
+    client = MlflowClient(locations["tracking_uri"], registry_uri=locations["tracking_uri"])
+    mv = client.get_model_version_by_alias("podium", "champion")
+    assert mv.source == promoted.uri and mv.version == promoted.mlflow_version
+
+    # Prefect: every validation task run recorded and named after its step; events; artifacts
+    runs = task_runs("e2e", expect_at_least=4 + 4)
+    validate_runs = sorted(r.name for r in runs if r.name.startswith("validate-step-"))
+    assert validate_runs == sorted(f"validate-step-{r.step}" for r in records)
+    assert all(r.state.is_completed() for r in runs)
+    events = checkpoint_events("e2e", expect=4)
+    assert sorted(int(e.resource["podium.step"]) for e in events) == [r.step for r in records]
+    assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
+
+
+def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locations):
+    first = pipeline(_config("gate-a", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
+    assert first.promotion.promoted is not None
+    # a worse model (one tiny epoch at a tiny learning rate) must not replace the champion
+    second = pipeline(_config("gate-b", dataset, locations,
+                              training={"epochs": 1, "learning_rate": 1e-5}), locations["tracking_uri"])
+    assert second.promotion.promoted is None
+    assert "not more than min_delta" in second.promotion.reason
+    assert read_current(locations["serving"]).version == first.promotion.promoted.version
+    assert len(read_history(locations["serving"])) == 1
+
+
+def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset):
+    cfg = _config("byo", dataset, locations,
+                  training={"train_loop": "podium_user_code:train_func", "epochs": 4},
+                  validation={"fn": "podium_user_code:validate_fn", "kwargs": {"fail_epoch": 1}, "retries": 1,
+                              "retry_delay_s": 0.1},
+                  promotion={"metric": "score", "mode": "max"})
+    summary = pipeline(cfg, locations["tracking_uri"])
+    by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
+    assert sorted(by_epoch) == [0, 1, 2, 3]
+    # epoch 1's validation always fails: marked failed with the reason, never promoted, training unaffected
+    assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
+    assert all(by_epoch[s].status == "validated" for s in (0, 2, 3))
+    best = max((by_epoch[s] for s in (0, 2, 3)), key=lambda r: r.metrics["score"])
+    assert summary.promotion.promoted.step == best.step
+    assert math.isfinite(summary.promotion.promoted.value)
+    # the promoted copy is the user's own checkpoint format, byte for byte
+    current = read_current(locations["serving"])
+    assert set(current.manifest["files"]) == {"state.pt"}
+    # the failed validation was retried once: two attempts, then a final failure
+    runs = task_runs("byo", expect_at_least=8)
+    failed = [r for r in runs if r.name == "validate-step-1"]
+    assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
+
+
+def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations):
+    first = pipeline(_config("resume", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
+    second = pipeline(_config("resume", dataset, locations, training={"epochs": 4}), locations["tracking_uri"],
+                      name_suffix="-again")
+    steps_first = [r.step for r in first.checkpoints]
+    steps_second = [r.step for r in second.checkpoints]
+    assert steps_second[:2] == steps_first and len(steps_second) == 4, "continued from the latest checkpoint"
+    assert second.tracking.run_id == first.tracking.run_id, "same MLflow run"
+    models = _logged_models(locations["tracking_uri"], second.tracking.run_id)
+    assert len(models) == 4, "no checkpoint recorded twice"
+    # only the two new checkpoints were validated by the second flow run
+    runs = task_runs("resume-again", expect_at_least=2)
+    assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
+        sorted(f"validate-step-{s}" for s in steps_second[2:])
+    assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()

@@ -1,0 +1,27 @@
+"""step_of and the checkpoint announcement's plain-dict form."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.events import CheckpointEvent, step_of
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ({"step": 12, "epoch": 3}, 12),
+    ({"global_step": 40, "training_iteration": 2}, 40),
+    ({"training_iteration": 5.0, "epoch": 1}, 5),
+    ({"epoch": 2, "loss": 0.1}, 2),
+    ({"loss": 0.1}, 99),
+    ({"step": True, "epoch": 4}, 4),
+    ({"step": "12", "epoch": 4}, 4),
+    ({}, 99),
+], ids=["step-first", "global_step", "float", "epoch", "fallback", "bool-ignored", "string-ignored", "empty"])
+def test_step_of(metrics, expected):
+    assert step_of(metrics, fallback=99) == expected
+
+
+def test_event_round_trips_through_a_plain_dict():
+    event = CheckpointEvent(run_name="r", step=3, metrics={"loss": 0.5}, checkpoint_uri="/c/3", epoch=1)
+    assert CheckpointEvent.from_dict(event.to_dict()) == event
+    assert event.has_checkpoint and not CheckpointEvent(run_name="r", step=4, metrics={}).has_checkpoint

@@ -1,0 +1,201 @@
+"""The serving location on local folders: versions, manifests, the CURRENT pointer, safe copies."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.serving import (
+    PromotedVersion,
+    ServingError,
+    _safe_relpath,
+    fetch_version,
+    load_promoted_model,
+    read_current,
+    read_history,
+    seal_version,
+    stage_version,
+    switch_current,
+    verify_files,
+    write_json,
+)
+
+
+@pytest.fixture
+def serving(tmp_path: Path) -> str:
+    return str(tmp_path / "serving")
+
+
+def promote(serving: str, checkpoint: str, step: int = 7, reason: str = "better") -> PromotedVersion:
+    version = stage_version(serving, checkpoint, {"step": step, "run_name": "r"})
+    seal_version(serving, version)
+    switch_current(serving, version, reason)
+    return version
+
+
+def version_dir(version: PromotedVersion) -> Path:
+    return Path(version.uri).parent
+
+
+# --- versions and the pointer --------------------------------------------------------------------
+
+def test_nothing_is_current_before_the_first_promotion(serving):
+    assert read_current(serving) is None
+    assert read_history(serving) == []
+
+
+def test_staged_version_is_a_verified_copy_with_a_manifest(serving, saved_checkpoint):
+    version = stage_version(serving, saved_checkpoint.directory, {"step": 7})
+    assert version.version == "v000001"
+    copied = sorted(p.name for p in Path(version.uri).iterdir())
+    assert copied == ["model.pt", "optimizer.pt", "podium.json"] == sorted(version.manifest["files"])
+    for name in copied:
+        assert (Path(version.uri) / name).read_bytes() == (saved_checkpoint.path / name).read_bytes()
+    assert version.manifest["step"] == 7 and version.manifest["source"] == saved_checkpoint.directory
+
+
+def test_promotions_move_the_pointer_and_are_recorded_in_order(serving, saved_checkpoint):
+    first = promote(serving, saved_checkpoint.directory, step=7, reason="first")
+    assert read_current(serving).version == first.version == "v000001"
+
+    second = promote(serving, saved_checkpoint.directory, step=9, reason="better by 0.1")
+    current = read_current(serving)
+    assert (current.version, current.uri, current.manifest["step"]) == ("v000002", second.uri, 9)
+
+    history = read_history(serving)
+    assert [(h["version"], h["previous"], h["reason"], h["step"]) for h in history] == [
+        ("v000001", None, "first", 7), ("v000002", "v000001", "better by 0.1", 9)]
+
+
+def test_a_version_without_manifest_never_becomes_current(serving, saved_checkpoint):
+    champion = promote(serving, saved_checkpoint.directory)
+    unsealed = stage_version(serving, saved_checkpoint.directory, {"step": 8})
+
+    with pytest.raises(ServingError, match=f"{unsealed.version} is incomplete"):
+        switch_current(serving, unsealed, "should not happen")
+
+    assert read_current(serving).version == champion.version
+    assert len(read_history(serving)) == 1
+
+
+def test_pointer_naming_an_unsealed_version_is_an_error(serving, saved_checkpoint):
+    unsealed = stage_version(serving, saved_checkpoint.directory, {"step": 8})
+    write_json(f"{serving}/CURRENT", {"version": unsealed.version})
+    with pytest.raises(ServingError, match="has no MANIFEST.json"):
+        read_current(serving)
+
+
+def test_history_keeps_order_of_switches_within_one_second(serving, saved_checkpoint, monkeypatch):
+    frozen = time.gmtime()
+    monkeypatch.setattr(time, "gmtime", lambda *_: frozen)  # three switches in the same second
+    first = promote(serving, saved_checkpoint.directory, reason="first")
+    promote(serving, saved_checkpoint.directory, reason="second")
+    switch_current(serving, first, "rollback")
+    assert [h["reason"] for h in read_history(serving)] == ["first", "second", "rollback"]
+
+
+# --- checking files against the manifest ---------------------------------------------------------
+
+def test_verify_files_detects_a_modified_file(serving, saved_checkpoint):
+    version = stage_version(serving, saved_checkpoint.directory, {})
+    (Path(version.uri) / "podium.json").write_text("{}")
+    with pytest.raises(ServingError, match="podium.json has sha256"):
+        verify_files(str(version_dir(version)), version.manifest)
+
+
+def test_verify_files_detects_a_missing_file(serving, saved_checkpoint):
+    version = stage_version(serving, saved_checkpoint.directory, {})
+    (Path(version.uri) / "model.pt").unlink()
+    with pytest.raises(ServingError, match="model.pt is missing"):
+        verify_files(str(version_dir(version)), version.manifest)
+
+
+@pytest.mark.parametrize("entry", ["../x", "a/../../x", "..", ".", "", "/etc/passwd", "a\\..\\x"])
+def test_safe_relpath_rejects_entries_that_escape(entry):
+    with pytest.raises(ServingError, match="escapes its folder"):
+        _safe_relpath(entry)
+
+
+@pytest.mark.parametrize("entry, expected", [("model.pt", "model.pt"), ("sub/./w.pt", "sub/w.pt"),
+                                             ("sub/../w.pt", "w.pt")])
+def test_safe_relpath_keeps_entries_inside(entry, expected):
+    assert _safe_relpath(entry) == expected
+
+
+def test_fetch_version_refuses_a_manifest_entry_outside_the_version(serving, saved_checkpoint, tmp_path):
+    version = promote(serving, saved_checkpoint.directory)
+    # a real file next to checkpoint/, so that following the entry would really copy it out of dest
+    (version_dir(version) / "planted.txt").write_text("planted")
+    files = {**version.manifest["files"], "../planted.txt": {"sha256": "0" * 64, "size": 7}}
+    dest = tmp_path / "fetched" / "inner"
+    with pytest.raises(ServingError, match="escapes its folder"):
+        fetch_version(replace(version, manifest={**version.manifest, "files": files}), str(dest))
+    assert not (dest.parent / "planted.txt").exists()
+
+
+def test_fetch_version_refuses_an_absolute_manifest_entry(serving, saved_checkpoint, tmp_path):
+    version = promote(serving, saved_checkpoint.directory)
+    target = tmp_path / "overwritten.txt"
+    files = {str(target): {"sha256": "0" * 64, "size": 1}}
+    with pytest.raises(ServingError, match="escapes its folder"):
+        fetch_version(replace(version, manifest={**version.manifest, "files": files}), str(tmp_path / "dest"))
+    assert not target.exists()
+
+
+# --- write_json ----------------------------------------------------------------------------------
+
+def test_write_json_replaces_the_file_and_leaves_no_temp_file(tmp_path):
+    target = tmp_path / "doc.json"
+    write_json(str(target), {"v": 1})
+    with open(target) as reader:  # a reader that opened the old file keeps reading it, whole
+        write_json(str(target), {"v": 2})
+        assert json.load(reader) == {"v": 1}
+    assert json.loads(target.read_text()) == {"v": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.json"]
+
+
+def test_write_json_failing_midway_keeps_old_content(tmp_path):
+    target = tmp_path / "doc.json"
+    write_json(str(target), {"v": 1})
+    with pytest.raises(TypeError):
+        write_json(str(target), {"v": 2, "bad": object()})
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["doc.json"]
+
+
+def test_write_json_removes_its_temp_file_when_the_rename_fails(tmp_path):
+    target = tmp_path / "taken"
+    (target / "inside").mkdir(parents=True)  # a non-empty folder: os.replace onto it fails
+    with pytest.raises(OSError):
+        write_json(str(target), {"v": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+
+
+# --- load_promoted_model -------------------------------------------------------------------------
+
+def test_load_promoted_model_returns_the_promoted_weights(serving, saved_checkpoint):
+    promote(serving, saved_checkpoint.directory)
+    model = load_promoted_model(serving)
+    assert not model.training
+    assert torch.equal(saved_checkpoint.outputs(model), saved_checkpoint.outputs())
+
+
+def test_load_promoted_model_refuses_a_tampered_file(serving, saved_checkpoint):
+    version = promote(serving, saved_checkpoint.directory)
+    weights = Path(version.uri) / "model.pt"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.raises(ServingError, match="model.pt: sha256 does not match"):
+        load_promoted_model(serving)
+
+
+def test_load_promoted_model_on_an_empty_serving_location(serving):
+    Path(serving).mkdir()
+    with pytest.raises(ServingError, match=re.escape(f"nothing has been promoted to {serving!r} yet")):
+        load_promoted_model(serving)
