@@ -34,7 +34,9 @@ LOOPS = {"a": "benchmarks.loops:train_loop_plain", "b": "benchmarks.loops:train_
 
 
 def init_ray(variant: str, log: str) -> None:
-    """A local Ray like podium's `ensure_ray` (2 logical CPUs here: training 1 + validation 1)."""
+    """A local Ray like podium's `ensure_ray` (2 logical CPUs here: training 1 + validation 1).
+
+    `log` receives Ray Train's validation results in (c) (see benchmarks.instrument)."""
     os.environ.setdefault(raytrain.POLL_INTERVAL_ENV, raytrain.DEFAULT_POLL_INTERVAL_S)
     runtime_env = {"env_vars": {raytrain.POLL_INTERVAL_ENV: os.environ[raytrain.POLL_INTERVAL_ENV],
                                 RECORD_ENV: log}}
@@ -44,12 +46,15 @@ def init_ray(variant: str, log: str) -> None:
              log_to_driver=False, runtime_env=runtime_env)
 
 
-def run(variant: str, spec: dict) -> dict:
-    """Train one way; return the timestamps compare.py turns into the table."""
+def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
+    """Train one way; return the timestamps compare.py turns into the table.
+
+    With own_ray=False the caller has started Ray (with init_ray(..., "c")) and keeps it."""
     from training.imports import resolve_callable
 
     log = spec["log"]
-    init_ray(variant, log)
+    if own_ray:
+        init_ray(variant, log)
     ray_ready = time.time()
     config = {**spec["loop_config"], "bench_log": log, "bench_validate_kwargs": spec["validate_kwargs"]}
     fs, path = arrow_filesystem(spec["storage"])
@@ -83,7 +88,8 @@ def run(variant: str, spec: dict) -> dict:
             c, m = min(validated, key=lambda cm: (cm[1]["val_loss"], -cm[1].get("step", 0)))
             best_step, best_value = m.get("step"), m["val_loss"]
     best_chosen = time.time()
-    ray.shutdown()
+    if own_ray:
+        ray.shutdown()
     return {"variant": variant, "process_start": STARTED, "ray_ready": ray_ready, "fit_start": fit_start,
             "fit_end": fit_end, "best_chosen": best_chosen if variant != "a" else None, "best_step": best_step,
             "best_value": best_value, "process_end": time.time()}

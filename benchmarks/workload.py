@@ -57,7 +57,7 @@ PRESETS: dict[str, Workload] = {
     # ~3 s epochs on one core of this machine, 10 checkpoints: enough for p50/p95 and a visible backlog
     "full": Workload("full", train_rows=240_000, val_rows=20_000, epochs=10),
     "quick": Workload("quick", train_rows=60_000, val_rows=10_000, epochs=5),
-    "smoke": Workload("smoke", train_rows=4_000, val_rows=1_000, epochs=2, hidden_size=32, val_cost_epochs=1.0),
+    "smoke": Workload("smoke", train_rows=4_000, val_rows=1_000, epochs=2, hidden_size=32, repeat=20),
 }
 
 
