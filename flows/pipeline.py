@@ -37,7 +37,8 @@ class RunSummary(BaseModel):
 # Enough threads for training plus any validation concurrency a config asks for;
 # the ValidationQueue enforces the configured concurrency itself.
 @flow(name="train-validate-promote", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=False)
-def train_validate_promote(config: PipelineConfig, tracking_uri: str, mlflow_ui: str | None = None) -> RunSummary:
+def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = None,
+                           mlflow_ui: str | None = None) -> RunSummary:
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
     then promote the best checkpoint if it beats the current champion."""
     plan = plan_run_task(config)

@@ -9,17 +9,15 @@ from tasks.plan import plan_run_task
 from tasks.promote import promote_best_checkpoint_task
 from tasks.report import publish_reports
 from tasks.tracking import find_tracking_run_task, list_records
-from tasks.train import connect_ray_task
 from training.config import PipelineConfig
 
 
 @flow(name="promote-best-checkpoint", log_prints=False)
-def promote_run(config: PipelineConfig, tracking_uri: str, mlflow_ui: str | None = None) -> RunSummary:
+def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
+                mlflow_ui: str | None = None) -> RunSummary:
     """Promote the best validated checkpoint of an existing run if it beats the champion."""
     plan = plan_run_task(config)
     tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
-    if config.promotion.verify:
-        connect_ray_task(plan)  # verification re-runs validation on the copy, on Ray
     outcome = promote_best_checkpoint_task(plan, tracking)
     records = list_records(tracking)
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.plan import RunPlan
 from tasks.selection import Champion, CheckpointRecord, Decision, decide_promotion, select_best
 from tasks.tracking import TrackingRun, list_records, register_champion
+from tasks.train import connect_ray
 from tasks.validate import validate
 from training import serving as srv
 
@@ -62,6 +63,7 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVer
     """Run the validation function on the copied checkpoint; the recorded metric must come back."""
     p = plan.config.promotion
     expected = record.metrics[p.metric]
+    connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
     got = validate(plan, record, uri=version.uri).get(p.metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
         raise srv.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "

@@ -243,10 +243,18 @@ def log_artifact_text(tr: TrackingRun, text: str, path: str) -> None:
     tr.client().log_text(tr.run_id, text, path)
 
 
+def resolve_tracking_uri(tracking_uri: str | None) -> str:
+    """The given tracking URI, else MLFLOW_TRACKING_URI, else podium's embedded SQLite store."""
+    from podium.settings import PodiumSettings
+
+    return tracking_uri or PodiumSettings().resolved_tracking_uri()
+
+
 @task(name="open-tracking-run", cache_policy=NO_CACHE)
-def open_tracking_run_task(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
+def open_tracking_run_task(tracking_uri: str | None, experiment: str, run_name: str,
+                           params: dict[str, Any]) -> TrackingRun:
     """Find or create the MLflow run of this podium run and log its configuration."""
-    return open_tracking_run(tracking_uri, experiment, run_name, params)
+    return open_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name, params)
 
 
 @task(name="record-checkpoint", cache_policy=NO_CACHE)
@@ -256,6 +264,6 @@ def record_checkpoint_task(tracking: TrackingRun, event: CheckpointEvent) -> Che
 
 
 @task(name="find-tracking-run", cache_policy=NO_CACHE)
-def find_tracking_run_task(tracking_uri: str, experiment: str, run_name: str) -> TrackingRun:
+def find_tracking_run_task(tracking_uri: str | None, experiment: str, run_name: str) -> TrackingRun:
     """Find the MLflow run of an existing podium run."""
-    return find_tracking_run(tracking_uri, experiment, run_name)
+    return find_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name)

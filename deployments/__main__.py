@@ -1,0 +1,3 @@
+from deployments.definitions import main
+
+main()
