@@ -2,8 +2,9 @@
 when each thing happened.
 
 Where each timestamp comes from:
-  persisted   the `podium.checkpoint.persisted` Prefect event's payload (CheckpointEvent.persisted_at,
+  announced   the `podium.checkpoint.persisted` Prefect event's payload (CheckpointEvent.persisted_at,
               set by podium's Ray Train callback on the controller); fallback: the MLflow record's creation
+  (uploaded   the checkpoint files' mtime in storage: benchmarks.workload.uploaded_at)
   recorded    the checkpoint's MLflow LoggedModel creation_timestamp (record-checkpoint task)
   validated   the LoggedModel tag podium.validated_at (metrics merged, status validated)
   val start/end  the validation function's own timing log (benchmarks.workload.validate_repeated)
@@ -190,7 +191,7 @@ def mlflow_records(tracking_uri: str, run_id: str) -> dict[str, Any]:
         steps[int(tags.get("podium.step", -1))] = {
             "recorded": m.creation_timestamp / 1000.0,
             "validated": float(tags["podium.validated_at"]) if "podium.validated_at" in tags else None,
-            "status": tags.get("podium.status")}
+            "status": tags.get("podium.status"), "uri": tags.get("podium.checkpoint_uri")}
     versions = client.search_model_versions(f"run_id = '{run_id}'")
     registered = max((v.creation_timestamp / 1000.0 for v in versions), default=None)
     return {"steps": steps, "registered": registered}
@@ -217,7 +218,7 @@ def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, 
     rows = []
     for step, rec in sorted(ml["steps"].items()):
         t = timings.get(step, {})
-        rows.append({"step": step, "persisted": events.get(step), "recorded": rec["recorded"],
+        rows.append({"step": step, "uri": rec["uri"], "persisted": events.get(step), "recorded": rec["recorded"],
                      "val_start": t.get("start"), "val_end": t.get("end"), "validated": rec["validated"],
                      "status": rec["status"]})
     tasks = prefect.get("tasks", [])

@@ -210,6 +210,14 @@ def calibrate(workload: Workload, train: str, val: str) -> Workload:
     return workload
 
 
+def uploaded_at(checkpoint_dir: str | None) -> float | None:
+    """When Ray Train finished writing a checkpoint to (local) storage: the newest file mtime in it."""
+    if not checkpoint_dir or not os.path.isdir(checkpoint_dir):
+        return None
+    times = [os.stat(os.path.join(root, f)).st_mtime for root, _, files in os.walk(checkpoint_dir) for f in files]
+    return max(times) if times else None
+
+
 def percentile(values: Iterable[float], q: float) -> float | None:
     """The q-th percentile (0..100), linear interpolation; None for no values."""
     xs = sorted(v for v in values if v is not None and math.isfinite(v))

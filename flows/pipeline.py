@@ -19,7 +19,7 @@ from tasks.tracking import (
     open_tracking_run_task,
     record_checkpoint_task,
 )
-from tasks.train import connect_ray_task, missed_checkpoints, train_model
+from tasks.train import connect_ray_task, train_model
 from tasks.validate import ValidationQueue
 from training.config import PipelineConfig
 
@@ -51,11 +51,14 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     validations = ValidationQueue(plan, tracking)
     seen: set[str] = set()
     try:
+        validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
         training = train_model.submit(plan, stream.sink)
         for events in stream.follow(training):
             for event in events:
                 if not event.has_checkpoint:
                     log_training_metrics(tracking, event)
+                    continue
+                if event.checkpoint_name in seen:
                     continue
                 say("checkpoint step %d saved: %s", event.step, event.checkpoint_uri)
                 seen.add(event.checkpoint_name)
@@ -63,9 +66,7 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
                 progress.update(epoch=event.epoch)
             validations.pump()
             progress.update(validated=validations.validated)
-        for event in missed_checkpoints(plan, seen):  # persisted while no flow was listening
-            say("checkpoint step %d found in storage (not announced to this run)", event.step)
-            validations.add(record_checkpoint_task(tracking, event))
+        validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
         progress.update(validated=validations.validated)

@@ -292,6 +292,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Point the serving location back at the previous champion; the MLflow alias follows."""
+    settings = PodiumSettings()
+    from tasks.promote import roll_back
+    from training.serving import ServingError
+
+    serving = args.serving or settings.default_location("serving")
+    try:
+        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model, args.alias, args.to)
+    except ServingError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(out.model_dump()))
+    else:
+        print(f"serving {serving}: {out.from_version} -> {out.to_version}; "
+              f"alias {args.alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved"))
+    return 0
+
+
 def cmd_make_data(args: argparse.Namespace) -> int:
     """Write the deterministic synthetic dataset."""
     from training.data import make_classification_data
@@ -335,6 +354,15 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="Checkpoints and champion of a run.")
     _add_options(status)
     status.set_defaults(func=cmd_status)
+    rollback = sub.add_parser("rollback", help="Restore the previous champion at a serving location.",
+                              description="Atomically point CURRENT back at the previous champion (or --to) "
+                                          "and move the MLflow alias with it.")
+    rollback.add_argument("--serving", help="Serving location (default: .podium/serving).")
+    rollback.add_argument("--to", help="Version to restore, e.g. v000002 (default: the previous champion).")
+    rollback.add_argument("--registered-model", default="podium", help="MLflow registered model (default: podium).")
+    rollback.add_argument("--alias", default="champion", help="Alias to move (default: champion).")
+    rollback.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
+    rollback.set_defaults(func=cmd_rollback)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
     make.add_argument("--train-rows", type=int, default=24000, help="Training rows (default: 24000).")

@@ -12,7 +12,14 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.plan import RunPlan
 from tasks.selection import Champion, CheckpointRecord, Decision, decide_promotion, select_best
-from tasks.tracking import TrackingRun, list_records, register_champion
+from tasks.tracking import (
+    TrackingRun,
+    alias_target,
+    list_records,
+    register_champion,
+    registered_version_for,
+    set_alias,
+)
 from tasks.train import connect_ray
 from tasks.validate import validate
 from training import serving as srv
@@ -93,10 +100,34 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision) -> Promote
                     value=decision.value, mlflow_version=mlflow_version, checkpoint_uri=record.uri)
 
 
+def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
+    """The champion is already current in serving; make sure the registry says so too.
+
+    A promotion interrupted after the pointer switch but before the alias moved
+    is finished here, when promotion runs again.
+    """
+    p = plan.config.promotion
+    current = srv.read_current(plan.serving)
+    if current is None:
+        return None
+    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.uri)
+    if version is None:
+        version = register_champion(tracking, record, current.uri, p.registered_model, p.alias,
+                                    tags={"podium.serving_version": current.version,
+                                          "podium.step": str(record.step), "podium.metric": p.metric})
+        logger.info("registered the current champion %s as version %s", current.version, version)
+    elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
+        set_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
+        logger.info("moved alias %s to version %s (the current champion)", p.alias, version)
+    return version
+
+
 def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
     """Decide on the run's records and promote if the decision says so."""
     decision, champion = decide(plan, list_records(tracking))
     promoted = promote(plan, tracking, decision) if decision.promote else None
+    if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
+        finish_registration(plan, tracking, decision.candidate)
     logger.info("promotion: %s", decision.reason)
     return PromotionOutcome(promoted=promoted, reason=decision.reason,
                             best_step=decision.candidate.step if decision.candidate else None,
@@ -107,3 +138,37 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
 def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
     """Promote the run's best checkpoint to the serving location if it beats the champion."""
     return promote_best_checkpoint(plan, tracking)
+
+
+class RollbackOutcome(BaseModel):
+    """Which version serving went back to, and the registry version the alias now names."""
+
+    from_version: str
+    to_version: str
+    mlflow_version: str | None
+
+
+def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
+              to_version: str | None = None) -> RollbackOutcome:
+    """Point CURRENT back at the previous champion (or `to_version`) atomically; the alias follows."""
+    current = srv.read_current(serving)
+    if current is None:
+        raise srv.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+    target_name = to_version
+    if target_name is None:
+        pointer = srv.read_json(srv.join(srv.normalize_location(serving), srv.POINTER)) or {}
+        target_name = pointer.get("previous")
+        if not target_name:
+            raise srv.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
+    manifest = srv.read_json(srv.join(srv.normalize_location(serving), "versions", target_name, srv.MANIFEST))
+    if manifest is None:
+        raise srv.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
+    target = srv.PromotedVersion(version=target_name, manifest=manifest,
+                                 uri=srv.join(srv.normalize_location(serving), "versions", target_name, "checkpoint"))
+    srv.switch_current(serving, target, f"rollback from {current.version}")
+    version = registered_version_for(tracking_uri, registered_model, target.uri)
+    if version is not None:
+        set_alias(tracking_uri, registered_model, alias, version)
+    else:
+        logger.warning("no MLflow version of %s has source %s: alias %s not moved", registered_model, target.uri, alias)
+    return RollbackOutcome(from_version=current.version, to_version=target.version, mlflow_version=version)

@@ -170,6 +170,13 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
                             metrics=dict(event.metrics), model_id=model.model_id, run_name=tr.run_name)
 
 
+def record_checkpoints(tr: TrackingRun, events: list[CheckpointEvent]) -> list[CheckpointRecord]:
+    """Records for many checkpoints at once (a resumed run catching up): one listing, then only the
+    missing records are created."""
+    existing = {r.uri: r for r in list_records(tr)}
+    return [existing.get(e.checkpoint_uri) or record_checkpoint(tr, e) for e in events]
+
+
 def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float]) -> CheckpointRecord:
     """Attach validation metrics to the checkpoint's model (and the run, by step); status validated."""
     client = tr.client()
@@ -233,6 +240,26 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
     return str(mv.version)
 
 
+def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str | None:
+    """The registered model version whose source is this served copy, if it was registered."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    matches = sorted((int(v.version) for v in versions if v.source == served_uri), reverse=True)
+    return str(matches[0]) if matches else None
+
+
+def alias_target(tracking_uri: str, name: str, alias: str) -> str | None:
+    """The version an alias points at, or None."""
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
 def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
     """Move a registry alias (rollback uses this)."""
     MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(name, alias, version)
@@ -261,6 +288,12 @@ def open_tracking_run_task(tracking_uri: str | None, experiment: str, run_name: 
 def record_checkpoint_task(tracking: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
     """Create the checkpoint's MLflow record (idempotent)."""
     return record_checkpoint(tracking, event)
+
+
+@task(name="catch-up-checkpoints", cache_policy=NO_CACHE)
+def record_checkpoints_task(tracking: TrackingRun, events: list[CheckpointEvent]) -> list[CheckpointRecord]:
+    """Records of checkpoints persisted while no flow was listening (created if missing)."""
+    return record_checkpoints(tracking, events)
 
 
 @task(name="find-tracking-run", cache_policy=NO_CACHE)

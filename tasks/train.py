@@ -50,6 +50,7 @@ def train(plan: RunPlan, sink: EventSink) -> float:
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
         callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
+        max_failures=cfg.scaling.max_failures,
     )
     return time.time()
 

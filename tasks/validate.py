@@ -12,7 +12,8 @@ from prefect.futures import PrefectFuture
 
 from tasks.plan import RunPlan
 from tasks.selection import PENDING, CheckpointRecord
-from tasks.tracking import TrackingRun, mark_failed, merge_validation
+from tasks.tracking import TrackingRun, mark_failed, merge_validation, record_checkpoints_task
+from tasks.train import missed_checkpoints
 from training import raytrain
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,17 @@ class ValidationQueue:
         else:
             self.pending.append(record)
         self.pump()
+
+    def catch_up(self, seen: set[str]) -> list[CheckpointRecord]:
+        """Queue the checkpoints Ray Train persisted for this run that this flow was never told about
+        (adding their names to `seen`); records are created only where missing."""
+        events = missed_checkpoints(self.plan, seen)
+        seen.update(e.checkpoint_name for e in events)
+        records = record_checkpoints_task(self.tracking, events) if events else []
+        for record in records:
+            logger.info("checkpoint step %d found in storage (%s)", record.step, record.status)
+            self.add(record)
+        return records
 
     def pump(self) -> None:
         """Collect finished validations and start queued ones up to the concurrency."""

@@ -67,6 +67,9 @@ class ScalingConfig(_Strict):
     num_workers: int = Field(2, ge=1, description="Number of Ray Train workers.")
     use_gpu: bool = Field(False, description="One GPU per training worker.")
     cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per training worker.")
+    max_failures: int = Field(
+        2, ge=-1, description="Worker-group restarts from the latest checkpoint after a failure (-1: unlimited)."
+    )
 
 
 class ValidationConfig(_Strict):

@@ -2,7 +2,9 @@
 as in Ray's documentation: nothing here knows podium."""
 
 import os
+import signal
 import tempfile
+import time
 
 import ray.train
 import torch
@@ -27,6 +29,10 @@ def train_func(config: dict) -> None:
     x = torch.randn(256, 4, generator=torch.Generator().manual_seed(1))
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     for epoch in range(start, config.get("epochs", 3)):
+        marker = config.get("die_marker")
+        if marker and epoch == config.get("die_at_epoch") and not os.path.exists(marker):
+            open(marker, "w").close()  # die once: the restarted worker group carries on
+            os.kill(os.getpid(), signal.SIGKILL)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -49,6 +55,13 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
     with torch.no_grad():
         mse = nn.functional.mse_loss(model(x), y).item()
-    if config.get("fail_epoch") is not None and int(state["epoch"]) == int(config["fail_epoch"]):
-        raise RuntimeError(f"validation data unavailable for epoch {state['epoch']}")
+    epoch = int(state["epoch"])
+    if config.get("calls_log"):
+        with open(config["calls_log"], "a") as f:
+            f.write(f"{epoch}\n")
+    if config.get("fail_epoch") is not None and epoch == int(config["fail_epoch"]):
+        raise RuntimeError(f"validation data unavailable for epoch {epoch}")
+    if config.get("hang_epoch") is not None and epoch == int(config["hang_epoch"]):
+        time.sleep(3600)
+    time.sleep(float(config.get("sleep_s", 0)))
     return {"score": -mse}

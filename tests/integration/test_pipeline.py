@@ -103,16 +103,18 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
 def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset):
     cfg = _config("byo", dataset, locations,
                   training={"train_loop": "podium_user_code:train_func", "epochs": 4},
-                  validation={"fn": "podium_user_code:validate_fn", "kwargs": {"fail_epoch": 1}, "retries": 1,
-                              "retry_delay_s": 0.1},
+                  validation={"fn": "podium_user_code:validate_fn", "kwargs": {"fail_epoch": 1, "hang_epoch": 2},
+                              "retries": 1, "retry_delay_s": 0.1, "timeout_s": 5},
                   promotion={"metric": "score", "mode": "max"})
     summary = pipeline(cfg, locations["tracking_uri"])
     by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
     assert sorted(by_epoch) == [0, 1, 2, 3]
     # epoch 1's validation always fails: marked failed with the reason, never promoted, training unaffected
     assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
-    assert all(by_epoch[s].status == "validated" for s in (0, 2, 3))
-    best = max((by_epoch[s] for s in (0, 2, 3)), key=lambda r: r.metrics["score"])
+    # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
+    assert by_epoch[2].status == "failed" and "longer than 5 s" in by_epoch[2].failure
+    assert all(by_epoch[s].status == "validated" for s in (0, 3))
+    best = max((by_epoch[s] for s in (0, 3)), key=lambda r: r.metrics["score"])
     assert summary.promotion.promoted.step == best.step
     assert math.isfinite(summary.promotion.promoted.value)
     # the promoted copy is the user's own checkpoint format, byte for byte
@@ -120,8 +122,9 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset):
     assert set(current.manifest["files"]) == {"state.pt"}
     # the failed validation was retried once: two attempts, then a final failure
     runs = task_runs("byo", expect_at_least=8)
-    failed = [r for r in runs if r.name == "validate-step-1"]
-    assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
+    for step in (1, 2):
+        failed = [r for r in runs if r.name == f"validate-step-{step}"]
+        assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
 
 
 def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations):
