@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -13,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from training.config import ConfigError, PipelineConfig
 from training.data import DataSchemaError, inspect_dataset
 from training.imports import ImportPathError, resolve_callable
-from training.storage import fsspec_filesystem, join, normalize_location
+from training.storage import StorageError, check_location, normalize_location, redact
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +40,16 @@ class RunPlan(BaseModel):
 
 
 def check_writable(uri: str, field: str) -> str:
-    """Create the location if needed and prove it is writable, leaving nothing behind."""
-    location = normalize_location(uri)
-    fs, path = fsspec_filesystem(location)
-    probe = join(path, f".podium-write-probe-{uuid.uuid4().hex}")
+    """Prove the location is writable before anything trains, leaving nothing behind; raise naming the field.
+
+    Local folders are created; on S3 a probe object is written and removed (a
+    missing bucket is reported, never created). Unreachable endpoints, rejected
+    credentials and missing permissions fail here, with what to fix.
+    """
     try:
-        fs.makedirs(path, exist_ok=True)
-        fs.pipe_file(probe, b"ok")
-        fs.rm_file(probe)
-    except Exception as exc:
-        raise ConfigError(f"{field} = {uri!r}: not writable ({type(exc).__name__}: {exc})") from None
-    return location
+        return check_location(uri, write=True)
+    except StorageError as exc:
+        raise ConfigError(f"{field} = {redact(uri)!r}: {exc.reason}") from None
 
 
 def plan_run(config: PipelineConfig) -> RunPlan:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from training.storage import arrow_filesystem, fsspec_filesystem, join
+from training.storage import arrow_filesystem, check_location, fsspec_filesystem, is_remote, join
 
 
 class DataSchemaError(ValueError):
@@ -39,7 +39,12 @@ def open_dataset(uri: str) -> pads.Dataset:
 
 
 def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | None) -> DatasetInfo:
-    """Check the schema (label integer, features numeric) and count classes; raise naming the column."""
+    """Check the schema (label integer, features numeric) and count classes; raise naming the column.
+
+    The location is checked first (one quick request on S3), so an unreachable
+    endpoint, rejected credentials or a missing bucket raise StorageError at once.
+    """
+    check_location(uri, write=False)
     ds = open_dataset(uri)
     schema = ds.schema
     names = schema.names
@@ -114,7 +119,8 @@ def make_classification_data(
         return pa.table(cols)
 
     fs, base = fsspec_filesystem(out_dir)
-    fs.makedirs(base, exist_ok=True)
+    if not is_remote(out_dir):  # on an object store there are no folders (and no bucket is created)
+        fs.makedirs(base, exist_ok=True)
     paths = []
     for name, n in (("train", train_rows), ("val", val_rows)):
         uri = join(out_dir, f"{name}.parquet")

@@ -10,12 +10,30 @@ Layout (local path or URI):
 A version is complete once its MANIFEST.json exists (written after every file
 was copied and checked); CURRENT only ever names complete versions. A reader
 follows CURRENT, so it sees the old version or the new one, never a mix.
+
+On S3 (no rename), the same layout works because every step is one atomic PUT
+of a new key and nothing complete is ever rewritten: a version's number is
+claimed with a conditional PUT of `versions/vN/CLAIM` (If-None-Match), its files
+are copied inside the store (CopyObject, or UploadPartCopy above 5 GiB), its
+MANIFEST.json is one PUT, and CURRENT is one PUT, last. A promoter that dies
+anywhere leaves at most an unreferenced, manifest-less version behind.
+
+Verification without moving the bytes twice: the manifest's sha256 of each
+file is computed once, by reading the source. The copy is then checked by the
+store itself: CopyObject is asked for a SHA-256 of the copy (x-amz-checksum-
+algorithm), compared with the manifest; where the store gives none, the copy's
+ETag must equal the source's (same bytes, same part layout: UploadPartCopy
+mirrors the source's parts) and the copy is pinned to the hashed source with
+CopySourceIfMatch. Only a copy that neither check covers is read back and hashed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -23,18 +41,39 @@ import shutil
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 import fsspec
+from fsspec.asyn import sync
 
 from training.checkpoint import CheckpointFormatError, load_model
-from training.storage import fsspec_filesystem, is_remote, join, normalize_location
+from training.storage import (
+    MultipartWriter,
+    fsspec_filesystem,
+    is_remote,
+    is_s3,
+    join,
+    normalize_location,
+    open_range_reader,
+    s3_settings,
+)
+
+logger = logging.getLogger(__name__)
 
 POINTER = "CURRENT"
 MANIFEST = "MANIFEST.json"
+CLAIM = "CLAIM"
 VERSION_RE = re.compile(r"^v(\d{6,})$")
 CHUNK = 8 << 20
+PARALLEL_FILES = 8  # files hashed, copied or fetched at once
+PARALLEL_PARTS = 8  # parts of one server-side multipart copy at once
+COPY_OBJECT_LIMIT = 5 << 30  # S3: larger objects must be copied part by part
+COPY_PART_MIN = 512 << 20  # part size of a multipart copy when the source's layout is unknown
+UNSUPPORTED = {"InvalidArgument", "NotImplemented", "InvalidRequest", "XNotImplemented"}
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ServingError(RuntimeError):
@@ -50,9 +89,35 @@ class PromotedVersion:
     manifest: dict[str, Any]
 
 
+def _is_s3fs(fs: fsspec.AbstractFileSystem) -> bool:
+    return "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def _open_read(fs: fsspec.AbstractFileSystem, path: str):
+    """A front-to-back reader: concurrent ranged GETs on S3."""
+    return open_range_reader(fs, path) if _is_s3fs(fs) else fs.open(path, "rb")
+
+
+def _open_write(fs: fsspec.AbstractFileSystem, path: str):
+    """A writer: a parallel multipart upload on S3, published only when closed without error."""
+    if _is_s3fs(fs):
+        s = s3_settings()
+        return MultipartWriter(fs, path, s.part_size_mb << 20, s.concurrency)
+    return fs.open(path, "wb")
+
+
+def _parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """fn over items on a few threads (network and hashing release the GIL); the first error is raised."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_FILES, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
 def _sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
     h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
+    with _open_read(fs, path) as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -66,27 +131,36 @@ def _safe_relpath(rel: str) -> str:
     return norm
 
 
-def list_files(uri: str) -> dict[str, int]:
-    """Relative path -> size of every file under a directory (path or URI)."""
+def list_objects(uri: str) -> dict[str, dict[str, Any]]:
+    """Relative path -> {"size", "etag"} of every file under a directory (path or URI; etag on object stores)."""
     fs, root = fsspec_filesystem(uri)
     if not fs.isdir(root):
         raise ServingError(f"checkpoint {uri!r} is not a directory")
     out = {}
     for path, info in fs.find(root, detail=True).items():
         rel = posixpath.relpath(path, root.rstrip("/"))
-        out[_safe_relpath(rel)] = int(info.get("size") or 0)
+        out[_safe_relpath(rel)] = {"size": int(info.get("size") or 0), "etag": info.get("ETag")}
     if not out:
         raise ServingError(f"checkpoint {uri!r} is empty")
     return out
 
 
-def build_manifest(checkpoint_uri: str, info: dict[str, Any]) -> dict[str, Any]:
-    """Manifest of a checkpoint: each file's sha256 and size, plus `info` (source run, step, metrics)."""
+def list_files(uri: str) -> dict[str, int]:
+    """Relative path -> size of every file under a directory (path or URI)."""
+    return {rel: o["size"] for rel, o in list_objects(uri).items()}
+
+
+def build_manifest(checkpoint_uri: str, info: dict[str, Any],
+                   objects: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Manifest of a checkpoint: each file's sha256 and size, plus `info` (source run, step, metrics).
+
+    The files are read once, several at a time (on S3 in concurrent ranges).
+    """
     fs, root = fsspec_filesystem(checkpoint_uri)
-    files = {
-        rel: {"sha256": _sha256(fs, posixpath.join(root, rel)), "size": size}
-        for rel, size in sorted(list_files(checkpoint_uri).items())
-    }
+    objects = objects if objects is not None else list_objects(checkpoint_uri)
+    names = sorted(objects)
+    digests = _parallel(lambda rel: _sha256(fs, posixpath.join(root, rel)), names)
+    files = {rel: {"sha256": d, "size": objects[rel]["size"]} for rel, d in zip(names, digests)}
     return {"format": "podium-serving/1", "source": checkpoint_uri, "files": files, **info}
 
 
@@ -104,32 +178,153 @@ def _new_version(serving: str) -> str:
     return f"v{(max(existing) + 1) if existing else 1:06d}"
 
 
-def copy_checkpoint(source: str, dest: str, files: list[str]) -> None:
-    """Copy files from `source` to `dest`; server-side when both are on the same object store."""
+def _error_code(exc: BaseException) -> str:
+    """The S3 error code behind an s3fs exception ('' if none)."""
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _copy_ranges(fs: fsspec.AbstractFileSystem, bucket: str, key: str, size: int,
+                 etag: str | None) -> list[tuple[int, int]]:
+    """Byte ranges for a multipart copy: the source's own parts (so the copy gets the same ETag) when known."""
+    count = int(etag.strip('"').rpartition("-")[2]) if etag and "-" in etag else 0
+    if count:
+        async def part_sizes() -> list[int]:
+            gate = asyncio.Semaphore(PARALLEL_PARTS)
+
+            async def head(number: int) -> int:
+                async with gate:
+                    out = await fs._call_s3("head_object", Bucket=bucket, Key=key, PartNumber=number)
+                return int(out["ContentLength"])
+
+            return list(await asyncio.gather(*(head(i) for i in range(1, count + 1))))
+        try:
+            sizes = sync(fs.loop, part_sizes)
+        except OSError:  # a store without per-part HEAD: fixed parts, verified by reading instead
+            sizes = []
+        if sum(sizes) == size:
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            return [(start, start + n) for start, n in zip(starts, sizes)]
+    part = max(COPY_PART_MIN, -(-size // 10_000))
+    return [(start, min(start + part, size)) for start in range(0, size, part)]
+
+
+def copy_s3_object(fs: fsspec.AbstractFileSystem, src: str, dst: str, size: int, etag: str | None,
+                   single_copy_limit: int = COPY_OBJECT_LIMIT) -> str | None:
+    """Copy one object inside the store, pinned to the source's ETag; no byte passes through this process.
+
+    Up to `single_copy_limit` (S3: 5 GiB) one CopyObject, which also asks the
+    store for the copy's SHA-256: returned (hex) when the store computed it.
+    Larger objects: UploadPartCopy of the source's own parts, in parallel
+    (the copy keeps the source's ETag); returns None.
+    """
+    sbucket, skey, _ = fs.split_path(src)
+    dbucket, dkey, _ = fs.split_path(dst)
+    source = {"Bucket": sbucket, "Key": skey}
+    match = {"CopySourceIfMatch": etag} if etag else {}
+    if size <= single_copy_limit:
+        try:
+            out = fs.call_s3("copy_object", Bucket=dbucket, Key=dkey, CopySource=source,
+                             ChecksumAlgorithm="SHA256", **match)
+        except OSError as exc:
+            if _error_code(exc) not in UNSUPPORTED:
+                raise
+            out = fs.call_s3("copy_object", Bucket=dbucket, Key=dkey, CopySource=source, **match)
+        result = out.get("CopyObjectResult", {})
+        checksum = result.get("ChecksumSHA256")
+        if not checksum or "-" in checksum or result.get("ChecksumType") == "COMPOSITE":
+            return None
+        return base64.b64decode(checksum).hex()
+
+    ranges = _copy_ranges(fs, sbucket, skey, size, etag)
+
+    async def copy_parts() -> None:
+        upload = (await fs._call_s3("create_multipart_upload", Bucket=dbucket, Key=dkey))["UploadId"]
+        gate = asyncio.Semaphore(PARALLEL_PARTS)
+
+        async def part(number: int, start: int, end: int) -> dict[str, Any]:
+            async with gate:
+                out = await fs._call_s3("upload_part_copy", Bucket=dbucket, Key=dkey, UploadId=upload,
+                                        PartNumber=number, CopySource=source,
+                                        CopySourceRange=f"bytes={start}-{end - 1}", **match)
+            return {"PartNumber": number, "ETag": out["CopyPartResult"]["ETag"]}
+
+        try:
+            parts = await asyncio.gather(*(part(i, a, b) for i, (a, b) in enumerate(ranges, 1)))
+            await fs._call_s3("complete_multipart_upload", Bucket=dbucket, Key=dkey, UploadId=upload,
+                              MultipartUpload={"Parts": list(parts)})
+        except BaseException:
+            try:
+                await fs._call_s3("abort_multipart_upload", Bucket=dbucket, Key=dkey, UploadId=upload)
+            except Exception:  # best effort: the copy was never completed, so nothing is visible
+                pass
+            raise
+
+    sync(fs.loop, copy_parts)
+    return None
+
+
+def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
+                    etags: dict[str, str | None] | None = None) -> set[str]:
+    """Copy the manifest's `files` from `source` to `dest`; returns those the store itself verified.
+
+    Inside one S3 store the copy is server-side (`copy_s3_object`) and is
+    verified there: the store's SHA-256 of the copy against the manifest, or
+    the copy's ETag against the source's (`etags`, listed when the manifest
+    was hashed). Across stores the bytes stream through, in parallel parts.
+    """
     sfs, sroot = fsspec_filesystem(source)
     dfs, droot = fsspec_filesystem(dest)
+    server_side = is_s3(source) and is_s3(dest) and sfs is dfs
     same = type(sfs) is type(dfs) and getattr(sfs, "storage_options", None) == getattr(dfs, "storage_options", None)
-    for rel in files:
+    etags = etags or {}
+
+    def copy_one(rel: str) -> str | None:
         src, dst = posixpath.join(sroot, rel), posixpath.join(droot, rel)
-        if same:
-            if not is_remote(dest):
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
+        entry = files[rel]
+        if server_side:
+            digest = copy_s3_object(sfs, src, dst, entry["size"], etags.get(rel))
+            if digest is not None:
+                if digest != entry["sha256"]:
+                    raise ServingError(f"{dest}/{rel}: the store's sha256 of the copy is {digest[:12]}…, "
+                                       f"manifest says {entry['sha256'][:12]}…")
+                return rel
+            copied = dfs.info(dst)
+            if etags.get(rel) and copied.get("ETag") == etags[rel] and int(copied.get("size", -1)) == entry["size"]:
+                return rel
+            return None
+        if same and not is_remote(dest):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            sfs.copy(src, dst)
+        elif same:
             sfs.copy(src, dst)
         else:
-            with sfs.open(src, "rb") as fin, dfs.open(dst, "wb") as fout:
+            with _open_read(sfs, src) as fin, _open_write(dfs, dst) as fout:
                 shutil.copyfileobj(fin, fout, CHUNK)
+        return None
+
+    verified = {rel for rel in _parallel(copy_one, sorted(files)) if rel}
+    if server_side:
+        logger.info("copied %d files inside the store; %d verified by the store, %d to read back",
+                    len(files), len(verified), len(files) - len(verified))
+    return verified
 
 
-def verify_files(version_dir: str, manifest: dict[str, Any]) -> None:
-    """Check every file of the version against the manifest (size and sha256); raise ServingError if not."""
+def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str] | None = None) -> None:
+    """Check the version's files (default: all) against the manifest (size and sha256); raise ServingError if not."""
     fs, root = fsspec_filesystem(join(version_dir, "checkpoint"))
-    for rel, entry in manifest["files"].items():
+    names = sorted(manifest["files"] if files is None else files)
+
+    def check(rel: str) -> None:
+        entry = manifest["files"][rel]
         path = posixpath.join(root, _safe_relpath(rel))
         if not fs.exists(path):
             raise ServingError(f"{version_dir}: {rel} is missing")
         digest = _sha256(fs, path)
         if digest != entry["sha256"]:
             raise ServingError(f"{version_dir}: {rel} has sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…")
+
+    _parallel(check, names)
 
 
 def stage_version(serving: str, checkpoint_uri: str, info: dict[str, Any]) -> PromotedVersion:
@@ -139,25 +334,40 @@ def stage_version(serving: str, checkpoint_uri: str, info: dict[str, Any]) -> Pr
     that reads CURRENT sees it before `switch_current`.
     """
     serving = normalize_location(serving)
-    manifest = build_manifest(checkpoint_uri, info)
+    objects = list_objects(checkpoint_uri)
+    manifest = build_manifest(checkpoint_uri, info, objects)
+    version, version_dir = _claim_version(serving)
+    manifest = {**manifest, "version": version, "created_at": time.time()}
+    verified = copy_checkpoint(checkpoint_uri, join(version_dir, "checkpoint"), manifest["files"],
+                               {rel: o["etag"] for rel, o in objects.items()})
+    verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
+    return PromotedVersion(version=version, uri=join(version_dir, "checkpoint"), manifest=manifest)
+
+
+def _claim_version(serving: str) -> tuple[str, str]:
+    """Take the next free version number: atomically, so two promoters never share one."""
     for _ in range(20):  # another promoter may take the same number: then take the next
         version = _new_version(serving)
         version_dir = join(serving, "versions", version)
         fs, root = fsspec_filesystem(version_dir)
-        if fs.exists(root):
-            continue
         if not is_remote(serving):
             try:  # mkdir is atomic: it claims the number locally
                 os.makedirs(root, exist_ok=False)
             except FileExistsError:
                 continue
-        break
-    else:
-        raise ServingError(f"{serving}: could not allocate a new version")
-    manifest = {**manifest, "version": version, "created_at": time.time()}
-    copy_checkpoint(checkpoint_uri, join(version_dir, "checkpoint"), list(manifest["files"]))
-    verify_files(version_dir, manifest)
-    return PromotedVersion(version=version, uri=join(version_dir, "checkpoint"), manifest=manifest)
+            return version, version_dir
+        if fs.exists(root):
+            continue
+        claim = json.dumps({"claimed_at": time.time(), "by": uuid.uuid4().hex}).encode()
+        try:  # a conditional PUT (If-None-Match: *) claims the number on S3; elsewhere, a plain write
+            if is_s3(serving):
+                fs.pipe_file(posixpath.join(root, CLAIM), claim, mode="create")
+            else:
+                fs.pipe_file(posixpath.join(root, CLAIM), claim)
+        except FileExistsError:
+            continue
+        return version, version_dir
+    raise ServingError(f"{serving}: could not allocate a new version")
 
 
 def seal_version(serving: str, version: PromotedVersion) -> None:
@@ -195,8 +405,8 @@ def read_json(uri: str) -> dict[str, Any] | None:
     """Read a JSON document, or None if it does not exist."""
     fs, path = fsspec_filesystem(uri)
     try:
-        with fs.open(path, "rb") as f:
-            return json.loads(f.read())
+        # one GET: no size from an earlier listing can cut a document another process rewrote
+        return json.loads(fs.cat_file(path))
     except FileNotFoundError:
         return None
 
@@ -251,8 +461,9 @@ def _uri_for(serving: str, path: str) -> str:
 def fetch_version(version: PromotedVersion, dest: str) -> str:
     """Download a version's checkpoint into local `dest` and check it against its manifest."""
     fs, root = fsspec_filesystem(version.uri)
-    for rel, entry in version.manifest["files"].items():
-        rel = _safe_relpath(rel)
+
+    def fetch(item: tuple[str, dict[str, Any]]) -> None:
+        rel, entry = _safe_relpath(item[0]), item[1]
         target = os.path.join(dest, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         fs.get_file(posixpath.join(root, rel), target)
@@ -262,6 +473,8 @@ def fetch_version(version: PromotedVersion, dest: str) -> str:
                 h.update(chunk)
         if h.hexdigest() != entry["sha256"]:
             raise ServingError(f"{version.uri}/{rel}: sha256 does not match the manifest")
+
+    _parallel(fetch, sorted(version.manifest["files"].items()))
     return dest
 
 

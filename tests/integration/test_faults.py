@@ -75,7 +75,9 @@ def test_flow_process_killed_then_rerun_finishes_without_duplicates(prefect_api,
     config["validation"]["concurrency"] = 1
     (tmp_path / "podium.json").write_text(json.dumps(config))
     env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": locations["tracking_uri"]}
+           "MLFLOW_TRACKING_URI": locations["tracking_uri"],
+           # the user's own module is importable, as it would be for a user running podium
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)
 
     proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)

@@ -1,0 +1,125 @@
+"""A real S3 server on loopback for the tests: moto in server mode, in its own process.
+
+Clients reach it over HTTP exactly as they would reach MinIO or AWS; nothing is
+mocked inside the test process. The credentials are fake (moto accepts any key
+until IAM checks are switched on with `enforce_iam`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REGION = "us-east-1"
+FAKE_KEY_ID = "podium-test-key-id"
+FAKE_SECRET = "podium-test-secret-do-not-log-0000"  # any value works; tests check it never leaks
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class S3Server:
+    """A running `moto_server` process."""
+
+    endpoint: str
+    process: subprocess.Popen
+    log_path: Path
+    _clients: dict[str, Any] = field(default_factory=dict)
+
+    def env(self, key_id: str = FAKE_KEY_ID, secret: str = FAKE_SECRET) -> dict[str, str]:
+        """Environment variables that point the AWS chain (and MLflow) at this server."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "MLFLOW_S3_ENDPOINT_URL": self.endpoint,
+                "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}
+
+    def client(self, service: str = "s3", key_id: str = FAKE_KEY_ID, secret: str = FAKE_SECRET) -> Any:
+        """A plain botocore client for arranging and inspecting the server's state."""
+        import botocore.session
+
+        return botocore.session.get_session().create_client(
+            service, endpoint_url=self.endpoint, region_name=REGION, aws_access_key_id=key_id,
+            aws_secret_access_key=secret)
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket (as the unrestricted fake user)."""
+        self.client().create_bucket(Bucket=name)
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every key under a prefix."""
+        out, token = [], None
+        s3 = self.client()
+        while True:
+            page = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, **({"ContinuationToken": token} if token else {}))
+            out += [o["Key"] for o in page.get("Contents", [])]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+
+    def bucket_exists(self, name: str) -> bool:
+        """Whether a bucket exists."""
+        return name in {b["Name"] for b in self.client().list_buckets().get("Buckets", [])}
+
+    def add_user(self, name: str, actions: list[str]) -> tuple[str, str]:
+        """An IAM user allowed `actions` on every resource; returns (key id, secret)."""
+        iam = self.client("iam")
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def enforce_iam(self) -> None:
+        """From now on every request must be signed by a known IAM user and be allowed by its policy."""
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=10).read()
+
+    def requests(self, method: str, path_pattern: str) -> list[str]:
+        """Request lines of the server's access log matching a method and a path regex."""
+        pattern = re.compile(rf'"{method} /{path_pattern}[ ?]')
+        return [line for line in self.log_path.read_text(errors="replace").splitlines() if pattern.search(line)]
+
+    def stop(self) -> None:
+        """Stop the server process."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_s3_server(log_path: Path, timeout_s: float = 60.0) -> S3Server:
+    """Start `moto_server` on a free loopback port and wait until it answers."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(log_path, "ab")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto_server exited with code {process.returncode}; see {log_path}")
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
+            return S3Server(endpoint=endpoint, process=process, log_path=Path(log_path))
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"moto_server did not answer on {endpoint} within {timeout_s:g} s; see {log_path}")

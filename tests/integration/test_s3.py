@@ -1,0 +1,418 @@
+"""Object storage for real: storage, data and serving on an S3 server on loopback (moto in server mode).
+
+Nothing is mocked in this process: every request goes over HTTP to the server,
+as it would to MinIO or AWS. Crashes are injected by raising (or, in one case,
+by SIGKILL of a separate promoting process) at the step under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from s3_server import FAKE_KEY_ID, FAKE_SECRET, S3Server, free_port, start_s3_server
+from tasks.plan import BUILTIN_LOOP, RunPlan, plan_run
+from tasks.promote import promote_best_checkpoint
+from tasks.tracking import merge_validation, open_tracking_run, record_checkpoint
+from training.checkpoint import CheckpointMeta, save_checkpoint
+from training.config import ConfigError, build_config
+from training.data import load_arrays, make_classification_data
+from training.events import CheckpointEvent
+from training.model import ModelSpec, build_model
+from training.serving import fetch_version, load_promoted_model, read_current, read_history
+from training.storage import MiB, MultipartWriter, arrow_filesystem, open_range_reader, s3_filesystem
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "podium-test"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> S3Server:
+    """An S3 server for this module, with the AWS chain (and MLflow) of this process pointed at it."""
+    server = start_s3_server(tmp_path_factory.mktemp("moto") / "moto.log")
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    server.create_bucket(BUCKET)
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_with_s3(s3, ray_cluster):
+    """Ray workers inherit the environment of the process that starts Ray: restart it with the S3 variables.
+
+    Its workers also get their own TMPDIR, so the test can see what validation
+    left behind there. Yields that folder.
+    """
+    import ray
+
+    from training import raytrain
+
+    worker_tmp = tempfile.mkdtemp(prefix="podium-s3-")
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "RAY_TMPDIR")}
+    ray.shutdown()
+    os.environ["RAY_TMPDIR"] = saved["RAY_TMPDIR"] or tempfile.gettempdir()  # Ray's own files stay where they were
+    os.environ["TMPDIR"] = worker_tmp
+    try:
+        raytrain.ensure_ray(4, ["podium_user_code:train_func"])
+        yield worker_tmp
+    finally:
+        ray.shutdown()  # the next user starts Ray again without these variables
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _leaks(text: str) -> list[str]:
+    return [s for s in (FAKE_SECRET, FAKE_KEY_ID) if s in text]
+
+
+# --------------------------------------------------------------------------------------------
+# The whole pipeline on S3
+
+
+def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+
+    from podium.services import prepare_mlflow
+    from prefect_queries import flow_run_id
+
+    train, val = make_classification_data(f"s3://{BUCKET}/data", train_rows=3000, val_rows=1000)
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    prepare_mlflow(tracking_uri)
+    MlflowClient(tracking_uri).create_experiment("podium", artifact_location=f"s3://{BUCKET}/mlflow")
+    storage, serving = f"s3://{BUCKET}/storage", f"s3://{BUCKET}/serving"
+    summary = pipeline({"run_name": "s3-e2e", "storage": storage, "serving": serving,
+                        "data": {"train": train, "val": val}, "training": {"epochs": 2},
+                        "validation": {"concurrency": 2}}, tracking_uri)
+
+    records = summary.checkpoints
+    assert len(records) == 2 and all(r.status == "validated" for r in records)
+    # Ray Train wrote the checkpoints into the bucket; the MLflow records point there
+    for r in records:
+        assert r.uri.startswith(f"{storage}/s3-e2e/checkpoint_")
+        key = r.uri.removeprefix(f"s3://{BUCKET}/")
+        assert {"model.pt", "optimizer.pt", "podium.json"} <= {k.rsplit("/", 1)[1] for k in s3.keys(BUCKET, key + "/")}
+
+    # serving on S3: versioned prefix, manifest, pointer, history; the champion loads and predicts as recorded
+    promoted = summary.promotion.promoted
+    best = min(records, key=lambda r: r.metrics["val_loss"])
+    assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/checkpoint"
+    assert read_current(serving).version == "v000001" and len(read_history(serving)) == 1
+    layout = set(s3.keys(BUCKET, "serving/"))
+    assert {"serving/CURRENT", "serving/versions/v000001/MANIFEST.json",
+            "serving/versions/v000001/checkpoint/model.pt"} <= layout
+    model = load_promoted_model(serving)
+    x, y = load_arrays(val, "label", [f"f{i:02d}" for i in range(16)])
+    with torch.no_grad():
+        accuracy = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
+    assert accuracy == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
+
+    # MLflow: the alias names the served copy; the run's artifacts went to the bucket
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    assert client.get_model_version_by_alias("podium", "champion").source == promoted.uri
+    run_id = summary.tracking.run_id
+    assert any(k.endswith(f"{run_id}/artifacts/podium/promotion_report.md") for k in s3.keys(BUCKET, "mlflow/"))
+
+    # validation downloaded each checkpoint once (the promoted one is read once more, to hash it for the
+    # manifest) and left no temporary copy behind
+    for r in records:
+        gets = s3.requests("GET", f"{BUCKET}/storage/s3-e2e/{r.uri.rsplit('/', 1)[1]}/model.pt")
+        assert len(gets) == 1 + (r.step == promoted.step), gets
+    assert not glob.glob(os.path.join(ray_with_s3, "checkpoint_tmp_*"))
+
+    # no credential anywhere: MLflow params and tags, Prefect parameters, logs and artifacts
+    run = client.get_run(run_id)
+    exp = client.get_experiment_by_name("podium")
+    models = client.search_logged_models([exp.experiment_id], max_results=100)
+    assert not _leaks(json.dumps([run.data.params, run.data.tags, [(m.tags, m.params) for m in models]]))
+    fid = flow_run_id("s3-e2e")
+    with get_client(sync_client=True) as c:
+        parameters = c.read_flow_run(fid).parameters
+        logs = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[fid])), limit=200)
+        artifacts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fid])))
+    assert logs and artifacts
+    assert not _leaks(json.dumps(parameters, default=str))
+    assert not _leaks("\n".join(log.message for log in logs))
+    assert not _leaks(json.dumps([a.data for a in artifacts], default=str))
+
+
+# --------------------------------------------------------------------------------------------
+# Promotion interrupted at each step
+
+
+class Died(Exception):
+    """Stands for the promoting process dying at this point: nothing after it runs."""
+
+
+def _upload_checkpoint(tmp_path: Path, uri: str, seed: int) -> None:
+    """A podium checkpoint, persisted the way Ray Train does it (pyarrow copy_files onto podium's filesystem)."""
+    spec = ModelSpec(in_features=3, num_classes=2, hidden_size=8)
+    torch.manual_seed(seed)
+    model = build_model(spec)
+    meta = CheckpointMeta(model=spec, epoch=1, step=seed, metrics={}, config={}, feature_columns=["a", "b", "c"],
+                          label_column="label")
+    local = tmp_path / f"local-{seed}"
+    save_checkpoint(str(local), model, torch.optim.Adam(model.parameters()), meta)
+    fs, path = arrow_filesystem(uri)
+    pafs.copy_files(str(local), path, destination_filesystem=fs)
+
+
+def _outputs(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.linspace(-1, 1, 15).reshape(5, 3))
+
+
+def _reference_outputs(tmp_path: Path, seed: int) -> torch.Tensor:
+    from training.checkpoint import load_model
+
+    return _outputs(load_model(str(tmp_path / f"local-{seed}"))[0])
+
+
+@pytest.fixture
+def promotion_setup(s3, tmp_path):
+    """A champion (step 1) already promoted to an S3 serving location, and a better checkpoint (step 2) recorded."""
+    prefix = f"s3://{BUCKET}/{tmp_path.name}"
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from podium.services import prepare_mlflow
+
+    prepare_mlflow(tracking_uri)
+    tracking = open_tracking_run(tracking_uri, "podium", "promo", {})
+    config = build_config({"run_name": "promo", "storage": f"{prefix}/storage", "serving": f"{prefix}/serving",
+                           "data": {"train": "unused", "val": "unused"}, "promotion": {"verify": False}})
+    plan = RunPlan(config=config, storage=config.storage, serving=config.serving, train_loop=BUILTIN_LOOP,
+                   loop_config={}, validate_kwargs={})
+
+    def add(step: int, val_loss: float) -> None:
+        uri = f"{prefix}/storage/promo/checkpoint_{step:08d}"
+        _upload_checkpoint(tmp_path, uri, seed=step)
+        event = CheckpointEvent(run_name="promo", step=step, metrics={"loss": 1.0}, checkpoint_uri=uri,
+                                checkpoint_name=uri.rsplit("/", 1)[1])
+        merge_validation(tracking, record_checkpoint(tracking, event), {"val_loss": val_loss})
+
+    add(1, 0.5)
+    first = promote_best_checkpoint(plan, tracking)
+    assert first.promoted.version == "v000001"
+    add(2, 0.3)
+    return plan, tracking
+
+
+STEPS = ["mid-copy", "before-manifest", "before-pointer", "before-alias"]
+
+
+@pytest.mark.parametrize("die_at", STEPS)
+def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(promotion_setup, tmp_path, monkeypatch,
+                                                                             die_at):
+    import tasks.promote
+    import training.serving
+
+    plan, tracking = promotion_setup
+    serving = plan.serving
+    with monkeypatch.context() as m:
+        if die_at == "mid-copy":  # one file copied, then the process is gone
+            calls = []
+            copy = training.serving.copy_s3_object
+
+            def copy_then_die(*args, **kwargs):
+                calls.append(1)
+                if len(calls) > 1:
+                    raise Died()
+                return copy(*args, **kwargs)
+
+            m.setattr(training.serving, "copy_s3_object", copy_then_die)
+            m.setattr(training.serving, "PARALLEL_FILES", 1)
+        else:
+            target = {"before-manifest": (training.serving, "seal_version"),
+                      "before-pointer": (training.serving, "switch_current"),
+                      "before-alias": (tasks.promote, "register_champion")}[die_at]
+            m.setattr(*target, lambda *a, **k: (_ for _ in ()).throw(Died()))
+        with pytest.raises(Died):
+            promote_best_checkpoint(plan, tracking)
+
+    # a reader still gets a complete champion, every file matching its manifest
+    current = read_current(serving)
+    expected_step = 2 if die_at == "before-alias" else 1  # the pointer had switched: the new champion is complete
+    assert current.manifest["step"] == expected_step
+    fetch_version(current, str(tmp_path / f"read-{die_at}"))
+    assert torch.allclose(_outputs(load_promoted_model(serving)), _reference_outputs(tmp_path, expected_step))
+
+    # promotion again finishes the job: step 2 is current, and the registry's alias names it
+    again = promote_best_checkpoint(plan, tracking)
+    current = read_current(serving)
+    assert current.manifest["step"] == 2
+    assert torch.allclose(_outputs(load_promoted_model(serving)), _reference_outputs(tmp_path, 2))
+    assert [h["version"] for h in read_history(serving)] == ["v000001", current.version]
+    client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    assert client.get_model_version_by_alias("podium", "champion").source == current.uri
+    assert again.promoted is None or again.promoted.version == current.version
+
+
+def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tmp_path):
+    """The same with a real SIGKILL: no exception handler, no cleanup, multipart uploads left open."""
+    plan, tracking = promotion_setup
+    script = tmp_path / "promote_and_die.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        import training.serving as srv
+        from tasks.plan import RunPlan
+        from tasks.promote import promote_best_checkpoint
+        from tasks.tracking import TrackingRun
+
+        copy, calls = srv.copy_s3_object, []
+        def copy_then_die(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return copy(*args, **kwargs)
+        srv.copy_s3_object, srv.PARALLEL_FILES = copy_then_die, 1
+        plan = RunPlan.model_validate_json({plan.model_dump_json()!r})
+        promote_best_checkpoint(plan, TrackingRun(**{dataclasses.asdict(tracking)!r}))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    current = read_current(plan.serving)
+    assert current.version == "v000001" and current.manifest["step"] == 1
+    assert torch.allclose(_outputs(load_promoted_model(plan.serving)), _reference_outputs(tmp_path, 1))
+    promote_best_checkpoint(plan, tracking)
+    assert read_current(plan.serving).manifest["step"] == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint transfers: what Ray Train does with podium's filesystem
+
+
+def test_checkpoint_round_trip_in_parallel_parts(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("PODIUM_S3_PART_SIZE_MB", "5")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    files = {"model.pt": os.urandom(12 * MiB + 3), "empty": b"", "sub/meta.json": b"{}"}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    fs, path = arrow_filesystem(f"s3://{BUCKET}/roundtrip/ck")
+    pafs.copy_files(str(src), path, destination_filesystem=fs)  # Ray's upload: pyarrow copy_files
+    etag = s3.client().head_object(Bucket=BUCKET, Key="roundtrip/ck/model.pt")["ETag"]
+    assert etag.strip('"').endswith("-3"), "12 MiB in 5 MiB parts: a multipart upload"
+    dst = tmp_path / "dst"
+    pafs.copy_files(path, str(dst), source_filesystem=fs)  # Ray's download (Checkpoint.to_directory)
+    assert {n: (dst / n).read_bytes() for n in files} == files
+
+
+def test_upload_dropped_before_close_publishes_nothing(s3):
+    fs = s3_filesystem()
+    writer = MultipartWriter(fs, f"{BUCKET}/dropped/model.pt", part_size=5 * MiB, concurrency=2)
+    writer.write(os.urandom(11 * MiB))  # two parts on their way
+    del writer  # an error while copying: nobody calls close
+    assert s3.keys(BUCKET, "dropped/") == []
+    assert not s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
+def test_reader_refuses_an_object_replaced_while_read(s3, monkeypatch):
+    monkeypatch.setenv("PODIUM_S3_PART_SIZE_MB", "5")
+    monkeypatch.setenv("PODIUM_S3_CONCURRENCY", "1")
+    fs = s3_filesystem()
+    fs.pipe_file(f"{BUCKET}/replaced.bin", os.urandom(11 * MiB))
+    reader = open_range_reader(fs, f"{BUCKET}/replaced.bin")
+    reader.read(5 * MiB)  # the first range; the second is already requested, the third is not
+    fs.pipe_file(f"{BUCKET}/replaced.bin", os.urandom(11 * MiB))
+    with pytest.raises(OSError, match="pre-condition"):
+        reader.read()
+
+
+def test_large_object_copied_part_by_part_keeps_its_etag(s3):
+    from training.serving import copy_s3_object
+
+    fs = s3_filesystem()
+    writer = MultipartWriter(fs, f"{BUCKET}/big/src.bin", part_size=5 * MiB, concurrency=4)
+    data = os.urandom(12 * MiB)
+    writer.write(data)
+    writer.close()
+    info = fs.info(f"{BUCKET}/big/src.bin")
+    # a limit of 0 bytes forces the path S3 takes above 5 GiB: UploadPartCopy, mirroring the source's parts
+    assert copy_s3_object(fs, f"{BUCKET}/big/src.bin", f"{BUCKET}/big/dst.bin", info["size"], info["ETag"],
+                          single_copy_limit=0) is None
+    assert fs.info(f"{BUCKET}/big/dst.bin")["ETag"] == info["ETag"]
+    assert fs.cat_file(f"{BUCKET}/big/dst.bin") == data
+
+
+# --------------------------------------------------------------------------------------------
+# Fail early: before anything trains, a clear error naming the location; nothing written
+
+
+@pytest.fixture(scope="module")
+def strict_s3(tmp_path_factory) -> dict:
+    """A second S3 server that checks signatures and IAM policies: a writer, a read-only user, a bucket."""
+    server = start_s3_server(tmp_path_factory.mktemp("moto-iam") / "moto.log")
+    server.create_bucket("podium-strict")
+    writer = server.add_user("writer", ["s3:*"])
+    reader = server.add_user("reader", ["s3:GetObject", "s3:ListBucket"])
+    server.enforce_iam()
+    try:
+        yield {"server": server, "writer": writer, "reader": reader}
+    finally:
+        server.stop()
+
+
+CASES = {
+    "wrong-key": ("storage", "AKIAWRONGWRONGWRONG", None, "rejected the credentials (InvalidAccessKeyId)"),
+    "wrong-secret": ("storage", "writer", "not-the-secret", "rejected the credentials (SignatureDoesNotMatch)"),
+    "missing-bucket": ("storage", "writer", None, "bucket 'podium-no-such-bucket' does not exist"),
+    "missing-data-bucket": ("data.train", "writer", None, "bucket 'podium-no-such-bucket' does not exist"),
+    "unreachable-endpoint": ("storage", "writer", None, "cannot reach the S3 endpoint"),
+    "read-only": ("serving", "reader", None, "access denied writing (s3:PutObject)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_unusable_location_fails_before_training_and_writes_nothing(strict_s3, dataset, tmp_path, monkeypatch, case):
+    server = strict_s3["server"]
+    field, user, secret, expected = CASES[case]
+    key_id, key_secret = strict_s3[user] if user in ("writer", "reader") else (user, FAKE_SECRET)
+    endpoint = f"http://127.0.0.1:{free_port()}" if case == "unreachable-endpoint" else server.endpoint
+    for k, v in server.env(key_id, secret or key_secret).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    bucket = "podium-no-such-bucket" if "missing" in case else "podium-strict"
+    locations = {"data": {"train": dataset[0], "val": dataset[1]}, "storage": f"s3://podium-strict/{case}/storage",
+                 "serving": f"s3://podium-strict/{case}/serving"}
+    if field == "data.train":
+        locations["data"]["train"] = f"s3://{bucket}/data/train.parquet"
+    elif field == "storage":
+        locations["storage"] = f"s3://{bucket}/{case}/storage"
+    else:
+        locations["storage"] = str(tmp_path / "storage")  # storage is fine; serving is read-only
+
+    with pytest.raises(ConfigError) as err:
+        plan_run(build_config({"run_name": "strict", **locations}))
+    message = str(err.value)
+    location = locations["data"]["train"] if field == "data.train" else locations[field]
+    assert field in message and location in message and expected in message, message
+    assert not _leaks(message) and (secret or key_secret) not in message
+
+    # nothing half-written: no object under the run's prefixes, no bucket created
+    writer = server.client(key_id=strict_s3["writer"][0], secret=strict_s3["writer"][1])
+    assert not writer.list_objects_v2(Bucket="podium-strict", Prefix=f"{case}/").get("Contents")
+    assert "podium-no-such-bucket" not in {b["Name"] for b in writer.list_buckets()["Buckets"]}
