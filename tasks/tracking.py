@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,12 +58,23 @@ class TrackingRun:
         return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models"
 
 
+SECRET_KEY = re.compile(r"(secret|passw|token|credential|api[_-]?key|access[_-]?key|private[_-]?key)", re.I)
+URI_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
+
+
+def redact(key: str, value: str) -> str:
+    """Hide values of secret-looking keys and credentials embedded in URIs (user:password@host)."""
+    if SECRET_KEY.search(key):
+        return "***"
+    return URI_USERINFO.sub(r"\g<scheme>***@", value)
+
+
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
-        out[prefix] = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+        out[prefix] = redact(prefix, json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
 
 
 def flatten_params(config: dict[str, Any]) -> dict[str, str]:
