@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import math
-from typing import Any
+import os
+import time
+import uuid
+from typing import Any, Iterator
 
 from pydantic import BaseModel
 from prefect import task
@@ -122,16 +127,60 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
     return version
 
 
+@contextlib.contextmanager
+def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[None]:
+    """One promoter at a time per serving location, from decision to alias.
+
+    Without it two promoters could each switch CURRENT and move the alias in
+    interleaved order, leaving the registry naming another version than serving.
+    Local locations use an flock on <serving>/.promotion.lock (released by the
+    kernel if the process dies). Object stores have no lock primitive podium
+    relies on yet: there, run one promoter at a time (e.g. a Prefect concurrency
+    limit on the promotion deployment).
+    """
+    location = srv.normalize_location(serving)
+    if srv.is_remote(location):
+        yield
+        return
+    os.makedirs(location, exist_ok=True)
+    with open(os.path.join(location, ".promotion.lock"), "a+") as f:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise srv.ServingError(f"{serving}: another promotion held the lock for {timeout_s:g} s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def record_attempt(serving: str, tracking: TrackingRun, outcome: "PromotionOutcome") -> None:
+    """Every promotion attempt, promoted or not, is kept under <serving>/attempts/."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
+    srv.write_json(srv.join(srv.normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
+                   {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "at": time.time(),
+                    **outcome.model_dump(mode="json")})
+
+
 def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
-    """Decide on the run's records and promote if the decision says so."""
-    decision, champion = decide(plan, list_records(tracking))
-    promoted = promote(plan, tracking, decision) if decision.promote else None
-    if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
-        finish_registration(plan, tracking, decision.candidate)
+    """Decide on the run's records and promote if the decision says so (under the promotion lock)."""
+    records = list_records(tracking)
+    with promotion_lock(plan.serving):
+        decision, champion = decide(plan, records)  # against the champion as it is now, inside the lock
+        promoted = promote(plan, tracking, decision) if decision.promote else None
+        if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
+            finish_registration(plan, tracking, decision.candidate)
+        outcome = PromotionOutcome(promoted=promoted, reason=decision.reason,
+                                   best_step=decision.candidate.step if decision.candidate else None,
+                                   champion_before=champion.version if champion else None)
+        record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", decision.reason)
-    return PromotionOutcome(promoted=promoted, reason=decision.reason,
-                            best_step=decision.candidate.step if decision.candidate else None,
-                            champion_before=champion.version if champion else None)
+    return outcome
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)
@@ -151,6 +200,12 @@ class RollbackOutcome(BaseModel):
 def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
               to_version: str | None = None) -> RollbackOutcome:
     """Point CURRENT back at the previous champion (or `to_version`) atomically; the alias follows."""
+    with promotion_lock(serving):
+        return _roll_back(serving, tracking_uri, registered_model, alias, to_version)
+
+
+def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
+               to_version: str | None) -> RollbackOutcome:
     current = srv.read_current(serving)
     if current is None:
         raise srv.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
