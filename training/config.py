@@ -19,6 +19,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+USERINFO_RE = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@", re.I)
+
+
+def _check_location(value: str) -> str:
+    # a URI such as s3://KEY:SECRET@bucket would end up in Prefect parameters, logs and records
+    if USERINFO_RE.match(value or ""):
+        raise ValueError("credentials in a URI are not accepted (they would be logged); give them through "
+                         "the environment, e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile")
+    return value
+
+
 def _check_import_path(value: str | None) -> str | None:
     if value is not None and not IMPORT_PATH_RE.match(value):
         raise ValueError(f"expected 'package.module:function', got {value!r}")
@@ -34,6 +45,11 @@ class DataConfig(_Strict):
     feature_columns: list[str] | None = Field(
         None, description="Numeric feature columns; default: every column but the label."
     )
+
+    @field_validator("train", "val")
+    @classmethod
+    def _check_uri(cls, v: str) -> str:
+        return _check_location(v)
 
 
 class TrainingConfig(_Strict):
@@ -120,6 +136,11 @@ class PipelineConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
+    @field_validator("storage", "serving")
+    @classmethod
+    def _check_uri(cls, v: str) -> str:
+        return _check_location(v)
+
     @field_validator("run_name")
     @classmethod
     def _check_run_name(cls, v: str) -> str:
@@ -142,6 +163,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         field = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "config"
         value = e.get("input")
         shown = repr(value) if not isinstance(value, dict) else "{...}"
+        shown = re.sub(r"([a-z][a-z0-9+.-]*://)[^/@'\"]*@", r"\1***@", shown, flags=re.I)  # never echo credentials
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{field} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -193,24 +193,32 @@ def _reference_outputs(tmp_path: Path, seed: int) -> torch.Tensor:
     return _outputs(load_model(str(tmp_path / f"local-{seed}"))[0])
 
 
-@pytest.fixture
-def promotion_setup(s3, tmp_path):
-    """A champion (step 1) already promoted to an S3 serving location, and a better checkpoint (step 2) recorded."""
-    prefix = f"s3://{BUCKET}/{tmp_path.name}"
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+@pytest.fixture(scope="module")
+def tracking_store(tmp_path_factory) -> str:
+    """One MLflow store for the promotion tests (each uses its own run and registered model)."""
     from podium.services import prepare_mlflow
 
-    prepare_mlflow(tracking_uri)
-    tracking = open_tracking_run(tracking_uri, "podium", "promo", {})
-    config = build_config({"run_name": "promo", "storage": f"{prefix}/storage", "serving": f"{prefix}/serving",
-                           "data": {"train": "unused", "val": "unused"}, "promotion": {"verify": False}})
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    prepare_mlflow(uri)
+    return uri
+
+
+@pytest.fixture
+def promotion_setup(s3, tracking_store, tmp_path):
+    """A champion (step 1) already promoted to an S3 serving location, and a better checkpoint (step 2) recorded."""
+    name = tmp_path.name
+    prefix = f"s3://{BUCKET}/{name}"
+    tracking = open_tracking_run(tracking_store, "podium", name, {})
+    config = build_config({"run_name": name, "storage": f"{prefix}/storage", "serving": f"{prefix}/serving",
+                           "data": {"train": "unused", "val": "unused"},
+                           "promotion": {"verify": False, "registered_model": name}})
     plan = RunPlan(config=config, storage=config.storage, serving=config.serving, train_loop=BUILTIN_LOOP,
                    loop_config={}, validate_kwargs={})
 
     def add(step: int, val_loss: float) -> None:
-        uri = f"{prefix}/storage/promo/checkpoint_{step:08d}"
+        uri = f"{prefix}/storage/{name}/checkpoint_{step:08d}"
         _upload_checkpoint(tmp_path, uri, seed=step)
-        event = CheckpointEvent(run_name="promo", step=step, metrics={"loss": 1.0}, checkpoint_uri=uri,
+        event = CheckpointEvent(run_name=name, step=step, metrics={"loss": 1.0}, checkpoint_uri=uri,
                                 checkpoint_name=uri.rsplit("/", 1)[1])
         merge_validation(tracking, record_checkpoint(tracking, event), {"val_loss": val_loss})
 
@@ -267,7 +275,8 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     assert torch.allclose(_outputs(load_promoted_model(serving)), _reference_outputs(tmp_path, 2))
     assert [h["version"] for h in read_history(serving)] == ["v000001", current.version]
     client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
-    assert client.get_model_version_by_alias("podium", "champion").source == current.uri
+    model_name = plan.config.promotion.registered_model
+    assert client.get_model_version_by_alias(model_name, "champion").source == current.uri
     assert again.promoted is None or again.promoted.version == current.version
 
 

@@ -15,3 +15,15 @@ def test_secret_keys_and_uri_credentials_are_redacted():
     assert params["storage"] == "s3://***@bucket/prefix"
     assert params["validation.kwargs.url"] == "postgresql://***@db:5432/x"
     assert params["validation.kwargs.batch"] == "4"
+
+
+def test_credentials_in_location_uris_are_refused_without_echoing_them():
+    import pytest
+
+    from training.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError) as err:
+        build_config({"storage": "s3://AKIAEXAMPLE:topsecret@bucket/x", "data": {"val": "s3://a:b@c/v"}})
+    text = str(err.value)
+    assert "storage" in text and "data.val" in text and "credentials in a URI" in text
+    assert "topsecret" not in text
