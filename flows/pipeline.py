@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 from prefect import flow
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.events import CheckpointStream
@@ -32,6 +33,7 @@ class RunSummary(BaseModel):
     checkpoints: list[CheckpointRecord]
     promotion: PromotionOutcome
     training_ended_at: float | None = None
+    flow_run_id: str | None = None
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
@@ -84,4 +86,4 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     close_tracking_run(tracking)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
-                      training_ended_at=training_ended_at)
+                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id))

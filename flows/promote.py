@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from flows.pipeline import RunSummary
 from tasks.plan import plan_run_task
@@ -22,4 +23,5 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
     records = list_records(tracking)
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
-    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome)
+    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
+                      flow_run_id=str(flow_run.id))

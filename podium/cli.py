@@ -229,7 +229,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
     if args.json:
         out = _summary_json(summary, config.serving)
         out["wall_time_s"] = round(elapsed, 1)
-        out["prefect_ui"] = ui_url(api_url)
+        out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         print(json.dumps(out))
         return 0
     _print_human(summary, config, settings, tracking_uri, api_url, elapsed)
@@ -250,9 +250,11 @@ def _print_human(summary, config, settings, tracking_uri, api_url, elapsed) -> N
     else:
         print("nothing promoted")
     print(f"  why: {summary.promotion.reason}")
-    print(f"Prefect UI:  {ui_url(api_url)}/runs   (flow run '{summary.run_name}-…', artifacts tab)")
-    print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then "
-          f"{summary.tracking.run_url(settings.mlflow_ui_url)}")
+    print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
+          "promotion report, chart)")
+    print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
+    print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
+    print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
     print(f"Serving:     {config.serving}  (load with podium.load_promoted_model)")
 
 
