@@ -1,61 +1,176 @@
-"""The deployments podium declares: a scheduled training run and an on-demand promotion.
+"""The deployments podium declares: scheduled training, validation of announced checkpoints, promotion.
 
-    python -m deployments serve [--config podium.toml] [--cron "0 2 * * *"] [--timezone UTC]
+    python -m deployments deploy --pool podium [--config podium.toml] [--cron "0 2 * * *"] [--timezone UTC]
 
-serves them from this process (Prefect's `serve`), against PREFECT_API_URL;
-runs started from the UI or by the schedule execute here.
+registers them against PREFECT_API_URL on a process work pool (created if missing);
+`prefect worker start --pool podium` (or `podium worker`) then runs them.
+
+    python -m deployments serve [--config podium.toml] [--cron ...] [--timezone ...] [--ray-address ...]
+
+serves them from this process instead (Prefect's `serve`): runs execute here.
+
+- nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
+- validate-on-event (validate-checkpoint): one run per `podium.checkpoint.persisted` event that a
+  training job outside the flow emitted through `tasks.events.PrefectEventSink`; the event's run,
+  checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
+- promote-on-demand (promote-best-checkpoint): promotion of the run named in its `config`.
+
+Every deployment's entrypoint is a module path (`flows.pipeline.train_validate_promote`): a worker
+runs the podium version installed beside it, with no code pulled from elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
+from uuid import UUID
 
 from prefect.deployments.runner import RunnerDeployment
+from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron
+from prefect.types.entrypoint import EntrypointType
 
 from flows.pipeline import train_validate_promote
 from flows.promote import promote_run
+from flows.validate_checkpoint import RECORD_LOCK, validate_announced_checkpoint
+from tasks.events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
 from training.config import PipelineConfig
 
 NIGHTLY = "nightly-training"
+VALIDATE = "validate-on-event"
 PROMOTE = "promote-on-demand"
+WORK_POOL = "podium"
+
+
+def checkpoint_trigger() -> DeploymentEventTrigger:
+    """Fire once per checkpoint event that asks for validation, passing the checkpoint as parameters.
+
+    Each value is a single Jinja expression: Prefect renders it with `| tojson` and parses it back,
+    so `step` arrives as an int and `metrics` as a dict, and the flow's signature validates them.
+    """
+    return DeploymentEventTrigger(
+        name="validate-announced-checkpoint",
+        description="One validate-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
+        expect={EVENT_PERSISTED},
+        match={"prefect.resource.id": "podium.checkpoint.*", VALIDATION_LABEL: VALIDATION_BY_DEPLOYMENT},
+        parameters={
+            "run_name": "{{ event.payload.run_name }}",
+            "checkpoint_uri": "{{ event.payload.checkpoint_uri }}",
+            "checkpoint_name": "{{ event.payload.checkpoint_name }}",
+            "step": "{{ event.payload.step }}",
+            "epoch": "{{ event.payload.epoch }}",
+            "metrics": "{{ event.payload.metrics }}",
+        },
+    )
 
 
 def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone: str = "UTC") -> list[RunnerDeployment]:
-    """The scheduled train-validate-promote deployment and the on-demand promotion deployment."""
+    """The scheduled training, the event-triggered checkpoint validation and the on-demand promotion.
+
+    `config` is every deployment's default `config` parameter: the validation deployment validates
+    with its data and validation settings (the run name comes from the event)."""
     params: dict[str, Any] = {"config": config.model_dump(mode="json")}
+    module = EntrypointType.MODULE_PATH
     nightly = train_validate_promote.to_deployment(
         name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters=params, tags=["podium", "training"],
         description="Train, validate every checkpoint as it lands, promote the best if it beats the champion.",
+        entrypoint_type=module,
+    )
+    validate = validate_announced_checkpoint.to_deployment(
+        name=VALIDATE, triggers=[checkpoint_trigger()], parameters=params, tags=["podium", "validation"],
+        description="Record and validate one checkpoint announced by a training job outside the pipeline.",
+        entrypoint_type=module,
     )
     promote = promote_run.to_deployment(
         name=PROMOTE, parameters=params, tags=["podium", "promotion"],
         description="Promote the best validated checkpoint of the run named in the config.",
+        entrypoint_type=module,
     )
-    return [nightly, promote]
+    return [nightly, validate, promote]
+
+
+def ensure_record_lock() -> None:
+    """Create the global concurrency limit that serializes record creation (see flows.validate_checkpoint)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(RECORD_LOCK)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=RECORD_LOCK, limit=1))
+            except ObjectAlreadyExists:
+                pass
+
+
+def ensure_work_pool(name: str) -> None:
+    """Create a process work pool named `name` unless it exists."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(
+                    name=name, type=ProcessWorker.type,
+                    base_job_template=ProcessWorker.get_default_base_job_template()))
+            except ObjectAlreadyExists:
+                pass
+
+
+def register_deployments(deployments: list[RunnerDeployment], work_pool: str = WORK_POOL) -> list[UUID]:
+    """Register deployments (and their triggers' automations) on a process work pool; idempotent."""
+    ensure_work_pool(work_pool)
+    ensure_record_lock()
+    return [d.apply(work_pool_name=work_pool) for d in deployments]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve podium's deployments from this process."""
-    from prefect import serve
+    """Register podium's deployments on a work pool, or serve them from this process."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from podium.cli import CliError, config_from_args
+    from podium.cli import OPTIONS, CliError, config_from_args
+    from podium.services import ServiceError, ensure_prefect_server
     from podium.settings import PodiumSettings
 
     parser = argparse.ArgumentParser(prog="python -m deployments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["serve"])
+    parser.add_argument("action", choices=["deploy", "serve"])
     parser.add_argument("--config", help="TOML or JSON run configuration (as for `podium run`).")
     parser.add_argument("--cron", default="0 2 * * *", help="Schedule of the training deployment.")
     parser.add_argument("--timezone", default="UTC", help="Time zone of the schedule.")
+    parser.add_argument("--pool", default=WORK_POOL, help=f"Process work pool to deploy to (default: {WORK_POOL}).")
+    parser.add_argument("--ray-address", help="serve: run on this Ray cluster (sets RAY_ADDRESS).")
     args = parser.parse_args(argv)
-    from podium.cli import OPTIONS
-
     for flag, *_ in OPTIONS:
         setattr(args, flag[2:].replace("-", "_"), None)
+    settings = PodiumSettings()
     try:
-        config = config_from_args(args, PodiumSettings())
-    except CliError as exc:
+        config = config_from_args(args, settings)
+        # the configured Prefect API, else the embedded local server (as `podium run` does)
+        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
+    except (CliError, ServiceError) as exc:
         raise SystemExit(f"podium: {exc}") from None
-    serve(*build_deployments(config, args.cron, args.timezone))
+    deployments = build_deployments(config, args.cron, args.timezone)
+    if args.action == "deploy":
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            ids = register_deployments(deployments, args.pool)
+        for d, deployment_id in zip(deployments, ids):
+            print(f"{d.flow_name}/{d.name}: {deployment_id} (work pool {args.pool})")
+        return
+    from prefect import serve
+
+    # served runs execute in subprocesses of this one, in its environment
+    os.environ.update({"PREFECT_API_URL": api_url, "PODIUM_HOME": str(settings.home_dir)})
+    if args.ray_address:
+        os.environ["RAY_ADDRESS"] = args.ray_address
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        ensure_record_lock()
+        serve(*deployments)

@@ -119,6 +119,17 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="No progress lines.")
 
 
+def _add_ray_address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray-address", help="Run on this existing Ray cluster, e.g. 10.0.0.5:6379 (sets RAY_ADDRESS; "
+                                         "default: RAY_ADDRESS, else a local Ray).")
+
+
+def use_ray_address(address: str | None) -> None:
+    """Point Ray at an existing cluster; only effective before Ray is initialised in this process."""
+    if address:
+        os.environ["RAY_ADDRESS"] = address
+
+
 class _ProgressPrinter(logging.Handler):
     def __init__(self, stream, start: float):
         super().__init__(logging.INFO)
@@ -205,6 +216,7 @@ def _summary_json(summary, serving: str) -> dict[str, Any]:
 
 
 def _run_flow(args: argparse.Namespace, which: str) -> int:
+    use_ray_address(args.ray_address)
     settings = PodiumSettings()
     start = time.monotonic()
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
@@ -337,6 +349,27 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Become a Prefect process worker for podium's deployments; flow runs inherit its environment."""
+    from podium.services import ServiceError, ensure_prefect_server
+
+    settings = PodiumSettings()
+    try:
+        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
+    except ServiceError as exc:
+        raise CliError(str(exc)) from None
+    use_ray_address(args.ray_address)
+    # flow runs start in a temporary folder: the embedded defaults must not resolve against it
+    env = {**os.environ, "PREFECT_API_URL": api_url, "PODIUM_HOME": str(settings.home_dir)}
+    cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    print(f"podium worker: pool {args.pool}, Prefect API {api_url}, Ray "
+          f"{env.get('RAY_ADDRESS') or 'local (per flow run)'}", flush=True)
+    os.execve(sys.executable, cmd, env)
+    return 0  # not reached
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     parser = argparse.ArgumentParser(
@@ -348,10 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="Train, validate every checkpoint, promote the best.",
                          description="Train, validate every checkpoint as it lands, record in MLflow, promote.")
     _add_options(run)
+    _add_ray_address(run)
     run.set_defaults(func=lambda a: _run_flow(a, "run"))
     promote = sub.add_parser("promote", help="Promote the best checkpoint of an existing run.",
                              description="Promote the best validated checkpoint of an existing run.")
     _add_options(promote)
+    _add_ray_address(promote)
     promote.set_defaults(func=lambda a: _run_flow(a, "promote"))
     status = sub.add_parser("status", help="Checkpoints and champion of a run.")
     _add_options(status)
@@ -373,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--classes", type=int, default=4, help="Classes (default: 4).")
     make.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
     make.set_defaults(func=cmd_make_data)
+    worker = sub.add_parser("worker", help="Run a Prefect process worker for podium's deployments.",
+                            description="Run `prefect worker start --type process` for podium's work pool, with "
+                                        "RAY_ADDRESS and PODIUM_HOME set for its flow runs. MLFLOW_TRACKING_URI "
+                                        "and the other variables of this environment pass through.")
+    worker.add_argument("--pool", default="podium", help="Work pool (default: podium; created if missing).")
+    worker.add_argument("--ray-address", help="Ray cluster the flow runs use (sets RAY_ADDRESS).")
+    worker.add_argument("--limit", type=int, help="Flow runs at once on this worker (default: no limit).")
+    worker.set_defaults(func=cmd_worker)
     server = sub.add_parser("server", help="Start or stop the local Prefect server of the embedded defaults.")
     server.add_argument("action", choices=["start", "stop"])
     server.set_defaults(func=cmd_server)

@@ -59,20 +59,22 @@ def _prefect_env(home: Path) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         # the UI's static copy goes under home, not into site-packages
         "PREFECT_SERVER_UI_STATIC_DIRECTORY": str(home / "ui_static"),
-        # task-run states and events reach the database through batching services that
-        # flush every 5 s by default; a run of many validations shows up in the UI sooner with these
+        # task-run states and events reach the database through batching services that flush
+        # every 5 s by default. Shorter flush intervals make records visible sooner but cost an
+        # idle server ~28% of a core (measured: 0.29 vs 0.01 CPU-s/s), so only the batches grow.
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE": "100",
-        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "0.5",
         "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "100",
-        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5",
     })
     return env
 
 
 def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = None,
-                          timeout_s: float = 120.0) -> str:
-    """The Prefect API URL to use: the configured one (checked), a running local one, or a new local one."""
+                          timeout_s: float = 120.0, env: dict[str, str] | None = None) -> str:
+    """The Prefect API URL to use: the configured one (checked), a running local one, or a new local one.
+
+    A server started here gets this process's environment plus `env` (for example
+    PREFECT_API_DATABASE_CONNECTION_URL to keep its state in PostgreSQL)."""
     if api_url:
         if not _healthy(api_url, timeout=5.0):
             raise ServiceError(f"PREFECT_API_URL = {api_url!r}: the Prefect server does not answer at /health")
@@ -88,7 +90,8 @@ def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = No
     log = open(home / "prefect" / "server.log", "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=_prefect_env(home / "prefect"), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**_prefect_env(home / "prefect"), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # outlives this command, so the UI stays up
     )
     deadline = time.monotonic() + timeout_s

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
-from prefect.events import emit_event
+from prefect.events import Event, emit_event
+from prefect.events.clients import get_events_client
 from prefect.futures import PrefectConcurrentFuture
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from training import raytrain
 from training.events import CheckpointEvent
@@ -14,20 +18,74 @@ from training.events import CheckpointEvent
 logger = logging.getLogger(__name__)
 
 EVENT_PERSISTED = "podium.checkpoint.persisted"
+# Resource label of events whose checkpoint nobody else validates: the checkpoint-validation
+# deployment triggers on it. The flow's own events lack it, as the flow validates those itself.
+VALIDATION_LABEL = "podium.validation"
+VALIDATION_BY_DEPLOYMENT = "deployment"
+
+
+def checkpoint_resource(event: CheckpointEvent, **labels: str) -> dict[str, str]:
+    """The Prefect resource a checkpoint event is about: `podium.checkpoint.<run>.<step>`."""
+    return {
+        "prefect.resource.id": f"podium.checkpoint.{event.run_name}.{event.step}",
+        "prefect.resource.name": f"{event.run_name} step {event.step}",
+        "podium.run_name": event.run_name,
+        "podium.step": str(event.step),
+        **labels,
+    }
 
 
 def emit_checkpoint_event(event: CheckpointEvent) -> None:
     """Emit `podium.checkpoint.persisted` to Prefect's event feed (automations can trigger on it)."""
-    emit_event(
-        event=EVENT_PERSISTED,
-        resource={
-            "prefect.resource.id": f"podium.checkpoint.{event.run_name}.{event.step}",
-            "prefect.resource.name": f"{event.run_name} step {event.step}",
-            "podium.run_name": event.run_name,
-            "podium.step": str(event.step),
-        },
-        payload=event.to_dict(),
-    )
+    emit_event(event=EVENT_PERSISTED, resource=checkpoint_resource(event), payload=event.to_dict())
+
+
+class PrefectEventSink:
+    """A checkpoint sink for training jobs outside a podium flow: each persisted checkpoint becomes a
+    `podium.checkpoint.persisted` event, which the checkpoint-validation deployment triggers on.
+
+    Give it to `training.raytrain.CheckpointAnnouncer` in your own Ray Train job. It is pickled into
+    Ray Train's controller and emits from there, synchronously, so an event is delivered before
+    training goes on (within `timeout_s`; a failure is logged and never stops training).
+
+    The Prefect API URL is the one configured where the sink is built (the driver), unless given.
+    An API key (Prefect Cloud) is never pickled: it is read from PREFECT_API_KEY in the controller's
+    environment (set it through the job's runtime_env).
+    """
+
+    def __init__(self, api_url: str | None = None, *, request_validation: bool = True, timeout_s: float = 30.0):
+        self.api_url = api_url or PREFECT_API_URL.value()
+        if not self.api_url:
+            raise ValueError("PrefectEventSink needs a Prefect API: pass api_url or set PREFECT_API_URL")
+        self.labels = {VALIDATION_LABEL: VALIDATION_BY_DEPLOYMENT} if request_validation else {}
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:
+        return f"PrefectEventSink({self.api_url!r})"
+
+    def prefect_event(self, event: CheckpointEvent) -> Event:
+        """The Prefect event this sink emits for a persisted checkpoint."""
+        return Event(event=EVENT_PERSISTED, resource=checkpoint_resource(event, **self.labels),
+                     payload=event.to_dict())
+
+    def put(self, event: CheckpointEvent) -> None:
+        """Emit the event of a persisted checkpoint; reports without a checkpoint are not events."""
+        if not event.has_checkpoint:
+            return
+        # the controller calls this from inside its event loop: send from a thread of our own
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-event")
+        try:
+            pool.submit(self._send, self.prefect_event(event)).result(timeout=self.timeout_s)
+        finally:
+            pool.shutdown(wait=False)
+
+    def _send(self, event: Event) -> None:
+        async def send() -> None:
+            async with get_events_client(reconnection_attempts=3) as client:
+                await client.emit(event)
+
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url}):
+            asyncio.run(send())
 
 
 class CheckpointStream:

@@ -33,6 +33,7 @@ TAG_STEP = "podium.step"
 TAG_STATUS = "podium.status"
 TAG_FAILURE = "podium.failure"
 TAG_VALIDATED_AT = "podium.validated_at"
+TAG_SERVED_URI = "podium.served_uri"
 MAX_TAG = 4000
 
 
@@ -242,8 +243,19 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
-                                     description=f"{tr.run_name} step {record.step}")
+    tags = {**tags, TAG_SERVED_URI: served_uri}
+    description = f"{tr.run_name} step {record.step}"
+    try:
+        mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
+                                         description=description)
+    except MlflowException as exc:
+        # an MLflow server accepts a local path as a source only inside the run's own artifacts: a
+        # serving folder on local or shared disk is registered as the checkpoint's LoggedModel, and
+        # the served copy is named by the tag
+        if not record.model_id or "Invalid model version source" not in str(exc):
+            raise
+        mv = client.create_model_version(name, source=f"models:/{record.model_id}", run_id=tr.run_id,
+                                         model_id=record.model_id, tags=tags, description=description)
     client.set_registered_model_alias(name, alias, mv.version)
     if record.model_id:
         client.set_logged_model_tags(record.model_id, {
@@ -259,7 +271,8 @@ def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str
         versions = client.search_model_versions(f"name = '{name}'")
     except MlflowException:
         return None
-    matches = sorted((int(v.version) for v in versions if v.source == served_uri), reverse=True)
+    matches = sorted((int(v.version) for v in versions
+                      if v.source == served_uri or (v.tags or {}).get(TAG_SERVED_URI) == served_uri), reverse=True)
     return str(matches[0]) if matches else None
 
 

@@ -1,20 +1,95 @@
-"""Every deployment builds, with its schedule and parameters that validate as the flow's."""
+"""Every deployment builds: schedule, trigger and parameters that validate as the flows' own."""
 
+from __future__ import annotations
+
+import copy
+import pickle
+import uuid
+
+import pytest
+from prefect.events.schemas.events import Event
+from prefect.server.events.actions import RunDeployment
+from prefect.server.events.schemas.automations import EventTrigger as ServerEventTrigger
+from prefect.server.events.schemas.events import ReceivedEvent
+from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
+
+from deployments.definitions import NIGHTLY, PROMOTE, VALIDATE, build_deployments
 from flows.pipeline import train_validate_promote
-from deployments.definitions import NIGHTLY, PROMOTE, build_deployments
+from flows.promote import promote_run
+from flows.validate_checkpoint import validate_announced_checkpoint
+from tasks.events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
 from training.config import PipelineConfig
+from training.events import CheckpointEvent
+from training.raytrain import CheckpointAnnouncer
+
+CONFIG = PipelineConfig(run_name="nightly", data={"train": "/d/train.parquet", "val": "/d/val.parquet"})
+CHECKPOINT = CheckpointEvent(run_name="ext-job", step=188, metrics={"loss": 0.25, "accuracy": 0.9},
+                             checkpoint_uri="/shared/storage/ext-job/checkpoint_00000188",
+                             checkpoint_name="checkpoint_00000188", epoch=1)
 
 
-def test_every_deployment_builds_with_schedule_and_valid_parameters():
-    config = PipelineConfig(run_name="nightly", data={"train": "/d/train.parquet", "val": "/d/val.parquet"})
-    deployments = {d.name: d for d in build_deployments(config, cron="30 3 * * *", timezone="Europe/Paris")}
-    assert set(deployments) == {NIGHTLY, PROMOTE}
+@pytest.fixture(scope="module")
+def deployments():
+    return {d.name: d for d in build_deployments(CONFIG, cron="30 3 * * *", timezone="Europe/Paris")}
+
+
+def test_every_deployment_builds_with_schedule_and_valid_parameters(deployments):
+    assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE}
     nightly = deployments[NIGHTLY]
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "30 3 * * *" and schedule.schedule.timezone == "Europe/Paris"
-    assert not deployments[PROMOTE].schedules
+    assert not deployments[PROMOTE].schedules and not deployments[VALIDATE].schedules
     for d in deployments.values():
         # the stored parameters are what the flow will be called with: they must validate
-        assert PipelineConfig.model_validate(d.parameters["config"]) == config
+        assert PipelineConfig.model_validate(d.parameters["config"]) == CONFIG
         assert "config" in d._parameter_openapi_schema.properties
-    assert nightly.flow_name == train_validate_promote.name
+    flows = {NIGHTLY: train_validate_promote, VALIDATE: validate_announced_checkpoint, PROMOTE: promote_run}
+    for name, flow in flows.items():
+        # module-path entrypoints: a worker runs the podium installed beside it
+        assert deployments[name].flow_name == flow.name
+        assert deployments[name].entrypoint == f"{flow.fn.__module__}.{flow.fn.__name__}"
+
+
+def _server_event(event: Event) -> ReceivedEvent:
+    return ReceivedEvent.model_validate(event.model_dump(mode="json"))
+
+
+def test_validation_trigger_fires_on_announced_checkpoints_only(deployments):
+    (trigger,) = deployments[VALIDATE].triggers
+    trigger.set_deployment_id(uuid.uuid4())
+    server_trigger = ServerEventTrigger.model_validate(trigger.as_automation().trigger.model_dump(mode="json"))
+    announced = PrefectEventSink("http://prefect.invalid/api").prefect_event(CHECKPOINT)
+    assert announced.event == EVENT_PERSISTED
+    assert server_trigger.covers(_server_event(announced))
+    # the pipeline flow's own event (it validates that checkpoint itself) must not trigger a second validation
+    in_flow = Event(event=EVENT_PERSISTED, resource=checkpoint_resource(CHECKPOINT), payload=CHECKPOINT.to_dict())
+    assert not server_trigger.covers(_server_event(in_flow))
+    mirrored = PrefectEventSink("http://prefect.invalid/api", request_validation=False).prefect_event(CHECKPOINT)
+    assert not server_trigger.covers(_server_event(mirrored))
+
+
+def test_trigger_renders_the_event_into_typed_flow_parameters(deployments):
+    (trigger,) = deployments[VALIDATE].triggers
+    announced = PrefectEventSink("http://prefect.invalid/api").prefect_event(CHECKPOINT)
+    # what Prefect's RunDeployment action does with the trigger's parameters and the triggering event
+    params = copy.deepcopy(trigger.parameters)
+    RunDeployment._upgrade_v1_templates(params)
+    rendered = hydrate(params, HydrationContext(render_jinja=True, raise_on_error=True,
+                                                jinja_context={"event": _server_event(announced)}))
+    assert rendered == {"run_name": "ext-job", "checkpoint_uri": CHECKPOINT.checkpoint_uri,
+                        "checkpoint_name": "checkpoint_00000188", "step": 188, "epoch": 1,
+                        "metrics": {"loss": 0.25, "accuracy": 0.9}}
+    assert isinstance(rendered["step"], int)
+    # merged with the deployment's default config, they validate against the flow's signature
+    validated = validate_announced_checkpoint.validate_parameters({**deployments[VALIDATE].parameters, **rendered})
+    assert validated["step"] == 188 and validated["config"] == CONFIG
+
+
+def test_prefect_event_sink_travels_to_the_ray_train_controller():
+    """Ray pickles RunConfig callbacks into the controller: the sink must survive it, without secrets."""
+    announcer = CheckpointAnnouncer("ext-job", [PrefectEventSink("http://prefect.invalid/api")])
+    (sink,) = pickle.loads(pickle.dumps(announcer)).sinks
+    assert sink.api_url == "http://prefect.invalid/api"
+    assert set(vars(sink)) == {"api_url", "labels", "timeout_s"}
+    # a report without a checkpoint is not an event: nothing is sent (the URL is unreachable)
+    sink.put(CheckpointEvent(run_name="ext-job", step=3, metrics={"loss": 1.0}))

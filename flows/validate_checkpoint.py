@@ -1,0 +1,62 @@
+"""Validate one checkpoint persisted outside a podium flow: record it in MLflow, validate it on Ray.
+
+A training job of its own (a Ray job with podium's `CheckpointAnnouncer` and a
+`PrefectEventSink`) announces each checkpoint as a `podium.checkpoint.persisted`
+event; the checkpoint-validation deployment turns each event into one run of
+this flow, with the checkpoint's URI and step as parameters. The record and the
+verdict are the same as those of a checkpoint validated inside the pipeline.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.concurrency.sync import concurrency
+
+from tasks.plan import plan_run_task
+from tasks.report import say
+from tasks.selection import PENDING, CheckpointRecord
+from tasks.tracking import mark_failed, open_tracking_run_task, record_checkpoint_task
+from tasks.train import connect_ray_task
+from tasks.validate import validation_task
+from training.config import PipelineConfig
+from training.events import CheckpointEvent
+
+# A global concurrency limit of 1 (created by `python -m deployments deploy|serve`): finding or
+# creating an MLflow run and a checkpoint's record is search-then-create, so two validations of the
+# same run starting together would otherwise both create them.
+RECORD_LOCK = "podium-checkpoint-records"
+
+
+@flow(name="validate-checkpoint", flow_run_name="{run_name}-validate-step-{step}", log_prints=False)
+def validate_announced_checkpoint(
+    config: PipelineConfig,
+    run_name: str,
+    checkpoint_uri: str,
+    checkpoint_name: str,
+    step: int,
+    metrics: dict[str, float] | None = None,
+    epoch: int | None = None,
+    tracking_uri: str | None = None,
+) -> CheckpointRecord:
+    """Record a checkpoint of run `run_name` in MLflow (idempotent) and validate it with `config`'s
+    validation settings, unless it already has a verdict. A validation that fails after its retries
+    marks the checkpoint failed (with the reason) and fails this flow run."""
+    config = PipelineConfig.model_validate({**config.model_dump(), "run_name": run_name})
+    plan = plan_run_task(config)
+    event = CheckpointEvent(run_name=run_name, step=step, metrics=metrics or {}, checkpoint_uri=checkpoint_uri,
+                            checkpoint_name=checkpoint_name, epoch=epoch)
+    with concurrency(RECORD_LOCK, occupy=1, strict=False):
+        tracking = open_tracking_run_task(tracking_uri, config.experiment, run_name,
+                                          config.model_dump(mode="json"))
+        record = record_checkpoint_task(tracking, event)
+    if record.status != PENDING:
+        say("checkpoint step %d of %s is already %s: not validated again", step, run_name, record.status)
+        return record
+    connect_ray_task(plan)
+    try:
+        record = validation_task(plan, record)(plan, tracking, record)
+    except Exception as exc:
+        mark_failed(tracking, record, f"{type(exc).__name__}: {exc}")
+        raise
+    say("checkpoint step %d of %s validated: %s", step, run_name, record.metrics)
+    return record

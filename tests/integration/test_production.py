@@ -1,0 +1,496 @@
+"""The production profile against real servers on loopback, started and stopped by this module:
+
+- a `prefect server` keeping its state in PostgreSQL (a database made for this module),
+- an `mlflow server` on PostgreSQL (another database), artifacts in a local folder,
+- a Ray cluster of two nodes: `ray start --head` plus `ray start --address` (two raylets on this
+  machine, 2 CPUs each), with storage both nodes share (a local folder is shared on one machine),
+- podium's deployments registered with `python -m deployments deploy` on a process work pool, and
+  a worker (`podium worker --ray-address ...`) that runs them on that cluster.
+
+Cost: about 3 to 5 minutes on 2 busy cores, most of it starting the servers (their schema
+migrations) and the flow-run processes the worker starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
+from prefect.deployments import run_deployment
+
+from deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
+from flows.validate_checkpoint import RECORD_LOCK
+from prefect_queries import checkpoint_events, task_runs
+from tasks.events import EVENT_PERSISTED
+from tasks.tracking import (
+    TAG_CHECKPOINT,
+    find_tracking_run,
+    list_records,
+    merge_validation,
+    open_tracking_run,
+    record_checkpoint,
+)
+from training.events import CheckpointEvent
+from training.serving import read_current
+
+pytestmark = [pytest.mark.integration, pytest.mark.production]
+
+PG_HOST, PG_PORT = "127.0.0.1", 5432
+POOL = "podium-test"
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _postgres_reachable() -> bool:
+    try:
+        with socket.create_connection((PG_HOST, PG_PORT), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:4]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} not healthy after {timeout_s:g} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop_group(pgid: int, grace_s: float = 8.0) -> None:
+    """SIGTERM a process group this module started, then SIGKILL what is left of it."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.3)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------- servers
+
+
+@pytest.fixture(scope="module")
+def databases():
+    """Two PostgreSQL databases made for this module (Prefect's and MLflow's), dropped afterwards."""
+    if not _postgres_reachable():
+        pytest.skip(f"PostgreSQL is not reachable on {PG_HOST}:{PG_PORT}")
+    import psycopg
+
+    suffix = uuid.uuid4().hex[:8]
+    names = {"prefect": f"podium_prefect_{suffix}", "mlflow": f"podium_mlflow_{suffix}"}
+    admin = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield names
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for name in names.values():
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def start_prefect_server(root: Path, database: str):
+    """`prefect server start` with PREFECT_API_DATABASE_CONNECTION_URL on PostgreSQL."""
+    from podium.services import ensure_prefect_server, stop_prefect_server
+
+    url = ensure_prefect_server(root, _free_port(), timeout_s=400, env={
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@{PG_HOST}:{PG_PORT}/{database}"})
+    return url, lambda: stop_prefect_server(root)
+
+
+def start_mlflow_server(root: Path, database: str):
+    """`mlflow server` with its backend store on PostgreSQL and artifacts in a local folder."""
+    port, log = _free_port(), root / "mlflow-server.log"
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+         "--backend-store-uri", f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{database}",
+         "--artifacts-destination", str(root / "mlflow-artifacts")],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http_ok(f"{url}/health", proc, log, timeout_s=400)
+    except BaseException:
+        _stop_group(proc.pid)
+        raise
+    return url, lambda: _stop_group(proc.pid)
+
+
+@dataclass
+class RayCluster:
+    address: str
+    env: dict[str, str]  # what a driver needs besides RAY_ADDRESS: the cluster's auth token
+    nodes: list[dict]
+
+
+def _ray_node_args(head: bool) -> list[str]:
+    ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"]
+    if head:
+        ports.append("--dashboard-port")
+    return [a for flag in ports for a in (flag, str(_free_port()))]
+
+
+def _kill_ray_processes_under(temp: Path) -> None:
+    """SIGKILL processes writing their output under this cluster's own temp dir (its Ray workers)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (1, 2)}
+        except OSError:
+            continue
+        if any(t.startswith(str(temp)) for t in targets):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start_ray_cluster(_root: Path):
+    """A head node and a second node, 2 CPUs each, in process groups and a temp dir of their own.
+
+    Never `ray stop`: it would stop every Ray on this machine. Ray 2.60 enables token authentication
+    on `ray start --head`; the cluster gets a token of its own."""
+    temp = Path(tempfile.mkdtemp(prefix="podium-ray-", dir="/tmp"))  # Ray's socket paths must stay short
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    proc_env = {**os.environ, **env}
+    proc_env.pop("RAY_ADDRESS", None)
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "2", "--temp-dir", str(temp), "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    groups: list[int] = []
+
+    def stop() -> None:
+        for pgid in groups:
+            _stop_group(pgid, grace_s=3)
+        _kill_ray_processes_under(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+
+    try:
+        for args in (["--head", "--port", str(port), "--include-dashboard=false", *_ray_node_args(True)],
+                     ["--address", address, *_ray_node_args(False)]):
+            proc = subprocess.Popen([str(BIN / "ray"), "start", *args, *common], env=proc_env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+            groups.append(proc.pid)
+            out, _ = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"ray start {args[0]} exited {proc.returncode}:\n{out[-3000:]}")
+        nodes = json.loads(_ray_driver("""
+import json, time, ray
+ray.init()
+deadline = time.monotonic() + 120
+while True:
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) >= 2 or time.monotonic() > deadline:
+        break
+    time.sleep(1)
+print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU")} for n in nodes]))
+""", {**proc_env, "RAY_ADDRESS": address}).splitlines()[-1])
+    except BaseException:
+        stop()
+        raise
+    return RayCluster(address, env, nodes), stop
+
+
+def _ray_driver(code: str, env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
+    """Run `code` as a Ray driver of its own (this test process keeps its own Ray, if any)."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"Ray driver exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+@dataclass
+class Stack:
+    prefect: str
+    mlflow: str
+    ray: RayCluster
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def stack(databases, tmp_path_factory):
+    """The three servers, started side by side (their start-up is mostly waiting), stopped at the end."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    root = tmp_path_factory.mktemp("production")
+    starters = {"prefect": lambda: start_prefect_server(root / "prefect-home", databases["prefect"]),
+                "mlflow": lambda: start_mlflow_server(root, databases["mlflow"]),
+                "ray": lambda: start_ray_cluster(root)}
+    with ThreadPoolExecutor(len(starters)) as pool:
+        futures = {name: pool.submit(start) for name, start in starters.items()}
+    started, stops, errors = {}, [], []
+    for name, future in futures.items():
+        try:
+            started[name], stop = future.result()
+            stops.append(stop)
+        except Exception as exc:  # the others are stopped below, then this is reported
+            errors.append(f"{name}: {exc}")
+    try:
+        if errors:
+            raise RuntimeError("could not start the production stack:\n" + "\n".join(errors))
+        with temporary_settings(updates={PREFECT_API_URL: started["prefect"]}):
+            yield Stack(started["prefect"], started["mlflow"], started["ray"], root)
+    finally:
+        with ThreadPoolExecutor(len(starters)) as pool:
+            list(pool.map(lambda stop: stop(), stops))
+
+
+# ------------------------------------------------------------------------------ team setup
+
+
+@pytest.fixture(scope="module")
+def team(stack):
+    """What a team's operator sets up: shared folders, data, a config file, the deployments, a worker."""
+    from training.data import make_classification_data
+
+    shared = stack.root / "shared"  # every node reaches it: one machine
+    train, val = make_classification_data(str(shared / "data"), train_rows=2000, val_rows=500)
+    config = {
+        "run_name": "nightly",
+        "storage": str(shared / "storage"),
+        "serving": str(shared / "serving"),
+        "data": {"train": train, "val": val},
+        "training": {"epochs": 2},
+        # 1.5 CPUs per training worker: the two workers cannot share a 2-CPU node, so one runs on each
+        "scaling": {"num_workers": 2, "cpus_per_worker": 1.5},
+        "validation": {"concurrency": 2, "num_cpus": 0.5},
+    }
+    config_file = stack.root / "podium.json"
+    config_file.write_text(json.dumps(config))
+    now = datetime.now(timezone.utc)
+    cron = f"{now.minute} {(now.hour + 12) % 24} * * *"  # half a day away: no scheduled run during the test
+    env = {**os.environ, "PREFECT_API_URL": stack.prefect, "MLFLOW_TRACKING_URI": stack.mlflow,
+           "PODIUM_HOME": str(stack.root / "podium-home")}
+    env.pop("RAY_ADDRESS", None)
+    deploy = subprocess.run([sys.executable, "-m", "deployments", "deploy", "--pool", POOL, "--config",
+                             str(config_file), "--cron", cron, "--timezone", "UTC"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert deploy.returncode == 0, f"deploy failed:\n{deploy.stdout}\n{deploy.stderr[-4000:]}"
+
+    log = stack.root / "worker.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "podium.cli", "worker", "--pool", POOL, "--ray-address", stack.ray.address,
+         "--limit", "4"],
+        env={**env, **stack.ray.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield {"config": config, "cron": cron, "worker_log": log}
+    finally:
+        _stop_group(worker.pid)
+
+
+def _wait_flow_run(flow_run_id, worker_log: Path, timeout_s: float = 480):
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if run.state and run.state.is_final():
+                assert run.state.is_completed(), (
+                    f"flow run {run.name} ended {run.state.type.value}: {run.state.message}\n"
+                    f"worker log:\n{worker_log.read_text()[-6000:]}")
+                return run
+            assert time.monotonic() < deadline, (
+                f"flow run {run.name} still {run.state.type.value if run.state else None}\n"
+                f"worker log:\n{worker_log.read_text()[-6000:]}")
+            time.sleep(2)
+
+
+def _deployment(name: str):
+    with get_client(sync_client=True) as client:
+        return client.read_deployment_by_name(name)
+
+
+# -------------------------------------------------------------------------------------- tests
+
+
+def test_deployments_build_and_register_on_a_process_pool(team):
+    with get_client(sync_client=True) as client:
+        pool = client.read_work_pool(POOL)
+        assert pool.type == "process"
+        deployments = {d.name: d for d in client.read_deployments(
+            work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])))}
+        assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE}
+        nightly = deployments[NIGHTLY]
+        (schedule,) = nightly.schedules
+        assert schedule.active and schedule.schedule.cron == team["cron"] and schedule.schedule.timezone == "UTC"
+        for d in deployments.values():
+            assert d.parameters["config"]["run_name"] == "nightly"
+            assert d.parameters["config"]["scaling"]["cpus_per_worker"] == 1.5
+            assert "." in d.entrypoint and ":" not in d.entrypoint  # module path: the installed podium
+        # the validation deployment's trigger is an automation on the checkpoint event
+        automations = client.read_automations_by_name("validate-announced-checkpoint")
+        assert len(automations) == 1
+        trigger = automations[0].trigger
+        assert trigger.expect == {EVENT_PERSISTED}
+        assert trigger.match.get("podium.validation") == ["deployment"]  # as the server stores it
+        (action,) = automations[0].actions
+        assert action.deployment_id == deployments[VALIDATE].id
+        assert action.parameters["step"] == "{{ event.payload.step }}"
+        assert client.read_global_concurrency_limit_by_name(RECORD_LOCK).limit == 1
+
+
+def test_sixteen_concurrent_validators_lose_no_metric(stack):
+    """16 validations finishing at once, each recording its checkpoint and merging 8 metrics through the
+    MLflow server on PostgreSQL: every record, metric value and status is there afterwards."""
+    tracking = open_tracking_run(stack.mlflow, "concurrency", "sixteen", {"validation": {"concurrency": 16}})
+    events = [CheckpointEvent(run_name="sixteen", step=step, metrics={"loss": 1.0 / (step + 1)},
+                              checkpoint_uri=f"/shared/storage/sixteen/checkpoint_{step:08d}",
+                              checkpoint_name=f"checkpoint_{step:08d}") for step in range(16)]
+    start = threading.Barrier(len(events))
+
+    def validator(event: CheckpointEvent):
+        start.wait()
+        record = record_checkpoint(tracking, event)
+        return merge_validation(tracking, record, {f"val_m{k}": event.step * 100.0 + k for k in range(8)})
+
+    with ThreadPoolExecutor(len(events)) as pool:
+        list(pool.map(validator, events))
+
+    records = list_records(tracking)
+    assert [r.step for r in records] == list(range(16))
+    for r in records:
+        assert r.status == "validated"
+        assert r.metrics == {"loss": 1.0 / (r.step + 1), **{f"val_m{k}": r.step * 100.0 + k for k in range(8)}}
+    client = MlflowClient(stack.mlflow)
+    for k in range(8):  # the run's metric history too: one value per step, none lost
+        history = client.get_metric_history(tracking.run_id, f"val_m{k}")
+        assert sorted((m.step, m.value) for m in history) == [(s, s * 100.0 + k) for s in range(16)]
+
+
+def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, team):
+    assert len(stack.ray.nodes) == 2 and all(n["cpus"] == 2 for n in stack.ray.nodes)
+    flow_run = run_deployment(f"train-validate-promote/{NIGHTLY}", timeout=0)
+    _wait_flow_run(flow_run.id, team["worker_log"])
+
+    tracking = find_tracking_run(stack.mlflow, "podium", "nightly")
+    records = list_records(tracking)
+    assert [r.status for r in records] == ["validated", "validated"]
+    storage = Path(team["config"]["storage"]) / "nightly"
+    for r in records:  # checkpoints on the shared storage, written by the workers, validated from there
+        assert Path(r.uri).parent == storage and (Path(r.uri) / "model.pt").is_file()
+        assert {"val_loss", "val_accuracy"} <= set(r.metrics)
+    current = read_current(team["config"]["serving"])
+    best = min(records, key=lambda r: r.metrics["val_loss"])
+    assert current.version == "v000001" and current.manifest["step"] == best.step
+    champion = MlflowClient(stack.mlflow, registry_uri=stack.mlflow).get_model_version_by_alias("podium", "champion")
+    # a local serving folder cannot be a model version's source on an MLflow server: the tag names it
+    assert current.uri in (champion.source, champion.tags.get("podium.served_uri"))
+    validations = [r for r in task_runs(flow_run.name, expect_at_least=2) if r.name.startswith("validate-step-")]
+    assert sorted(r.name for r in validations) == sorted(f"validate-step-{r.step}" for r in records)
+
+
+EXTERNAL_JOB = """
+# A training job of its own, outside any podium flow: plain Ray Train with podium's announcer and
+# a Prefect event sink, as in docs/operations.md.
+import json, sys
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from tasks.events import PrefectEventSink
+from tasks.plan import plan_run
+from training.config import PipelineConfig
+from training.loop import train_loop_per_worker
+from training.raytrain import CheckpointAnnouncer
+
+config = PipelineConfig.model_validate(json.loads(sys.argv[1]))
+ray.init()  # RAY_ADDRESS
+trainer = TorchTrainer(
+    train_loop_per_worker,
+    train_loop_config=plan_run(config).loop_config,
+    scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1.5}),
+    run_config=RunConfig(name=config.run_name, storage_path=config.storage,
+                         callbacks=[CheckpointAnnouncer(config.run_name, [PrefectEventSink()])]),
+)
+trainer.fit()
+"""
+
+
+def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, team):
+    config = {**team["config"], "run_name": "outside-job"}
+    env = {**os.environ, **stack.ray.env, "RAY_ADDRESS": stack.ray.address, "PREFECT_API_URL": stack.prefect}
+    _ray_driver(EXTERNAL_JOB, env, json.dumps(config), timeout_s=600)
+
+    events = checkpoint_events("outside-job", expect=2)
+    assert len(events) == 2
+    by_step = {int(e.resource["podium.step"]): e for e in events}
+
+    # the trigger made exactly one flow run per event, with the event's checkpoint as typed parameters
+    validate_id = _deployment(f"validate-checkpoint/{VALIDATE}").id
+    deadline = time.monotonic() + 480
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = [r for r in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(deployment_id={"any_": [validate_id]}))]
+        ours = [r for r in runs if r.parameters.get("run_name") == "outside-job"]
+        if (len(ours) >= 2 and all(r.state and r.state.is_final() for r in ours)) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert sorted(r.parameters["step"] for r in ours) == sorted(by_step)
+    for run in ours:
+        event = by_step[run.parameters["step"]]
+        assert isinstance(run.parameters["step"], int)
+        assert run.parameters["checkpoint_uri"] == event.payload["checkpoint_uri"]
+        assert run.parameters["checkpoint_name"] == event.payload["checkpoint_name"]
+        assert run.parameters["metrics"] == event.payload["metrics"]
+        assert run.name == f"outside-job-validate-step-{run.parameters['step']}"
+        _wait_flow_run(run.id, team["worker_log"], timeout_s=10)
+    # the pipeline flow's own checkpoint events (the nightly run above) asked for no validation run
+    assert not [r for r in runs if r.parameters.get("run_name") == "nightly"]
+
+    # recorded and validated the same way as inside the pipeline: one MLflow run, one record per checkpoint
+    client = MlflowClient(stack.mlflow)
+    experiment = client.get_experiment_by_name("podium")
+    mlflow_runs = client.search_runs([experiment.experiment_id], filter_string="tags.`podium.run_name` = 'outside-job'")
+    assert len(mlflow_runs) == 1
+    tracking = find_tracking_run(stack.mlflow, "podium", "outside-job")
+    records = list_records(tracking)
+    assert sorted(r.step for r in records) == sorted(by_step)
+    assert all(r.status == "validated" and {"loss", "val_loss", "val_accuracy"} <= set(r.metrics) for r in records)
+    models = [m for m in client.search_logged_models([experiment.experiment_id], max_results=100)
+              if m.source_run_id == tracking.run_id]
+    assert sorted(m.tags[TAG_CHECKPOINT] for m in models) == sorted(e.payload["checkpoint_name"] for e in events)
