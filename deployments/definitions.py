@@ -72,8 +72,12 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
     with its data and validation settings (the run name comes from the event)."""
     params: dict[str, Any] = {"config": config.model_dump(mode="json")}
     module = EntrypointType.MODULE_PATH
+    # each scheduled run trains a run of its own: the same name would resume last night's finished run
+    nightly_config = config if "{" in config.run_name else config.model_copy(
+        update={"run_name": f"{config.run_name[:90]}-{{date}}"})
     nightly = train_validate_promote.to_deployment(
-        name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters=params, tags=["podium", "training"],
+        name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters={"config": nightly_config.model_dump(mode="json")},
+        tags=["podium", "training"],
         description="Train, validate every checkpoint as it lands, promote the best if it beats the champion.",
         entrypoint_type=module,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from pydantic import BaseModel
 from prefect import flow
 from prefect.runtime import flow_run
@@ -43,6 +45,7 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
                            mlflow_ui: str | None = None) -> RunSummary:
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
     then promote the best checkpoint if it beats the current champion."""
+    config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
     plan = plan_run_task(config)
     connect_ray_task(plan)
     tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,

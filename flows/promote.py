@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from prefect import flow
 from prefect.runtime import flow_run
 
@@ -17,6 +19,7 @@ from training.config import PipelineConfig
 def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
                 mlflow_ui: str | None = None) -> RunSummary:
     """Promote the best validated checkpoint of an existing run if it beats the champion."""
+    config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
     plan = plan_run_task(config)
     tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
     outcome = promote_best_checkpoint_task(plan, tracking)

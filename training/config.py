@@ -7,12 +7,22 @@ plain dicts only at the Ray boundary. Building a config has no side effects.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
+
+
+def expand_run_name(template: str, when: datetime) -> str:
+    """Fill {date} / {datetime} in a run name (a scheduled run gets its own name each night)."""
+    out = template
+    for key, fmt in RUN_NAME_PLACEHOLDERS.items():
+        out = out.replace("{" + key + "}", when.strftime(fmt))
+    return out
 
 
 class _Strict(BaseModel):
@@ -144,11 +154,16 @@ class PipelineConfig(_Strict):
     @field_validator("run_name")
     @classmethod
     def _check_run_name(cls, v: str) -> str:
-        if not RUN_NAME_RE.match(v):
+        if not RUN_NAME_RE.match(expand_run_name(v, datetime(2000, 1, 1))):
             raise ValueError(
-                "expected 1-100 characters of letters, digits, '_', '.', '-', starting with a letter or digit"
+                "expected 1-100 characters of letters, digits, '_', '.', '-', starting with a letter or digit "
+                "(placeholders {date} and {datetime} are filled from the run's scheduled start)"
             )
         return v
+
+    def at(self, when: datetime) -> "PipelineConfig":
+        """This config with the run name's placeholders filled for a run starting at `when`."""
+        return self.model_copy(update={"run_name": expand_run_name(self.run_name, when)})
 
 
 class ConfigError(ValueError):

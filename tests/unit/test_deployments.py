@@ -39,9 +39,12 @@ def test_every_deployment_builds_with_schedule_and_valid_parameters(deployments)
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "30 3 * * *" and schedule.schedule.timezone == "Europe/Paris"
     assert not deployments[PROMOTE].schedules and not deployments[VALIDATE].schedules
-    for d in deployments.values():
+    for name, d in deployments.items():
         # the stored parameters are what the flow will be called with: they must validate
-        assert PipelineConfig.model_validate(d.parameters["config"]) == CONFIG
+        stored = PipelineConfig.model_validate(d.parameters["config"])
+        # the nightly run gets a dated name of its own (the same name would resume last night's run)
+        expected = CONFIG.model_copy(update={"run_name": f"{CONFIG.run_name}-{{date}}"}) if name == NIGHTLY else CONFIG
+        assert stored == expected
         assert "config" in d._parameter_openapi_schema.properties
     flows = {NIGHTLY: train_validate_promote, VALIDATE: validate_announced_checkpoint, PROMOTE: promote_run}
     for name, flow in flows.items():
@@ -93,3 +96,12 @@ def test_prefect_event_sink_travels_to_the_ray_train_controller():
     assert set(vars(sink)) == {"api_url", "labels", "timeout_s"}
     # a report without a checkpoint is not an event: nothing is sent (the URL is unreachable)
     sink.put(CheckpointEvent(run_name="ext-job", step=3, metrics={"loss": 1.0}))
+
+
+def test_run_name_placeholders_give_each_scheduled_run_its_own_name():
+    from datetime import datetime, timezone
+
+    config = PipelineConfig(run_name="churn-{date}")
+    assert config.at(datetime(2026, 11, 21, 2, 0, tzinfo=timezone.utc)).run_name == "churn-20261121"
+    assert config.at(datetime(2026, 11, 22, 2, 0, tzinfo=timezone.utc)).run_name == "churn-20261122"
+    assert PipelineConfig(run_name="x-{datetime}").at(datetime(2026, 1, 2, 3, 4, 5)).run_name == "x-20260102-030405"
