@@ -25,7 +25,7 @@ from ray.util.queue import Empty, Queue
 from training.checkpoint import finite_metrics
 from training.events import CheckpointEvent, EventSink, step_of
 from training.imports import resolve_callable
-from training.storage import arrow_filesystem, join, uri_of
+from training.storage import arrow_filesystem, join, s3_environment, uri_of
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
             if top.__file__ and any(top.__file__.startswith(r) for r in roots):
                 py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
                                   else top.__file__)
-        runtime_env = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV]}}
+        # the endpoint/region settings go along (never credentials: each node has its own chain)
+        runtime_env = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
         if py_modules:
             runtime_env["py_modules"] = sorted(set(py_modules))
         ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)

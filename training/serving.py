@@ -5,6 +5,7 @@ Layout (local path or URI):
     <serving>/CURRENT                          {"version": "v000003", ...}  written last, atomically
     <serving>/versions/v000003/MANIFEST.json   files with sha256 and size, source run, step, metrics
     <serving>/versions/v000003/checkpoint/...  the promoted checkpoint's files
+    <serving>/versions/v000003/CLAIM           object stores only: who took the number (conditional PUT)
     <serving>/history/<time>-v000003.json      one record per promotion or rollback
 
 A version is complete once its MANIFEST.json exists (written after every file
@@ -93,9 +94,11 @@ def _is_s3fs(fs: fsspec.AbstractFileSystem) -> bool:
     return "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
-def _open_read(fs: fsspec.AbstractFileSystem, path: str):
-    """A front-to-back reader: concurrent ranged GETs on S3."""
-    return open_range_reader(fs, path) if _is_s3fs(fs) else fs.open(path, "rb")
+def _open_read(fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None):
+    """A front-to-back reader: concurrent ranged GETs on S3 (`listed`: size and etag, to skip a HEAD)."""
+    if _is_s3fs(fs):
+        return open_range_reader(fs, path, **({"size": listed["size"], "etag": listed["etag"]} if listed else {}))
+    return fs.open(path, "rb")
 
 
 def _open_write(fs: fsspec.AbstractFileSystem, path: str):
@@ -115,9 +118,9 @@ def _parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return list(pool.map(fn, items))
 
 
-def _sha256(fs: fsspec.AbstractFileSystem, path: str) -> str:
+def _sha256(fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None) -> str:
     h = hashlib.sha256()
-    with _open_read(fs, path) as f:
+    with _open_read(fs, path, listed) as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -159,7 +162,7 @@ def build_manifest(checkpoint_uri: str, info: dict[str, Any],
     fs, root = fsspec_filesystem(checkpoint_uri)
     objects = objects if objects is not None else list_objects(checkpoint_uri)
     names = sorted(objects)
-    digests = _parallel(lambda rel: _sha256(fs, posixpath.join(root, rel)), names)
+    digests = _parallel(lambda rel: _sha256(fs, posixpath.join(root, rel), objects[rel]), names)
     files = {rel: {"sha256": d, "size": objects[rel]["size"]} for rel, d in zip(names, digests)}
     return {"format": "podium-serving/1", "source": checkpoint_uri, "files": files, **info}
 

@@ -71,9 +71,9 @@ class S3Settings(BaseSettings):
     addressing_style: Literal["auto", "path", "virtual"] | None = Field(
         None, validation_alias="PODIUM_S3_ADDRESSING_STYLE",
         description="'path' or 'virtual' bucket addressing; default: path with a custom endpoint, else auto.")
-    part_size_mb: int = Field(16, ge=5, le=5120, validation_alias="PODIUM_S3_PART_SIZE_MB",
+    part_size_mb: int = Field(64, ge=5, le=5120, validation_alias="PODIUM_S3_PART_SIZE_MB",
                               description="Part size of checkpoint uploads and ranged downloads (MiB).")
-    concurrency: int = Field(8, ge=1, le=64, validation_alias="PODIUM_S3_CONCURRENCY",
+    concurrency: int = Field(4, ge=1, le=64, validation_alias="PODIUM_S3_CONCURRENCY",
                              description="Parts of one file in flight at once.")
 
     @property
@@ -87,6 +87,16 @@ class S3Settings(BaseSettings):
         if self.endpoint_url:
             return self.endpoint_url
         return f"AWS S3 ({self.region})" if self.region else "AWS S3"
+
+
+# where s3:// goes, never who is asking: safe to forward to Ray workers (runtime_env) and to show
+S3_SETTING_ENV = ("PODIUM_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "PODIUM_S3_REGION", "AWS_REGION",
+                  "AWS_DEFAULT_REGION", "PODIUM_S3_ADDRESSING_STYLE", "PODIUM_S3_PART_SIZE_MB", "PODIUM_S3_CONCURRENCY")
+
+
+def s3_environment() -> dict[str, str]:
+    """The S3 settings variables set in this process (no credentials), for processes started elsewhere."""
+    return {name: os.environ[name] for name in S3_SETTING_ENV if os.environ.get(name)}
 
 
 def s3_settings() -> S3Settings:
@@ -239,12 +249,14 @@ def _run(fs: fsspec.AbstractFileSystem, coro: Any) -> concurrent.futures.Future:
 
 
 class MultipartWriter(io.RawIOBase):
-    """Write one S3 object; full parts are uploaded concurrently (up to `concurrency`) while the caller writes.
+    """Write one S3 object; parts are uploaded concurrently (up to `concurrency`) while the caller writes.
 
     A file smaller than one part is a single PUT. The object appears only when
     `close` completes the upload; a writer dropped without `close` (an error
-    while copying) aborts it, so a partial object is never visible. Parts
-    double in size every 2000 parts to stay under S3's 10,000-part limit.
+    while copying) aborts it, so a partial object is never visible. A part is
+    whatever was written once `part_size` bytes are pending (pyarrow writes in
+    64 MiB chunks: one chunk, one part, no copy); the threshold doubles every
+    2000 parts to stay under S3's 10,000-part limit.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, part_size: int, concurrency: int):
@@ -252,7 +264,8 @@ class MultipartWriter(io.RawIOBase):
         self._fs, self._path = fs, path
         self._bucket, self._key, _ = fs.split_path(path)
         self._part_size, self._concurrency = part_size, concurrency
-        self._buffer = bytearray()
+        self._pending: list[Any] = []
+        self._pending_bytes = 0
         self._written = 0
         self._upload_id: str | None = None
         self._parts: list[concurrent.futures.Future] = []
@@ -265,21 +278,22 @@ class MultipartWriter(io.RawIOBase):
         """Bytes written so far."""
         return self._written
 
-    def _next_part_size(self) -> int:
-        return self._part_size << (len(self._parts) // 2000)
-
     def write(self, data: Any) -> int:
-        """Buffer `data`; upload every full part in the background."""
+        """Keep `data`; once a part's worth is pending, upload it in the background."""
         if self.closed:
             raise ValueError("write to a closed MultipartWriter")
         n = memoryview(data).nbytes
-        self._buffer += data
+        self._pending.append(data if isinstance(data, bytes) else bytes(data))  # bytes are immutable: no copy
+        self._pending_bytes += n
         self._written += n
-        while len(self._buffer) >= self._next_part_size():
-            size = self._next_part_size()
-            self._start_part(bytes(self._buffer[:size]))
-            del self._buffer[:size]
+        if self._pending_bytes >= self._part_size << (len(self._parts) // 2000):
+            self._start_part(self._take_pending())
         return n
+
+    def _take_pending(self) -> bytes:
+        body = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        return body
 
     def _start_part(self, body: bytes) -> None:
         if self._upload_id is None:
@@ -301,10 +315,10 @@ class MultipartWriter(io.RawIOBase):
             return
         try:
             if self._upload_id is None:
-                self._fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=bytes(self._buffer))
+                self._fs.call_s3("put_object", Bucket=self._bucket, Key=self._key, Body=self._take_pending())
             else:
-                if self._buffer:
-                    self._start_part(bytes(self._buffer))
+                if self._pending:
+                    self._start_part(self._take_pending())
                 parts = [{"PartNumber": i, "ETag": f.result()["ETag"]} for i, f in enumerate(self._parts, 1)]
                 self._fs.call_s3("complete_multipart_upload", Bucket=self._bucket, Key=self._key,
                                  UploadId=self._upload_id, MultipartUpload={"Parts": parts})
@@ -312,7 +326,7 @@ class MultipartWriter(io.RawIOBase):
             self._abort()
             raise
         finally:
-            self._buffer = bytearray()
+            self._pending = []
             super().close()
             self._fs.invalidate_cache(self._path)
 
@@ -330,7 +344,7 @@ class MultipartWriter(io.RawIOBase):
     def __del__(self) -> None:
         if not self.closed:  # never complete an upload nobody closed: that would publish a partial file
             self._abort()
-            self._buffer = bytearray()
+            self._pending = []
             super().close()
 
 
@@ -338,7 +352,8 @@ class RangeReader(io.RawIOBase):
     """Read one S3 object front to back; the next ranges are fetched concurrently while the caller reads.
 
     Every range asks for the ETag seen when the reader opened (If-Match), so a
-    file replaced while it is read fails instead of mixing two versions.
+    file replaced while it is read fails instead of mixing two versions. A read
+    that takes a whole range gets the downloaded bytes as they are (no copy).
     """
 
     ATTEMPTS = 3
@@ -351,7 +366,8 @@ class RangeReader(io.RawIOBase):
         self._ranges = deque((start, min(start + part_size, size)) for start in range(0, size, part_size))
         self._concurrency = concurrency
         self._inflight: deque[concurrent.futures.Future] = deque()
-        self._current = memoryview(b"")
+        self._chunk = b""
+        self._offset = 0  # into _chunk
         self._pos = 0
 
     def readable(self) -> bool:
@@ -392,16 +408,17 @@ class RangeReader(io.RawIOBase):
         want = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
         out = []
         while want > 0:
-            if not len(self._current):
+            if self._offset == len(self._chunk):
                 self._fill()
-                self._current = memoryview(self._inflight.popleft().result())
+                self._chunk, self._offset = self._inflight.popleft().result(), 0
                 self._fill()
-            piece = self._current[:want]
-            self._current = self._current[len(piece):]
-            out.append(piece)
-            want -= len(piece)
-            self._pos += len(piece)
-        return b"".join(out)
+            take = min(want, len(self._chunk) - self._offset)
+            whole = self._offset == 0 and take == len(self._chunk)
+            out.append(self._chunk if whole else self._chunk[self._offset:self._offset + take])
+            self._offset += take
+            want -= take
+            self._pos += take
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def readall(self) -> bytes:
         """Everything that is left."""
@@ -412,17 +429,23 @@ class RangeReader(io.RawIOBase):
         for f in self._inflight:
             f.cancel()
         self._inflight.clear()
-        self._current = memoryview(b"")
+        self._chunk, self._offset = b"", 0
         super().close()
 
 
-def open_range_reader(fs: fsspec.AbstractFileSystem, path: str, settings: S3Settings | None = None) -> RangeReader:
-    """A concurrent front-to-back reader of an S3 object (raises FileNotFoundError if there is none)."""
-    s = settings or s3_settings()
-    info = fs.info(path)
-    if info.get("type") != "file":
-        raise FileNotFoundError(f"s3://{path} is not a file")
-    return RangeReader(fs, path, int(info.get("size") or 0), info.get("ETag"), s.part_size_mb * MiB, s.concurrency)
+def open_range_reader(fs: fsspec.AbstractFileSystem, path: str, size: int | None = None,
+                      etag: str | None = None) -> RangeReader:
+    """A concurrent front-to-back reader of an S3 object (raises FileNotFoundError if there is none).
+
+    Pass `size` and `etag` from a listing to spare a HEAD request.
+    """
+    s = s3_settings()
+    if size is None:
+        info = fs.info(path)
+        if info.get("type") != "file":
+            raise FileNotFoundError(f"s3://{path} is not a file")
+        size, etag = int(info.get("size") or 0), info.get("ETag")
+    return RangeReader(fs, path, size, etag, s.part_size_mb * MiB, s.concurrency)
 
 
 class S3Handler(pafs.FSSpecHandler):
@@ -434,20 +457,73 @@ class S3Handler(pafs.FSSpecHandler):
     access (`open_input_file`, used by Parquet readers) stays with s3fs.
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, part_size: int = 16 * MiB, concurrency: int = 8):
+    def __init__(self, fs: fsspec.AbstractFileSystem, part_size: int = 64 * MiB, concurrency: int = 4):
         super().__init__(fs)
         self.part_size, self.concurrency = part_size, concurrency
+        self._listed: dict[str, tuple[int, str | None]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_listed": {}}  # what one process listed means nothing to another
 
     def create_dir(self, path: str, recursive: bool) -> None:
         """Nothing to do: S3 has no folders. (s3fs's mkdir would create a missing bucket; podium never does.)"""
 
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        """One LIST request per path answers file, folder or nothing (s3fs would HEAD, then LIST for a folder)."""
+        return [self._info(path) for path in paths]
+
+    def _remember(self, path: str, size: int, etag: str | None) -> None:
+        if len(self._listed) > 10_000:  # listed but never opened (a Parquet scan): forget, it is only a shortcut
+            self._listed.clear()
+        self._listed[path.strip("/")] = (size, etag)
+
+    def _info(self, path: str) -> pafs.FileInfo:
+        bucket, key, _ = self.fs.split_path(path)
+        key = key.rstrip("/")
+        if not key:
+            return super().get_file_info([path])[0]
+        try:
+            page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key, Delimiter="/", MaxKeys=1000)
+        except PermissionError:  # may read objects but not list them: ask the way s3fs does
+            return super().get_file_info([path])[0]
+        except FileNotFoundError:  # no such bucket
+            return pafs.FileInfo(path, pafs.FileType.NotFound)
+        for obj in page.get("Contents", []):
+            if obj["Key"] == key:
+                self._remember(f"{bucket}/{key}", int(obj["Size"]), obj.get("ETag"))
+                return pafs.FileInfo(path, pafs.FileType.File, size=int(obj["Size"]), mtime=obj.get("LastModified"))
+        if any(p["Prefix"] == f"{key}/" for p in page.get("CommonPrefixes", [])):
+            return pafs.FileInfo(path, pafs.FileType.Directory)
+        if page.get("IsTruncated"):  # more siblings sharing the name's prefix than one page holds
+            return super().get_file_info([path])[0]
+        return pafs.FileInfo(path, pafs.FileType.NotFound)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        """One listing of the tree; the sizes and ETags it gives spare the HEAD of each stream opened next."""
+        base = selector.base_dir.strip("/")
+        found = self.fs.find(base, maxdepth=None if selector.recursive else 1, withdirs=True, detail=True)
+        entries = {path: info for path, info in found.items() if path.strip("/") != base}
+        if not entries:  # an empty folder, a file, or nothing: pyarrow tells these apart
+            kind = self.get_file_info([base])[0].type
+            if kind == pafs.FileType.File:
+                raise NotADirectoryError(base)
+            if kind == pafs.FileType.NotFound and not selector.allow_not_found:
+                raise FileNotFoundError(base)
+            return []
+        for path, info in entries.items():
+            if info.get("type") == "file":
+                self._remember(path, int(info.get("size") or 0), info.get("ETag"))
+        return [self._create_file_info(path, info) for path, info in entries.items()]
+
     def open_input_stream(self, path: str) -> pa.NativeFile:
-        """A prefetching sequential reader."""
-        info = self.fs.info(path)
-        if info.get("type") != "file":
-            raise FileNotFoundError(path)
-        reader = RangeReader(self.fs, path, int(info.get("size") or 0), info.get("ETag"), self.part_size,
-                             self.concurrency)
+        """A prefetching sequential reader (If-Match pins it to the listed ETag, so a stale listing fails safe)."""
+        known = self._listed.pop(path.strip("/"), None)
+        if known is None:
+            info = self.fs.info(path)
+            if info.get("type") != "file":
+                raise FileNotFoundError(path)
+            known = (int(info.get("size") or 0), info.get("ETag"))
+        reader = RangeReader(self.fs, path, known[0], known[1], self.part_size, self.concurrency)
         return pa.PythonFile(reader, mode="r")
 
     def open_output_stream(self, path: str, metadata: Any) -> pa.NativeFile:
