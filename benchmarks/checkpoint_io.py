@@ -158,7 +158,7 @@ def render(results: dict[int, dict[str, float]], args: argparse.Namespace, loads
         "## Checkpoint I/O through Ray Train's storage path (`benchmarks/checkpoint_io.py`)", "",
         f"Command: `{cmd}` (repeats {args.repeats}). Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on "
         f"{m['cpu']}, {m['cores']} cores, {m['memory']}; local disk (ext4 on a virtual block device), "
-        f"{m['versions']}.", "",
+        f"{m['versions']}; podium at {m['revision']}.", "",
         "Load: " + "; ".join(loads), "",
         "Throughput, and in brackets the ratio to a raw `shutil.copytree` of the same bytes (1.00× = as fast; "
         "goal ≥ 0.80×). Page cache warm, no fsync on either side.", "",

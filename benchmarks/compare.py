@@ -1,7 +1,7 @@
 """The same training job, four ways: how much does validating every checkpoint cost, and how fast do
 its metrics arrive?
 
-    python benchmarks/compare.py            # full run (~12 min here), writes BENCHMARKS.md
+    python benchmarks/compare.py            # full run (9-15 min here), writes BENCHMARKS.md
     python benchmarks/compare.py --quick    # smaller job (~6 min), writes BENCHMARKS.md
     python benchmarks/compare.py --smoke    # harness check (< 60 s): a tiny job, way (c) only, writes nothing
 
@@ -10,6 +10,8 @@ its metrics arrive?
  (c) Ray Train's async validation: ValidationConfig(fn=...) + report(..., validation=ValidationTaskConfig)
  (d) podium: `podium run --json` against a local Prefect server it starts and MLflow on SQLite
  (d0) podium again with the validation made cheap (repeat=1): its fixed overhead over (a)
+ (d') podium as (d) with the changes BENCHMARKS.md recommends applied from outside (what-if:
+      benchmarks/podium_whatif.py, benchmarks.podium_run.start_server_fixed); podium is not edited
  (a') (a) once more at the end: the machine is shared, this shows how much the load drifted
 
 All train the same job (same data, model, loop, checkpoint cadence) with one Ray Train worker on one
@@ -54,8 +56,10 @@ REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 LABELS = {"a": "(a) training only", "b": "(b) inline validation (sync, rank 0)",
           "c": "(c) Ray Train async validation", "d": "(d) podium", "d0": "(d0) podium, cheap validation",
-          "a2": "(a') training only, again"}
-ORDER = ("a", "b", "c", "d", "d0", "a2")
+          "dfix": "(d') podium + proposed fixes (what-if)", "a2": "(a') training only, again"}
+# (a) first and last brackets the run (load drift); podium's runs come right after (a), so the ratios that
+# the goals are about compare runs minutes apart, not a quarter of an hour
+ORDER = ("a", "d", "d0", "dfix", "b", "c", "a2")
 
 
 def log(msg: str) -> None:
@@ -185,8 +189,9 @@ def summarize_podium(label: str, run: dict[str, Any], c: dict[str, Any], concurr
                     "last_validated_to_promote": (promote["start"] - last_validated) if last_validated else None,
                     "promote": promote["end"] - promote["start"],
                     "verify": sum(v["end"] - v["start"] for v in c["verify"]) if c["verify"] else None,
-                    "reports": flow["end"] - promote["end"]},
-         "peak_rss_mb": run["peak_rss_mb"], "server_cpu_s": run["server_cpu_s"],
+                    "reports": flow["end"] - promote["end"],
+                    "exit_after_json": run["process_end"] - run["json_printed"]},
+         "peak_rss_mb": run["peak_rss_mb"], "server_cpu_s": run["server_cpu_s"], "driver_cpu_s": run["driver_cpu_s"],
          "events_found": c["events_found"], "command": run["command"]}
     s["startup"] = s["phases"]["cli_to_flow"] + s["phases"]["flow_to_train"]
     s["teardown"] = s["phases"]["train_to_flow_end"] + s["phases"]["flow_end_to_exit"]
@@ -242,9 +247,9 @@ def overhead_table(summaries: dict[str, dict[str, Any]]) -> str:
     p = d0["phases"]
     rows = [
         ["start-up: process start → training starts", fmt(a["startup"]), fmt(d0["startup"]),
-         f"CLI imports, preflight, MLflow store, server check: {fmt(p['cli_to_flow'])} s; in the flow: "
-         f"plan, connect-ray (Ray start) {fmt(p['connect_ray'])} s, open MLflow run: "
-         f"{fmt(p['flow_to_train'])} s"],
+         f"CLI imports, preflight, MLflow store, server check {fmt(p['cli_to_flow'])} s; flow start → "
+         f"train task start {fmt(p['flow_to_train'])} s, of which connect-ray (Ray start) "
+         f"{fmt(p['connect_ray'])} s"],
         ["training (TorchTrainer construction + fit)", fmt(a["train_wall"]), fmt(d0["train_wall"]), ""],
         ["after training → process exit", fmt(a["teardown"]), fmt(d0["teardown"]),
          f"last validation, promotion {fmt(p['promote'], 2)} s (of which re-validating the copy "
@@ -294,16 +299,17 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
         f"Command: `{cmd}` (from the repository root, venv active). Measured {time.strftime('%Y-%m-%d %H:%M %Z')}, "
         f"{extras.get('seconds', 0) / 60:.0f} min in all.", "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']} RAM, {machine['os']}, "
-        f"Python {machine['python']}; {machine['versions']}. No GPU.", "",
+        f"Python {machine['python']}; {machine['versions']}. No GPU. podium at {machine['revision']}.", "",
         "Load (`uptime`; the machine was shared with other jobs while this ran):", "",
         *[f"- {x}" for x in loads], "",
         f"Job: MLP (hidden {w.hidden_size}) on {w.train_rows:,} × {w.features} synthetic rows, batch "
         f"{w.batch_size}, {w.epochs} epochs, a checkpoint every epoch. Validation: "
         f"`benchmarks.workload:validate_repeated` evaluates {w.val_rows:,} validation rows "
-        f"`repeat = {w.repeat}` times (calibrated at the start: one epoch ≈ {w.calibration.get('epoch_s', '?')} s, "
-        f"one validation pass ≈ {w.calibration.get('val_pass_s', '?')} s on one core, so one validation ≈ "
-        f"{w.val_cost_epochs:g} epochs: a little slower than training, so a backlog builds when validations "
-        "run one at a time).", "",
+        f"`repeat = {w.repeat}` times" + (
+            f" (calibrated at the start: one epoch ≈ {w.calibration['epoch_s']} s, one validation pass ≈ "
+            f"{w.calibration['val_pass_s']} s on one core, so one validation ≈ {w.val_cost_epochs:g} epochs: a "
+            "little slower than training, so a backlog builds when validations run one at a time)."
+            if w.calibration else "."), "",
         "Cores: one Ray Train worker with 1 CPU (`num_workers=1`, `resources_per_worker={CPU: 1}`) and "
         "validation tasks with `num_cpus=1`, one at a time: Ray Train 2.60 runs one validation at a time "
         "(`MAX_IN_FLIGHT_VALIDATIONS = 1` in `validation_manager.py`), and podium ran with "
@@ -336,7 +342,8 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
                   f"difference is {fo[0]:.1f} s (training times drift with the load).", "",
                   overhead_table(summaries), ""]
     if d:
-        lines += [f"podium (d): driver (`podium run` process) peak RSS {d['peak_rss_mb']:.0f} MB; the Prefect "
+        lines += [f"podium (d): driver (`podium run` process) peak RSS {d['peak_rss_mb']:.0f} MB and "
+                  f"{fmt(d['driver_cpu_s'])} CPU-s; the Prefect "
                   f"server used {fmt(d['server_cpu_s'])} CPU-s during the {fmt(d['process_wall'])} s run; "
                   f"`podium server start` (cold, not counted above) took {fmt(extras.get('server_start_s'))} s; "
                   f"the first run in a fresh home also creates the MLflow SQLite schema (CLI start → flow start "
@@ -344,9 +351,31 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
                   f"{fmt(summaries['d0']['phases']['cli_to_flow']) if 'd0' in summaries else '–'} s in (d0)). "
                   "Command: `PODIUM_HOME=$WORK/podium-home " +
                   d["command"].replace(str(extras.get("work", "")), "$WORK") + "`.", ""]
+    f = summaries.get("dfix")
+    base = baseline(summaries, "train_wall")
+
+    def wall(x: dict[str, Any]) -> str:
+        return f"{fmt(x['train_wall'])} ({fmt(x['train_wall'] / base, 2)}×)" if base else fmt(x["train_wall"])
+
+    if d and f:
+        lines += ["What-if (d'): the same podium run with the recommended changes applied from outside podium "
+                  "(`benchmarks/podium_whatif.py`: progress artifact sent only when it changed, `gc.freeze()` "
+                  "before exit" + ("; Prefect server task-run recorder flush interval 1 s instead of podium's "
+                                   "0.5 s" if extras.get("server_fix") else "; podium's own server, whose flush "
+                                   "setting no longer needs the fix") + "; see Findings):", "",
+                  markdown_table(["", "(d) podium", "(d') with fixes"], [
+                      ["training wall s (× (a))", wall(d), wall(f)],
+                      ["validation fn p50 s", fmt(d.get("val_p50"), 2), fmt(f.get("val_p50"), 2)],
+                      ["ckpt→metrics p50 / p95 s", f"{fmt(d.get('lat_p50'), 2)} / {fmt(d.get('lat_p95'), 2)}",
+                       f"{fmt(f.get('lat_p50'), 2)} / {fmt(f.get('lat_p95'), 2)}"],
+                      ["Prefect server CPU-s during the run", fmt(d["server_cpu_s"]), fmt(f["server_cpu_s"])],
+                      ["`podium run` driver CPU-s", fmt(d["driver_cpu_s"]), fmt(f["driver_cpu_s"])],
+                      ["JSON printed → process exit s", fmt(d["phases"]["exit_after_json"]),
+                       fmt(f["phases"]["exit_after_json"])],
+                      ["process wall s", fmt(d["process_wall"]), fmt(f["process_wall"])]]), ""]
     g = goals(summaries)
     if g:
-        lines += ["Goals:", "", markdown_table(["goal", "measured", ""], g), ""]
+        lines += ["Goals (stock podium, (d) and (d0)):", "", markdown_table(["goal", "measured", ""], g), ""]
     return "\n".join(lines)
 
 
@@ -362,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", help="which ways to run, e.g. a,c,d (default: a,b,c,d,d0,a2; with --smoke: c)")
     p.add_argument("--workdir", help="keep data, storage and logs here (default: a temporary folder, removed)")
     p.add_argument("--output", default=str(BENCHMARKS_MD), help="markdown file to update (default: BENCHMARKS.md)")
+    p.add_argument("--write", action="store_true", help="with --smoke: write the section to --output anyway")
     args = p.parse_args(argv)
     preset = "smoke" if args.smoke else "quick" if args.quick else "full"
     # --smoke runs only (c): it exercises the most of the harness (the loop wrapper, the validation
@@ -389,17 +419,31 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for key in [k for k in ORDER if k in wanted]:
                 log(f"running {LABELS[key]}")
-                if key in ("d", "d0"):
+                if key in ("d", "d0", "dfix"):
                     from benchmarks import podium_run as pr
 
-                    if api is None:
+                    command, fix_home, fix_api = None, home, api
+                    if key == "dfix":
+                        command = [sys.executable, "-m", "benchmarks.podium_whatif"]
+                        extras["server_fix"] = pr.server_fix_needed()
+                        if extras["server_fix"]:
+                            # a second home: its own server, started with the proposed server setting
+                            fix_home = str(work / "podium-home-fix")
+                            fix_api, _ = pr.start_server_fixed(fix_home)
+                    if api is None and not (key == "dfix" and extras["server_fix"]):
                         api, extras["server_start_s"] = pr.start_server(home)
+                        fix_api = api if key == "dfix" else fix_api
                     timing = str(work / f"{key}-timing.jsonl")
                     cfg = podium_config(workload, run_name=f"bench-{key}", train=train, val=val,
                                         storage=str(work / "storage"), serving=str(work / f"serving-{key}"),
                                         timing_log=timing, concurrency=1, repeat=1 if key == "d0" else None)
-                    run = pr.run_podium(home, cfg, str(work))
-                    summaries[key] = summarize_podium(LABELS[key], run, pr.collect(run, api, timing), 1)
+                    try:
+                        run = pr.run_podium(fix_home if key == "dfix" else home, cfg, str(work), command=command)
+                        c = pr.collect(run, fix_api if key == "dfix" else api, timing)
+                    finally:
+                        if key == "dfix" and fix_home != home:
+                            pr.stop_server(fix_home)
+                    summaries[key] = summarize_podium(LABELS[key], run, c, 1)
                 else:
                     spec = variant_spec(key, work, workload, train, val)
                     summaries[key] = summarize_bare(key, run_variant_process(key, spec, work), spec)
@@ -419,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             if incomplete:
                 log(f"smoke: incomplete results for {incomplete}")
                 return 1
-        else:
+        if not args.smoke or args.write:
             text = render(args, workload, machine_description(), loads, summaries, extras)
             update_markdown_section(args.output, "compare", text)
             (work / "summaries.json").write_text(json.dumps(summaries, indent=1, default=str))

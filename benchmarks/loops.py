@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 import ray.train
-import ray.train.torch
 from ray.train import ValidationTaskConfig
 
 import training.loop as builtin

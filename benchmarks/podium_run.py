@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -52,6 +53,47 @@ def start_server(home: str) -> tuple[str, float]:
     return url, time.time() - t
 
 
+FLUSH_KEY = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL"
+
+
+def server_fix_needed() -> bool:
+    """True if podium starts its Prefect server with a task-run recorder flush interval below 1 s:
+    Prefect 3.8 reads it with int(), so e.g. 0.5 becomes 0 and the recorder loops without sleeping."""
+    from podium.services import _prefect_env
+
+    value = _prefect_env(Path(tempfile.gettempdir())).get(FLUSH_KEY)
+    try:
+        return value is not None and float(value) < 1
+    except ValueError:
+        return False
+
+
+def start_server_fixed(home: str, port: int = 4200) -> tuple[str, float]:
+    """What-if: the local Prefect server exactly as podium starts it, except a task-run recorder flush
+    interval of 1 s where podium asks for less (see server_fix_needed). Writes the state file podium
+    looks for, so `podium run` under `home` uses this server and `podium server stop` stops it."""
+    from podium.services import _free_port, _healthy, _prefect_env
+
+    t = time.time()
+    prefect_home = Path(home) / "prefect"
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    port = _free_port(port)
+    url = f"http://127.0.0.1:{port}/api"
+    env = _prefect_env(prefect_home)
+    if server_fix_needed():
+        env[FLUSH_KEY] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                             str(port)], env=env, stdout=open(prefect_home / "server.log", "ab"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    while not _healthy(url):
+        if proc.poll() is not None or time.time() - t > 300:
+            proc.kill()
+            raise RuntimeError(f"Prefect server did not start; see {prefect_home / 'server.log'}")
+        time.sleep(0.5)
+    (prefect_home / "server.json").write_text(json.dumps({"pid": proc.pid, "api_url": url}))
+    return url, time.time() - t
+
+
 def stop_server(home: str) -> None:
     """`podium server stop` under `home` (only the server this home started)."""
     subprocess.run([PODIUM, "server", "stop"], env=podium_env(home), capture_output=True, timeout=60)
@@ -75,11 +117,11 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 class PeakRss(threading.Thread):
-    """Polls VmHWM (peak resident set) of a process until it exits."""
+    """Polls VmHWM (peak resident set) and the CPU seconds of a process until it exits."""
 
     def __init__(self, pid: int, every_s: float = 0.25):
         super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak_kb = pid, every_s, 0
+        self.pid, self.every_s, self.peak_kb, self.cpu_s = pid, every_s, 0, 0.0
 
     def run(self) -> None:
         path = f"/proc/{self.pid}/status"
@@ -91,37 +133,50 @@ class PeakRss(threading.Thread):
                             self.peak_kb = max(self.peak_kb, int(line.split()[1]))
             except (OSError, ValueError):
                 return
+            self.cpu_s = cpu_seconds(self.pid) or self.cpu_s
             time.sleep(self.every_s)
 
 
-def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600) -> dict[str, Any]:
-    """`podium run --json --quiet --config <file>` under `home`; the JSON summary plus process facts."""
+def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600,
+               command: list[str] | None = None) -> dict[str, Any]:
+    """`podium run --json --config <file>` under `home`; the JSON summary plus process facts.
+
+    `command` replaces the `podium` executable (e.g. a wrapper that tries a proposed fix)."""
     cfg_path = Path(workdir) / f"{config['run_name']}.json"
     cfg_path.write_text(json.dumps(config, indent=2))
     env = podium_env(home)
     srv = server_pid(home)
     srv_cpu0 = cpu_seconds(srv)
-    cmd = [PODIUM, "run", "--json", "--config", str(cfg_path)]
+    cmd = [*(command or [PODIUM]), "run", "--json", "--config", str(cfg_path)]
     log = open(Path(workdir) / f"{config['run_name']}.log", "w")
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=workdir)
     rss = PeakRss(proc.pid)
     rss.start()
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append((time.time(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
+        proc.wait()
     ended = time.time()
+    reader.join(timeout=10)
     log.close()
     rss.join(timeout=2)
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not lines:
         tail = (Path(workdir) / f"{config['run_name']}.log").read_text()[-3000:]
         raise RuntimeError(f"podium run failed (exit {proc.returncode}); stderr tail:\n{tail}")
-    summary = json.loads(out.strip().splitlines()[-1])
-    return {"command": " ".join(cmd), "process_start": started, "process_end": ended, "summary": summary,
-            "peak_rss_mb": rss.peak_kb / 1024, "server_cpu_s": (cpu_seconds(srv) - srv_cpu0)
-            if srv_cpu0 is not None else None, "config": config}
+    printed, last = lines[-1]
+    return {"command": " ".join(cmd), "process_start": started, "process_end": ended, "summary": json.loads(last),
+            "json_printed": printed, "peak_rss_mb": rss.peak_kb / 1024, "driver_cpu_s": rss.cpu_s,
+            "server_cpu_s": (cpu_seconds(srv) - srv_cpu0) if srv_cpu0 is not None else None, "config": config}
 
 
 def _ts(value: str | None) -> float | None:

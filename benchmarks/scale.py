@@ -1,7 +1,7 @@
 """podium with hundreds of checkpoints: does the per-checkpoint cost grow as the run accumulates records?
 
     python benchmarks/scale.py            # >= 300 checkpoints (a checkpoint every step), writes BENCHMARKS.md
-    python benchmarks/scale.py --quick    # 60 checkpoints
+    python benchmarks/scale.py --quick    # 52 checkpoints
 
 One real `podium run` (local Prefect server, MLflow on SQLite) of a tiny model with
 `checkpoint_every_steps = 1` and a cheap validation, then, first 50 checkpoints against last 50:
@@ -97,13 +97,13 @@ def window(rows: list[dict[str, Any]], key) -> dict[str, float | None]:
 def main(argv: list[str] | None = None) -> int:
     """Run, measure, print, write BENCHMARKS.md."""
     p = argparse.ArgumentParser(description="podium with hundreds of checkpoints.")
-    p.add_argument("--quick", action="store_true", help="60 checkpoints instead of 312")
+    p.add_argument("--quick", action="store_true", help="52 checkpoints instead of 312")
     p.add_argument("--checkpoints", type=int, help="target number of checkpoints")
     p.add_argument("--concurrency", type=int, default=1, help="validation concurrency (default 1)")
     p.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     p.add_argument("--output", default=str(REPO / "BENCHMARKS.md"), help="markdown file to update ('' for none)")
     args = p.parse_args(argv)
-    target = args.checkpoints or (60 if args.quick else 312)
+    target = args.checkpoints or (52 if args.quick else 312)
     w = workload(target)
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="podium-scale-")
     work = Path(args.workdir or tmp.name)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join([
             "## Hundreds of checkpoints (`benchmarks/scale.py`)", "",
             f"Command: `{cmd}`. Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores; "
-            f"{m['versions']}.", "",
+            f"{m['versions']}; podium at {m['revision']}.", "",
             "Load: " + "; ".join(loads), "",
             f"One `podium run` of an MLP (hidden {w.hidden_size}) on {w.train_rows:,} rows, batch {w.batch_size}, "
             f"{w.epochs} epochs, `checkpoint_every_steps = 1`: **{len(rows)} checkpoints** ({validated} validated), "
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             "`list_records` + `select_best`, as promotion runs them): "
             f"**{q['api_calls']} MLflow API call(s), {q['sql_statements']} SQL statements, "
             f"{q['seconds'] * 1000:.0f} ms**.", "",
-            f"Driver (`podium run` process) peak RSS: **{run['peak_rss_mb']:.0f} MB**. Prefect server CPU "
+            f"Driver (`podium run` process) peak RSS: **{run['peak_rss_mb']:.0f} MB**, "
+            f"{fmt(run['driver_cpu_s'])} CPU-s. Prefect server CPU "
             f"during the run: {fmt(run['server_cpu_s'])} s. Last checkpoint → promotion done: "
             f"{fmt((c['promote']['end'] - max(r['persisted'] for r in rows if r['persisted'])) if c['promote'] else None)} s.",
             "",

@@ -251,7 +251,16 @@ def machine_description() -> dict[str, str]:
     import pyarrow
     import ray
 
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem,
+    try:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        rev = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        revision = f"{rev}{' + uncommitted changes' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        revision = "unknown"
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem, "revision": revision,
             "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
             "versions": f"torch {torch.__version__}, ray {ray.__version__}, prefect {prefect.__version__}, "
                         f"mlflow {mlflow.__version__}, pyarrow {pyarrow.__version__}"}
