@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -430,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"podium: {exc}", file=sys.stderr)
         return 2
+    finally:
+        # the output is written: spare the exit a last garbage collection over every loaded library
+        # (measured at seconds with torch, ray, prefect and mlflow loaded)
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -149,12 +149,13 @@ class Progress:
 
     def update(self, *, epoch: float | None = None, validated: int | None = None) -> None:
         """Record progress: training by epoch, then validations."""
+        before = (self.trained, self.validated)
         if epoch is not None:
             self.trained = min(float(epoch), float(self.total))
         if validated is not None:
             self.validated = validated
-        if self.id is None:
-            return
+        if self.id is None or (self.trained, self.validated) == before:
+            return  # the flow polls several times a second: one API call per actual change
         pct = 100.0 * self.trained / self.total
         try:
             update_progress_artifact(self.id, progress=pct,
