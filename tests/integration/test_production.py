@@ -49,6 +49,7 @@ from tasks.tracking import (
     open_tracking_run,
     record_checkpoint,
 )
+from training.config import expand_run_name
 from training.events import CheckpointEvent
 from training.serving import read_current
 
@@ -357,8 +358,9 @@ def test_deployments_build_and_register_on_a_process_pool(team):
         nightly = deployments[NIGHTLY]
         (schedule,) = nightly.schedules
         assert schedule.active and schedule.schedule.cron == team["cron"] and schedule.schedule.timezone == "UTC"
-        for d in deployments.values():
-            assert d.parameters["config"]["run_name"] == "nightly"
+        for name, d in deployments.items():
+            # the scheduled deployment trains a dated run of its own each night
+            assert d.parameters["config"]["run_name"] == ("nightly-{date}" if name == NIGHTLY else "nightly")
             assert d.parameters["config"]["scaling"]["cpus_per_worker"] == 1.5
             assert "." in d.entrypoint and ":" not in d.entrypoint  # module path: the installed podium
         # the validation deployment's trigger is an automation on the checkpoint event
@@ -405,11 +407,14 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     assert len(stack.ray.nodes) == 2 and all(n["cpus"] == 2 for n in stack.ray.nodes)
     flow_run = run_deployment(f"train-validate-promote/{NIGHTLY}", timeout=0)
     _wait_flow_run(flow_run.id, team["worker_log"])
+    with get_client(sync_client=True) as client:
+        started = client.read_flow_run(flow_run.id).expected_start_time
+    run_name = expand_run_name("nightly-{date}", started)  # what the flow named this night's run
 
-    tracking = find_tracking_run(stack.mlflow, "podium", "nightly")
+    tracking = find_tracking_run(stack.mlflow, "podium", run_name)
     records = list_records(tracking)
     assert [r.status for r in records] == ["validated", "validated"]
-    storage = Path(team["config"]["storage"]) / "nightly"
+    storage = Path(team["config"]["storage"]) / run_name
     for r in records:  # checkpoints on the shared storage, written by the workers, validated from there
         assert Path(r.uri).parent == storage and (Path(r.uri) / "model.pt").is_file()
         assert {"val_loss", "val_accuracy"} <= set(r.metrics)
@@ -480,7 +485,7 @@ def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, te
         assert run.name == f"outside-job-validate-step-{run.parameters['step']}"
         _wait_flow_run(run.id, team["worker_log"], timeout_s=10)
     # the pipeline flow's own checkpoint events (the nightly run above) asked for no validation run
-    assert not [r for r in runs if r.parameters.get("run_name") == "nightly"]
+    assert not [r for r in runs if str(r.parameters.get("run_name", "")).startswith("nightly")]
 
     # recorded and validated the same way as inside the pipeline: one MLflow run, one record per checkpoint
     client = MlflowClient(stack.mlflow)
