@@ -16,7 +16,6 @@ training arithmetic, data order and checkpoint format are identical to (a) and p
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -25,25 +24,16 @@ from ray.train import ValidationTaskConfig
 
 import training.loop as builtin
 from benchmarks.workload import append_jsonl, validate_repeated
-from training.checkpoint import CheckpointMeta, save_checkpoint
+
+
+# kept before the variants below replace it in this worker
+_report_checkpoint = builtin._report_checkpoint
 
 
 def _save_and_report(model, optimizer, spec, metrics: dict[str, float], config: dict[str, Any], rank: int,
                      validation: bool | ValidationTaskConfig = False) -> None:
     """training.loop._report_checkpoint, plus the `validation` argument of ray.train.report."""
-    step = int(metrics["step"])
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if rank == 0:
-            inner = model.module if hasattr(model, "module") else model
-            meta = CheckpointMeta(model=spec, epoch=int(metrics["epoch"]), step=step, metrics=metrics,
-                                  config={k: v for k, v in config.items() if builtin._is_plain(v)},
-                                  feature_columns=list(config["feature_columns"]),
-                                  label_column=config["label_column"])
-            save_checkpoint(tmp, inner, optimizer, meta)
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=builtin.checkpoint_dir_name(step),
-                         validation=validation if rank == 0 else False)
+    _report_checkpoint(model, optimizer, spec, metrics, config, rank, validation=validation if rank == 0 else False)
 
 
 def _finish(config: dict[str, Any]) -> None:

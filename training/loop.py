@@ -99,8 +99,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def _report_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, spec: ModelSpec,
-                       metrics: dict[str, float], config: dict[str, Any], rank: int) -> None:
-    """Rank 0 writes the checkpoint; every rank calls report (it is a barrier)."""
+                       metrics: dict[str, float], config: dict[str, Any], rank: int, **report_kwargs: Any) -> None:
+    """Rank 0 writes the checkpoint; every rank calls report (it is a barrier).
+
+    `report_kwargs` go to `ray.train.report` as they are (the benchmarks pass Ray's `validation`)."""
     step = int(metrics["step"])
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
@@ -112,7 +114,8 @@ def _report_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, spec:
                                   label_column=config["label_column"])
             save_checkpoint(tmp, inner, optimizer, meta)
             checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name(step))
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=checkpoint_dir_name(step),
+                         **report_kwargs)
 
 
 def _is_plain(v: Any) -> bool:
