@@ -168,9 +168,8 @@ def _quiet_libraries(log_file: Path) -> None:
     logging.getLogger("mlflow").propagate = True
 
 
-def _prepare(args: argparse.Namespace, settings: PodiumSettings):
-    """Config, preflight, servers. Returns (config, tracking_uri, api_url)."""
-    config = config_from_args(args, settings)
+def _prepare(config, settings: PodiumSettings):
+    """Preflight, servers. Returns (tracking_uri, api_url)."""
     _maybe_make_demo_data(config, settings)
     from tasks.plan import plan_run
     from training.config import ConfigError
@@ -187,7 +186,7 @@ def _prepare(args: argparse.Namespace, settings: PodiumSettings):
         api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
     except ServiceError as exc:
         raise CliError(str(exc)) from None
-    return config, tracking_uri, api_url
+    return tracking_uri, api_url
 
 
 def _maybe_make_demo_data(config, settings: PodiumSettings) -> None:
@@ -220,12 +219,13 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
     use_ray_address(args.ray_address)
     settings = PodiumSettings()
     start = time.monotonic()
+    config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
     progress = logging.getLogger("podium.progress")
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
-    config, tracking_uri, api_url = _prepare(args, settings)
+    tracking_uri, api_url = _prepare(config, settings)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from podium.services import ui_url

@@ -209,17 +209,12 @@ def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: st
     current = srv.read_current(serving)
     if current is None:
         raise srv.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
-    target_name = to_version
-    if target_name is None:
-        pointer = srv.read_json(srv.join(srv.normalize_location(serving), srv.POINTER)) or {}
-        target_name = pointer.get("previous")
-        if not target_name:
-            raise srv.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
-    manifest = srv.read_json(srv.join(srv.normalize_location(serving), "versions", target_name, srv.MANIFEST))
-    if manifest is None:
+    target_name = to_version or (srv.read_pointer(serving) or {}).get("previous")
+    if not target_name:
+        raise srv.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
+    target = srv.read_version(serving, target_name)
+    if target is None:
         raise srv.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
-    target = srv.PromotedVersion(version=target_name, manifest=manifest,
-                                 uri=srv.join(srv.normalize_location(serving), "versions", target_name, "checkpoint"))
     srv.switch_current(serving, target, f"rollback from {current.version}")
     version = registered_version_for(tracking_uri, registered_model, target.uri)
     if version is not None:

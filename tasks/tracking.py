@@ -85,13 +85,18 @@ def flatten_params(config: dict[str, Any]) -> dict[str, str]:
     return {k: v[:6000] for k, v in out.items()}
 
 
+def _find_run(client: MlflowClient, experiment_id: str, run_name: str) -> list[Any]:
+    """The newest MLflow run tagged with this podium run name (a list of at most one)."""
+    return client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
+                              max_results=1, order_by=["attributes.start_time DESC"])
+
+
 def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
     """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params."""
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    found = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
-                               max_results=1, order_by=["attributes.start_time DESC"])
+    found = _find_run(client, experiment_id, run_name)
     if found:
         run_id = found[0].info.run_id
         if found[0].info.status != "RUNNING":
@@ -227,8 +232,7 @@ def find_tracking_run(tracking_uri: str, experiment: str, run_name: str) -> Trac
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise LookupError(f"MLflow experiment {experiment!r} does not exist at {tracking_uri}")
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
-                               max_results=1, order_by=["attributes.start_time DESC"])
+    found = _find_run(client, exp.experiment_id, run_name)
     if not found:
         raise LookupError(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
     return TrackingRun(tracking_uri, exp.experiment_id, found[0].info.run_id, run_name)

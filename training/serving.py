@@ -414,19 +414,34 @@ def read_json(uri: str) -> dict[str, Any] | None:
         return None
 
 
+def read_pointer(serving: str) -> dict[str, Any] | None:
+    """The CURRENT pointer document (version, previous, reason), or None before the first promotion."""
+    return read_json(join(normalize_location(serving), POINTER))
+
+
+def read_version(serving: str, version: str) -> PromotedVersion | None:
+    """A complete version (one with a manifest), or None if it is missing or incomplete."""
+    if not VERSION_RE.match(str(version)):
+        raise ServingError(f"{serving}: {version!r} is not a version name like 'v000001'")
+    serving = normalize_location(serving)
+    manifest = read_json(join(serving, "versions", version, MANIFEST))
+    if manifest is None:
+        return None
+    return PromotedVersion(version=version, uri=join(serving, "versions", version, "checkpoint"), manifest=manifest)
+
+
 def read_current(serving: str) -> PromotedVersion | None:
     """The version CURRENT points at (with its manifest), or None before the first promotion."""
-    serving = normalize_location(serving)
-    pointer = read_json(join(serving, POINTER))
+    pointer = read_pointer(serving)
     if pointer is None:
         return None
     version = pointer.get("version", "")
     if not VERSION_RE.match(str(version)):
         raise ServingError(f"{serving}/{POINTER} names {version!r}, expected a version like 'v000001'")
-    manifest = read_json(join(serving, "versions", version, MANIFEST))
-    if manifest is None:
+    current = read_version(serving, version)
+    if current is None:
         raise ServingError(f"{serving}/{POINTER} names {version}, which has no {MANIFEST}")
-    return PromotedVersion(version=version, uri=join(serving, "versions", version, "checkpoint"), manifest=manifest)
+    return current
 
 
 def switch_current(serving: str, version: PromotedVersion, reason: str) -> None:
