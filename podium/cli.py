@@ -48,7 +48,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--mode", "promotion.mode", str, "'min' or 'max': which direction of the metric is better (default: min)."),
     ("--min-delta", "promotion.min_delta", float, "Margin by which the best must beat the champion (default: 0)."),
     ("--always-promote", "promotion.always", None, "Promote the best checkpoint even if it does not beat the champion."),
-    ("--no-verify", "promotion.verify", None, "Skip re-validating the promoted copy."),
+    ("--verify", "promotion.verify", str,
+     "How the promoted copy is checked: hashes, load (default) or revalidate (runs the validation again)."),
+    ("--no-verify", "promotion.verify", None, "Check only the copy's sha256 hashes (same as --verify hashes)."),
     ("--registered-model", "promotion.registered_model", str, "MLflow registered model name (default: podium)."),
 ]
 
@@ -95,7 +97,7 @@ def config_from_args(args: argparse.Namespace, settings: PodiumSettings):
         if value is None:
             continue
         if flag == "--no-verify":
-            value = False
+            value = "hashes"
         _set(flags, path, value)
     data = _merge(data, flags)
     data.setdefault("storage", settings.default_location("storage"))

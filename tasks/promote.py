@@ -72,8 +72,19 @@ def decide(plan: RunPlan, records: list[CheckpointRecord]) -> tuple[Decision, Ch
 
 
 def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVersion) -> None:
-    """Run the validation function on the copied checkpoint; the recorded metric must come back."""
+    """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
+
+    'load': the model loads from the copy, in this process, with the safe loader serving uses
+    (checkpoints in podium's format; other formats have only their hashes checked).
+    'revalidate': the validation function runs on the copy (a Ray task) and must give
+    back the recorded metric.
+    """
     p = plan.config.promotion
+    if p.verify == "load":
+        srv.check_loadable(version)
+        return
+    if p.verify != "revalidate":
+        return
     expected = record.metrics[p.metric]
     connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
     got = validate(plan, record, uri=version.uri).get(p.metric)
@@ -91,8 +102,7 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision) -> Promote
                             "metric": p.metric, "mode": p.mode, "value": decision.value,
                             "metrics": record.metrics, "model_id": record.model_id}
     version = srv.stage_version(plan.serving, record.uri, info)
-    if p.verify:
-        check_copy(plan, record, version)
+    check_copy(plan, record, version)
     srv.seal_version(plan.serving, version)
     srv.switch_current(plan.serving, version, decision.reason)
     mlflow_version = register_champion(

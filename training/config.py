@@ -127,10 +127,22 @@ class PromotionConfig(_Strict):
     mode: Literal["min", "max"] = Field("min", description="'min' or 'max': which direction is better.")
     min_delta: float = Field(0.0, ge=0, description="Margin by which a candidate must beat the champion.")
     always: bool = Field(False, description="Promote the best checkpoint even if it does not beat the champion.")
-    verify: bool = Field(True, description="Re-run validation on the promoted copy and compare the metric.")
-    verify_tolerance: float = Field(1e-4, ge=0, description="Relative tolerance of that comparison.")
+    verify: Literal["hashes", "load", "revalidate"] = Field(
+        "load", description="How the promoted copy is checked before it becomes current: 'hashes' (every file's "
+        "sha256 against the source, always done), 'load' (also load the model from the copy, when it is podium's "
+        "checkpoint format) or 'revalidate' (also run the validation function on the copy and compare the metric).")
+    verify_tolerance: float = Field(1e-4, ge=0, description="Relative tolerance of the 'revalidate' comparison.")
     registered_model: str = Field("podium", min_length=1, description="MLflow registered model name.")
     alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version.")
+
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify_bool(cls, v: Any) -> Any:
+        # podium <= 0.1 took a bool: true re-ran the validation on the copy, false checked hashes only
+        if isinstance(v, bool):
+            return "revalidate" if v else "hashes"
+        return v
 
 
 class PipelineConfig(_Strict):

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import fsspec
 from fsspec.asyn import sync
 
-from training.checkpoint import CheckpointFormatError, load_model
+from training.checkpoint import META_FILE, CheckpointFormatError, load_model
 from training.storage import (
     MultipartWriter,
     fsspec_filesystem,
@@ -496,6 +496,30 @@ def fetch_version(version: PromotedVersion, dest: str) -> str:
     return dest
 
 
+def load_version_model(version: PromotedVersion):
+    """A version's model as a torch module in eval mode (podium's checkpoint format, safe loading).
+
+    A local version is loaded where it is; a remote one is fetched and checked
+    against its manifest first.
+    """
+    try:
+        if not is_remote(version.uri):
+            return load_model(version.uri)[0]
+        with tempfile.TemporaryDirectory(prefix="podium-serving-") as tmp:
+            fetch_version(version, tmp)
+            return load_model(tmp)[0]
+    except CheckpointFormatError as exc:
+        raise ServingError(f"{version.uri}: {exc}") from None
+
+
+def check_loadable(version: PromotedVersion) -> None:
+    """A staged version in podium's format must load as a model; other formats are left to their hashes."""
+    if META_FILE not in version.manifest["files"]:
+        logger.info("%s is not in podium's checkpoint format: checked by its hashes only", version.uri)
+        return
+    load_version_model(version)
+
+
 def load_promoted_model(serving: str):
     """The current champion as a torch module in eval mode, checked against its manifest.
 
@@ -505,10 +529,6 @@ def load_promoted_model(serving: str):
     current = read_current(serving)
     if current is None:
         raise ServingError(f"nothing has been promoted to {serving!r} yet")
-    with tempfile.TemporaryDirectory(prefix="podium-serving-") as tmp:
-        fetch_version(current, tmp)
-        try:
-            model, _ = load_model(tmp)
-        except CheckpointFormatError as exc:
-            raise ServingError(f"{current.uri}: {exc}") from None
-    return model
+    if not is_remote(current.uri):
+        verify_files(os.path.dirname(current.uri.rstrip("/")), current.manifest)  # served in place: check it first
+    return load_version_model(current)

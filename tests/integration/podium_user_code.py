@@ -56,6 +56,9 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
     with torch.no_grad():
         mse = nn.functional.mse_loss(model(x), y).item()
     epoch = int(state["epoch"])
+    if config.get("paths_log"):
+        with open(config["paths_log"], "a") as f:
+            f.write(f"{checkpoint.path}\n")
     if config.get("calls_log"):
         with open(config["calls_log"], "a") as f:
             f.write(f"{epoch}\n")

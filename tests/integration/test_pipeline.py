@@ -100,12 +100,14 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
     assert len(read_history(locations["serving"])) == 1
 
 
-def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset):
+def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
+    paths_log = tmp_path / "validated-paths.txt"
     cfg = _config("byo", dataset, locations,
                   training={"train_loop": "podium_user_code:train_func", "epochs": 4},
-                  validation={"fn": "podium_user_code:validate_fn", "kwargs": {"fail_epoch": 1, "hang_epoch": 2},
+                  validation={"fn": "podium_user_code:validate_fn",
+                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "paths_log": str(paths_log)},
                               "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
-                  promotion={"metric": "score", "mode": "max"})
+                  promotion={"metric": "score", "mode": "max", "verify": "revalidate"})
     summary = pipeline(cfg, locations["tracking_uri"])
     by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
     assert sorted(by_epoch) == [0, 1, 2, 3]
@@ -117,9 +119,11 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset):
     best = max((by_epoch[s] for s in (0, 3)), key=lambda r: r.metrics["score"])
     assert summary.promotion.promoted.step == best.step
     assert math.isfinite(summary.promotion.promoted.value)
-    # the promoted copy is the user's own checkpoint format, byte for byte
+    # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score
+    # when the user's validation ran on it (verify = "revalidate")
     current = read_current(locations["serving"])
     assert set(current.manifest["files"]) == {"state.pt"}
+    assert current.uri in paths_log.read_text().split()
     # the failed validation was retried once: two attempts, then a final failure
     runs = task_runs("byo", expect_at_least=8)
     for step in (1, 2):

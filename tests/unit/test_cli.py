@@ -28,12 +28,21 @@ def test_flags_become_the_nested_config(tmp_path):
     assert config.data.feature_columns == ["a", "b", "c"]
     assert (config.validation.kwargs, config.validation.concurrency) == ({"k": 1}, 3)
     p = config.promotion
-    assert (p.metric, p.mode, p.min_delta, p.always, p.verify) == ("val_accuracy", "max", 0.01, True, False)
+    assert (p.metric, p.mode, p.min_delta, p.always, p.verify) == ("val_accuracy", "max", 0.01, True, "hashes")
+
+
+def test_verify_modes_and_the_old_bool(tmp_path):
+    assert config_for(["run", "--verify", "revalidate"], tmp_path).promotion.verify == "revalidate"
+    from training.config import ConfigError, build_config
+    assert build_config({"promotion": {"verify": True}}).promotion.verify == "revalidate"
+    assert build_config({"promotion": {"verify": False}}).promotion.verify == "hashes"
+    with pytest.raises(ConfigError, match="verify"):
+        build_config({"promotion": {"verify": "sometimes"}})
 
 
 def test_unset_flags_keep_defaults_and_locations_come_from_home(tmp_path):
     config = config_for(["run"], tmp_path)
-    assert (config.training.epochs, config.scaling.use_gpu, config.promotion.verify) == (5, False, True)
+    assert (config.training.epochs, config.scaling.use_gpu, config.promotion.verify) == (5, False, "load")
     assert config.storage == str(tmp_path / "storage") and config.serving == str(tmp_path / "serving")
     assert config.data.train == str(tmp_path / "data" / "train.parquet")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from training.serving import (
     PromotedVersion,
     ServingError,
     _safe_relpath,
+    check_loadable,
     fetch_version,
     load_promoted_model,
     read_current,
@@ -191,7 +193,7 @@ def test_load_promoted_model_refuses_a_tampered_file(serving, saved_checkpoint):
     weights = Path(version.uri) / "model.pt"
     data = weights.read_bytes()
     weights.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
-    with pytest.raises(ServingError, match="model.pt: sha256 does not match"):
+    with pytest.raises(ServingError, match="model.pt.*sha256"):
         load_promoted_model(serving)
 
 
@@ -199,3 +201,21 @@ def test_load_promoted_model_on_an_empty_serving_location(serving):
     Path(serving).mkdir()
     with pytest.raises(ServingError, match=re.escape(f"nothing has been promoted to {serving!r} yet")):
         load_promoted_model(serving)
+
+
+def test_check_loadable_refuses_a_copy_that_does_not_load(serving, saved_checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(saved_checkpoint.directory, broken)
+    weights = broken / "model.pt"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated at the source: the hashes agree, loading fails
+    version = stage_version(serving, str(broken), {"step": 1})
+    with pytest.raises(ServingError, match="model.pt"):
+        check_loadable(version)
+    check_loadable(stage_version(serving, saved_checkpoint.directory, {"step": 2}))
+
+
+def test_check_loadable_leaves_other_formats_to_their_hashes(serving, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "weights.bin").write_bytes(b"not podium's format")
+    check_loadable(stage_version(serving, str(other), {"step": 1}))
