@@ -10,8 +10,6 @@ its metrics arrive?
  (c) Ray Train's async validation: ValidationConfig(fn=...) + report(..., validation=ValidationTaskConfig)
  (d) podium: `podium run --json` against a local Prefect server it starts and MLflow on SQLite
  (d0) podium again with the validation made cheap (repeat=1): its fixed overhead over (a)
- (d') podium as (d) with the changes BENCHMARKS.md recommends applied from outside (what-if:
-      benchmarks/podium_whatif.py, benchmarks.podium_run.start_server_fixed); podium is not edited
  (a') (a) once more at the end: the machine is shared, this shows how much the load drifted
 
 All train the same job (same data, model, loop, checkpoint cadence) with one Ray Train worker on one
@@ -37,6 +35,7 @@ if __package__ in (None, ""):  # `python benchmarks/compare.py`: make the reposi
 
 from benchmarks.workload import (  # noqa: E402
     PRESETS,
+    CoreSplit,
     calibrate,
     fmt,
     load_average,
@@ -56,10 +55,10 @@ REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 LABELS = {"a": "(a) training only", "b": "(b) inline validation (sync, rank 0)",
           "c": "(c) Ray Train async validation", "d": "(d) podium", "d0": "(d0) podium, cheap validation",
-          "dfix": "(d') podium + proposed fixes (what-if)", "a2": "(a') training only, again"}
+          "a2": "(a') training only, again"}
 # (a) first and last brackets the run (load drift); podium's runs come right after (a), so the ratios that
 # the goals are about compare runs minutes apart, not a quarter of an hour
-ORDER = ("a", "d", "d0", "dfix", "b", "c", "a2")
+ORDER = ("a", "d", "d0", "b", "c", "a2")
 
 
 def log(msg: str) -> None:
@@ -313,10 +312,14 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
         "Cores: one Ray Train worker with 1 CPU (`num_workers=1`, `resources_per_worker={CPU: 1}`) and "
         "validation tasks with `num_cpus=1`, one at a time: Ray Train 2.60 runs one validation at a time "
         "(`MAX_IN_FLIGHT_VALIDATIONS = 1` in `validation_manager.py`), and podium ran with "
-        "`validation.concurrency = 1`, so in (c) and (d) validation has the second core and training the first. "
-        "The local Ray has 2 logical CPUs = the 2 cores. Everything else (podium's flow, the Prefect server, "
-        "MLflow's SQLite writes, Ray's GCS/raylet/controller) has no core of its own and takes its CPU from "
-        "those two. torch uses 1 thread in every process. Ray Train's controller polls every 0.25 s in all "
+        "`validation.concurrency = 1`. "
+        + (f"CPU affinity (`benchmarks.workload.CoreSplit`, the same in every way): {extras['cores']}. So the "
+           "training worker has a core to itself, and validation shares the other core with the orchestration "
+           "(Ray's GCS, raylet and Train controller; in (d) also the `podium run` driver, the Prefect server and "
+           "MLflow's SQLite writes). In (b) the validation runs inside the training worker, on its core. "
+           if extras.get("cores", "").startswith("Ray Train") else
+           "No CPU affinity was set (`--no-pin`): every process takes its CPU from both cores. ")
+        + "torch uses 1 thread in every process. Ray Train's controller polls every 0.25 s in all "
         "ways (podium's `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`).", "",
         table(summaries), "",
         "Definitions. *training wall*: TorchTrainer construction + `fit()` for (a)–(c) (in (c) `fit()` returns "
@@ -351,28 +354,6 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
                   f"{fmt(summaries['d0']['phases']['cli_to_flow']) if 'd0' in summaries else '–'} s in (d0)). "
                   "Command: `PODIUM_HOME=$WORK/podium-home " +
                   d["command"].replace(str(extras.get("work", "")), "$WORK") + "`.", ""]
-    f = summaries.get("dfix")
-    base = baseline(summaries, "train_wall")
-
-    def wall(x: dict[str, Any]) -> str:
-        return f"{fmt(x['train_wall'])} ({fmt(x['train_wall'] / base, 2)}×)" if base else fmt(x["train_wall"])
-
-    if d and f:
-        lines += ["What-if (d'): the same podium run with the recommended changes applied from outside podium "
-                  "(`benchmarks/podium_whatif.py`: progress artifact sent only when it changed, `gc.freeze()` "
-                  "before exit" + ("; Prefect server task-run recorder flush interval 1 s instead of podium's "
-                                   "0.5 s" if extras.get("server_fix") else "; podium's own server, whose flush "
-                                   "setting no longer needs the fix") + "; see Findings):", "",
-                  markdown_table(["", "(d) podium", "(d') with fixes"], [
-                      ["training wall s (× (a))", wall(d), wall(f)],
-                      ["validation fn p50 s", fmt(d.get("val_p50"), 2), fmt(f.get("val_p50"), 2)],
-                      ["ckpt→metrics p50 / p95 s", f"{fmt(d.get('lat_p50'), 2)} / {fmt(d.get('lat_p95'), 2)}",
-                       f"{fmt(f.get('lat_p50'), 2)} / {fmt(f.get('lat_p95'), 2)}"],
-                      ["Prefect server CPU-s during the run", fmt(d["server_cpu_s"]), fmt(f["server_cpu_s"])],
-                      ["`podium run` driver CPU-s", fmt(d["driver_cpu_s"]), fmt(f["driver_cpu_s"])],
-                      ["JSON printed → process exit s", fmt(d["phases"]["exit_after_json"]),
-                       fmt(f["phases"]["exit_after_json"])],
-                      ["process wall s", fmt(d["process_wall"]), fmt(f["process_wall"])]]), ""]
     g = goals(summaries)
     if g:
         lines += ["Goals (stock podium, (d) and (d0)):", "", markdown_table(["goal", "measured", ""], g), ""]
@@ -392,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="keep data, storage and logs here (default: a temporary folder, removed)")
     p.add_argument("--output", default=str(BENCHMARKS_MD), help="markdown file to update (default: BENCHMARKS.md)")
     p.add_argument("--write", action="store_true", help="with --smoke: write the section to --output anyway")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not give the training worker a core of its own (see workload.CoreSplit)")
     args = p.parse_args(argv)
     preset = "smoke" if args.smoke else "quick" if args.quick else "full"
     # --smoke runs only (c): it exercises the most of the harness (the loop wrapper, the validation
@@ -416,37 +399,35 @@ def main(argv: list[str] | None = None) -> int:
         extras: dict[str, Any] = {"work": str(work)}
         home = str(work / "podium-home")
         api = None
+        pinning = CoreSplit(enabled=not args.no_pin)
+        extras["cores"] = pinning.describe()
         try:
             for key in [k for k in ORDER if k in wanted]:
                 log(f"running {LABELS[key]}")
-                if key in ("d", "d0", "dfix"):
+                if key in ("d", "d0"):
                     from benchmarks import podium_run as pr
 
-                    command, fix_home, fix_api = None, home, api
-                    if key == "dfix":
-                        command = [sys.executable, "-m", "benchmarks.podium_whatif"]
-                        extras["server_fix"] = pr.server_fix_needed()
-                        if extras["server_fix"]:
-                            # a second home: its own server, started with the proposed server setting
-                            fix_home = str(work / "podium-home-fix")
-                            fix_api, _ = pr.start_server_fixed(fix_home)
-                    if api is None and not (key == "dfix" and extras["server_fix"]):
-                        api, extras["server_start_s"] = pr.start_server(home)
-                        fix_api = api if key == "dfix" else fix_api
                     timing = str(work / f"{key}-timing.jsonl")
                     cfg = podium_config(workload, run_name=f"bench-{key}", train=train, val=val,
                                         storage=str(work / "storage"), serving=str(work / f"serving-{key}"),
                                         timing_log=timing, concurrency=1, repeat=1 if key == "d0" else None)
-                    try:
-                        run = pr.run_podium(fix_home if key == "dfix" else home, cfg, str(work), command=command)
-                        c = pr.collect(run, fix_api if key == "dfix" else api, timing)
-                    finally:
-                        if key == "dfix" and fix_home != home:
-                            pr.stop_server(fix_home)
+                    with pinning:
+                        if api is None:  # the server inherits the non-training cores too
+                            api, extras["server_start_s"] = pr.start_server(home)
+                        run = pr.run_podium(home, cfg, str(work))
+                    c = pr.collect(run, api, timing)
                     summaries[key] = summarize_podium(LABELS[key], run, c, 1)
                 else:
                     spec = variant_spec(key, work, workload, train, val)
-                    summaries[key] = summarize_bare(key, run_variant_process(key, spec, work), spec)
+                    with pinning:
+                        out = run_variant_process(key, spec, work)
+                    summaries[key] = summarize_bare(key, out, spec)
+                if pinning.enabled:
+                    log(f"{key}: train worker processes pinned {pinning.pinned} (pid: s after start)")
+                    if not pinning.pinned:
+                        log(f"{key}: WARNING no Ray Train worker was seen: training was not pinned")
+                    extras.setdefault("pinned", {})[key] = len(pinning.pinned)
+                    pinning.pinned.clear()
                 loads.append(f"after {key}: {load_average()}")
         finally:
             if api is not None:

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -50,47 +49,6 @@ def start_server(home: str) -> tuple[str, float]:
     out = subprocess.run([PODIUM, "server", "start"], env=podium_env(home), capture_output=True, text=True,
                          timeout=300, check=True).stdout
     url = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Prefect API"))
-    return url, time.time() - t
-
-
-FLUSH_KEY = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL"
-
-
-def server_fix_needed() -> bool:
-    """True if podium starts its Prefect server with a task-run recorder flush interval below 1 s:
-    Prefect 3.8 reads it with int(), so e.g. 0.5 becomes 0 and the recorder loops without sleeping."""
-    from podium.services import _prefect_env
-
-    value = _prefect_env(Path(tempfile.gettempdir())).get(FLUSH_KEY)
-    try:
-        return value is not None and float(value) < 1
-    except ValueError:
-        return False
-
-
-def start_server_fixed(home: str, port: int = 4200) -> tuple[str, float]:
-    """What-if: the local Prefect server exactly as podium starts it, except a task-run recorder flush
-    interval of 1 s where podium asks for less (see server_fix_needed). Writes the state file podium
-    looks for, so `podium run` under `home` uses this server and `podium server stop` stops it."""
-    from podium.services import _free_port, _healthy, _prefect_env
-
-    t = time.time()
-    prefect_home = Path(home) / "prefect"
-    prefect_home.mkdir(parents=True, exist_ok=True)
-    port = _free_port(port)
-    url = f"http://127.0.0.1:{port}/api"
-    env = _prefect_env(prefect_home)
-    if server_fix_needed():
-        env[FLUSH_KEY] = "1"
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-                             str(port)], env=env, stdout=open(prefect_home / "server.log", "ab"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    while not _healthy(url):
-        if proc.poll() is not None or time.time() - t > 300:
-            proc.kill()
-            raise RuntimeError(f"Prefect server did not start; see {prefect_home / 'server.log'}")
-        time.sleep(0.5)
-    (prefect_home / "server.json").write_text(json.dumps({"pid": proc.pid, "api_url": url}))
     return url, time.time() - t
 
 
@@ -137,17 +95,14 @@ class PeakRss(threading.Thread):
             time.sleep(self.every_s)
 
 
-def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600,
-               command: list[str] | None = None) -> dict[str, Any]:
-    """`podium run --json --config <file>` under `home`; the JSON summary plus process facts.
-
-    `command` replaces the `podium` executable (e.g. a wrapper that tries a proposed fix)."""
+def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600) -> dict[str, Any]:
+    """`podium run --json --config <file>` under `home`; the JSON summary plus process facts."""
     cfg_path = Path(workdir) / f"{config['run_name']}.json"
     cfg_path.write_text(json.dumps(config, indent=2))
     env = podium_env(home)
     srv = server_pid(home)
     srv_cpu0 = cpu_seconds(srv)
-    cmd = [*(command or [PODIUM]), "run", "--json", "--config", str(cfg_path)]
+    cmd = [PODIUM, "run", "--json", "--config", str(cfg_path)]
     log = open(Path(workdir) / f"{config['run_name']}.log", "w")
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=workdir)

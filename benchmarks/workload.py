@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -176,6 +177,91 @@ class FileSink:
     def put(self, event: CheckpointEvent) -> None:
         """Record the announcement."""
         append_jsonl(self.path, {"kind": "persisted", **event.to_dict()})
+
+
+class CoreSplit:
+    """Training on a core of its own; validation and everything else on the other(s).
+
+    Used as `with split:` around one way of running the job. On entry this process's
+    CPU affinity becomes the "other" cores, so every process it starts (Ray's GCS and
+    raylet, the workers, the Prefect server, `podium run`) inherits them; a watcher
+    thread moves each Ray Train worker process (process title `ray::RayTrainWorker`),
+    all of its threads, onto the training core as soon as it appears. Ray itself does
+    not pin CPUs: this does from outside, the same way for every variant, and neither
+    podium nor the loops know about it. With fewer than two usable cores it does nothing.
+    """
+
+    MARKER = b"RayTrainWorker"
+
+    def __init__(self, enabled: bool = True, poll_s: float = 0.05):
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.enabled = enabled and len(cpus) >= 2
+        self.all = set(cpus)
+        self.train = set(cpus[:1])
+        self.other = set(cpus[1:])
+        self.poll_s = poll_s
+        self.pinned: dict[int, float] = {}  # pid -> seconds from entering the block to being pinned
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._entered = 0.0
+
+    def describe(self) -> str:
+        """How the cores were shared, for BENCHMARKS.md."""
+        if not self.enabled:
+            return "no pinning (fewer than 2 usable cores)"
+        return (f"Ray Train worker processes on core {sorted(self.train)}, everything else on core(s) "
+                f"{sorted(self.other)}")
+
+    def __enter__(self) -> "CoreSplit":
+        if self.enabled:
+            self._entered = time.time()
+            os.sched_setaffinity(0, self.other)
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="core-split", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.enabled:
+            os.sched_setaffinity(0, self.all)
+
+    def _pin_threads(self, pid: int) -> None:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return
+        for tid in tids:
+            try:
+                if os.sched_getaffinity(tid) != self.train:
+                    os.sched_setaffinity(tid, self.train)
+            except OSError:  # the thread (or process) is gone
+                pass
+
+    def _watch(self) -> None:
+        ignored: set[int] = set()
+        while not self._stop.wait(self.poll_s):
+            for pid in list(self.pinned):  # threads started since the last pass
+                self._pin_threads(pid)
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                pid = int(name)
+                if pid in self.pinned or pid in ignored:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmdline = f.read()
+                except OSError:
+                    continue
+                if self.MARKER in cmdline:
+                    self._pin_threads(pid)
+                    self.pinned[pid] = time.time() - self._entered
+                elif not (cmdline.startswith(b"ray::") or b"default_worker.py" in cmdline):
+                    ignored.add(pid)  # not a Ray worker (a Ray worker may still become a train worker)
 
 
 def calibrate(workload: Workload, train: str, val: str) -> Workload:
