@@ -9,7 +9,7 @@ import math
 import os
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel
 from prefect import task
@@ -28,6 +28,8 @@ from tasks.tracking import (
 from tasks.train import connect_ray
 from tasks.validate import validate
 from training import serving as srv
+from training.lease import ObjectLease, lease_uri
+from training.storage import is_s3, s3_settings
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +95,8 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVer
                                f"was recorded with {expected}: not promoted")
 
 
-def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision) -> Promoted:
+def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
+            still_locked: Callable[[], None] = lambda: None) -> Promoted:
     """Copy the chosen checkpoint into a new serving version, verify it, make it current, register it."""
     p = plan.config.promotion
     record = decision.candidate
@@ -103,7 +106,9 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision) -> Promote
                             "metrics": record.metrics, "model_id": record.model_id}
     version = srv.stage_version(plan.serving, record.uri, info)
     check_copy(plan, record, version)
+    still_locked()
     srv.seal_version(plan.serving, version)
+    still_locked()
     srv.switch_current(plan.serving, version, decision.reason)
     mlflow_version = register_champion(
         tracking, record, version.uri, p.registered_model, p.alias,
@@ -138,19 +143,26 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
 
 
 @contextlib.contextmanager
-def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[None]:
-    """One promoter at a time per serving location, from decision to alias.
+def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[[], None]]:
+    """One promoter at a time per serving location, from decision to alias; yields a `check()`.
 
     Without it two promoters could each switch CURRENT and move the alias in
     interleaved order, leaving the registry naming another version than serving.
     Local locations use an flock on <serving>/.promotion.lock (released by the
-    kernel if the process dies). Object stores have no lock primitive podium
-    relies on yet: there, run one promoter at a time (e.g. a Prefect concurrency
-    limit on the promotion deployment).
+    kernel if the process dies). On S3 the lock is a lease object written with
+    conditional PUTs (`training.lease.ObjectLease`), renewed while held; a dead
+    holder's lease expires after PODIUM_S3_LEASE_TTL_S (30 s). `check()` raises if the lease was
+    lost (its holder stalled past the TTL and another promoter took it over):
+    promotion calls it before every step that others can see.
     """
     location = srv.normalize_location(serving)
-    if srv.is_remote(location):
-        yield
+    if is_s3(location):
+        with ObjectLease(lease_uri(location), ttl_s=s3_settings().lease_ttl_s).acquire(timeout_s) as lease:
+            yield lease.check
+        return
+    if srv.is_remote(location):  # no lock primitive podium knows for this store
+        logger.warning("%s: no promotion lock on this store; run one promoter at a time", serving)
+        yield lambda: None
         return
     os.makedirs(location, exist_ok=True)
     with open(os.path.join(location, ".promotion.lock"), "a+") as f:
@@ -164,7 +176,7 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[None]:
                     raise srv.ServingError(f"{serving}: another promotion held the lock for {timeout_s:g} s") from None
                 time.sleep(0.2)
         try:
-            yield
+            yield lambda: None
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
@@ -180,9 +192,9 @@ def record_attempt(serving: str, tracking: TrackingRun, outcome: "PromotionOutco
 def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
     """Decide on the run's records and promote if the decision says so (under the promotion lock)."""
     records = list_records(tracking)
-    with promotion_lock(plan.serving):
+    with promotion_lock(plan.serving) as still_locked:
         decision, champion = decide(plan, records)  # against the champion as it is now, inside the lock
-        promoted = promote(plan, tracking, decision) if decision.promote else None
+        promoted = promote(plan, tracking, decision, still_locked) if decision.promote else None
         if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
             finish_registration(plan, tracking, decision.candidate)
         outcome = PromotionOutcome(promoted=promoted, reason=decision.reason,
@@ -210,12 +222,12 @@ class RollbackOutcome(BaseModel):
 def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
               to_version: str | None = None) -> RollbackOutcome:
     """Point CURRENT back at the previous champion (or `to_version`) atomically; the alias follows."""
-    with promotion_lock(serving):
-        return _roll_back(serving, tracking_uri, registered_model, alias, to_version)
+    with promotion_lock(serving) as still_locked:
+        return _roll_back(serving, tracking_uri, registered_model, alias, to_version, still_locked)
 
 
 def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
-               to_version: str | None) -> RollbackOutcome:
+               to_version: str | None, still_locked: Callable[[], None]) -> RollbackOutcome:
     current = srv.read_current(serving)
     if current is None:
         raise srv.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
@@ -225,6 +237,7 @@ def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: st
     target = srv.read_version(serving, target_name)
     if target is None:
         raise srv.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
+    still_locked()
     srv.switch_current(serving, target, f"rollback from {current.version}")
     version = registered_version_for(tracking_uri, registered_model, target.uri)
     if version is not None:

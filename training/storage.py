@@ -75,6 +75,9 @@ class S3Settings(BaseSettings):
                               description="Part size of checkpoint uploads and ranged downloads (MiB).")
     concurrency: int = Field(4, ge=1, le=64, validation_alias="PODIUM_S3_CONCURRENCY",
                              description="Parts of one file in flight at once.")
+    lease_ttl_s: float = Field(30.0, gt=0, le=3600, validation_alias="PODIUM_S3_LEASE_TTL_S",
+                               description="Promotion lock on S3: a holder that stops renewing its lease for "
+                                           "this long (it died) is taken over.")
 
     @property
     def style(self) -> str:
@@ -91,7 +94,8 @@ class S3Settings(BaseSettings):
 
 # where s3:// goes, never who is asking: safe to forward to Ray workers (runtime_env) and to show
 S3_SETTING_ENV = ("PODIUM_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "PODIUM_S3_REGION", "AWS_REGION",
-                  "AWS_DEFAULT_REGION", "PODIUM_S3_ADDRESSING_STYLE", "PODIUM_S3_PART_SIZE_MB", "PODIUM_S3_CONCURRENCY")
+                  "AWS_DEFAULT_REGION", "PODIUM_S3_ADDRESSING_STYLE", "PODIUM_S3_PART_SIZE_MB", "PODIUM_S3_CONCURRENCY",
+                  "PODIUM_S3_LEASE_TTL_S")
 
 
 def s3_environment() -> dict[str, str]:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -280,8 +281,10 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     assert again.promoted is None or again.promoted.version == current.version
 
 
-def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tmp_path):
-    """The same with a real SIGKILL: no exception handler, no cleanup, multipart uploads left open."""
+def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tmp_path, monkeypatch):
+    """The same with a real SIGKILL: no exception handler, no cleanup, multipart uploads left open, and
+    the dead promoter's lease left behind (taken over once it expires: 3 s here, 30 s by default)."""
+    monkeypatch.setenv("PODIUM_S3_LEASE_TTL_S", "3")
     plan, tracking = promotion_setup
     script = tmp_path / "promote_and_die.py"
     script.write_text(textwrap.dedent(f"""
@@ -306,8 +309,10 @@ def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tm
     current = read_current(plan.serving)
     assert current.version == "v000001" and current.manifest["step"] == 1
     assert torch.allclose(_outputs(load_promoted_model(plan.serving)), _reference_outputs(tmp_path, 1))
+    assert s3_filesystem().exists(f"{plan.serving}/.promotion.lock")  # the dead promoter's lease
     promote_best_checkpoint(plan, tracking)
     assert read_current(plan.serving).manifest["step"] == 2
+    assert not s3_filesystem().exists(f"{plan.serving}/.promotion.lock")
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,3 +432,112 @@ def test_unusable_location_fails_before_training_and_writes_nothing(strict_s3, d
     writer = server.client(key_id=strict_s3["writer"][0], secret=strict_s3["writer"][1])
     assert not writer.list_objects_v2(Bucket="podium-strict", Prefix=f"{case}/").get("Contents")
     assert "podium-no-such-bucket" not in {b["Name"] for b in writer.list_buckets()["Buckets"]}
+
+
+# --------------------------------------------------------------------------------------------
+# The promotion lock on S3: a lease object written with conditional PUTs
+
+LEASE_HOLDER = """
+import sys, time
+from training.lease import LeaseError, ObjectLease
+lease = ObjectLease(sys.argv[1], ttl_s=float(sys.argv[2])).acquire(timeout_s=30)
+print("held", flush=True)
+while True:
+    time.sleep(0.1)
+    try:
+        lease.check()
+    except LeaseError as exc:
+        print("lost:", exc, flush=True)
+        sys.exit(3)
+"""
+
+
+def _hold_lease(tmp_path: Path, uri: str, ttl_s: float) -> subprocess.Popen:
+    script = tmp_path / "hold_lease.py"
+    script.write_text(LEASE_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(script), uri, str(ttl_s)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_s3_lease_excludes_others_and_is_taken_over_when_its_holder_dies(s3, tmp_path):
+    from training.lease import LeaseError, ObjectLease
+
+    uri = f"s3://{BUCKET}/{tmp_path.name}/serving/.promotion.lock"
+    holder = _hold_lease(tmp_path, uri, ttl_s=2.0)
+    try:
+        # alive and renewing: nobody else gets it, and the error names the holder
+        with pytest.raises(LeaseError, match=f"held by pid {holder.pid}"):
+            ObjectLease(uri, ttl_s=2.0).acquire(timeout_s=3)  # longer than the TTL: renewals keep it held
+    finally:
+        holder.kill()  # SIGKILL: no release, the lease object stays behind
+        holder.wait()
+    fs = s3_filesystem()
+    assert fs.exists(uri)
+    # once the dead holder's lease has expired, the next promoter takes it over
+    lease = ObjectLease(uri, ttl_s=2.0).acquire(timeout_s=15)
+    assert json.loads(fs.cat_file(uri))["owner"] == lease.owner
+    lease.release()
+    assert not fs.exists(uri)
+
+
+def test_s3_lease_holder_that_stalls_past_its_ttl_learns_it_lost_the_lease(s3, tmp_path):
+    from training.lease import ObjectLease
+
+    uri = f"s3://{BUCKET}/{tmp_path.name}/serving/.promotion.lock"
+    holder = _hold_lease(tmp_path, uri, ttl_s=1.5)
+    try:
+        holder.send_signal(signal.SIGSTOP)  # a promoter frozen (GC pause, VM stall) longer than its TTL
+        with ObjectLease(uri, ttl_s=30).acquire(timeout_s=15) as ours:
+            holder.send_signal(signal.SIGCONT)
+            out, _ = holder.communicate(timeout=30)
+            # its next renewal fails its If-Match: it knows, and stops before touching serving
+            assert holder.returncode == 3 and "taken over" in out
+            ours.check()
+            assert json.loads(s3_filesystem().cat_file(uri))["owner"] == ours.owner
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+PROMOTER = """
+import os, sys, time, json
+from tasks.plan import RunPlan
+from tasks.promote import promote_best_checkpoint
+from tasks.tracking import TrackingRun
+plan = RunPlan.model_validate_json(open(sys.argv[1]).read())
+tracking = TrackingRun(**json.load(open(sys.argv[2])))
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.01)
+out = promote_best_checkpoint(plan, tracking)
+print(json.dumps({"promoted": out.promoted.version if out.promoted else None, "reason": out.reason}), flush=True)
+"""
+
+
+def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_setup, tmp_path):
+    plan, tracking = promotion_setup
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    (tmp_path / "tracking.json").write_text(json.dumps(dataclasses.asdict(tracking)))
+    (tmp_path / "promoter.py").write_text(PROMOTER)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "promoter.py"), str(tmp_path / "plan.json"),
+                               str(tmp_path / "tracking.json"), str(go)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(3)  # both imported and waiting
+    go.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    # exactly one promoted step 2; the other, inside the lock, saw it as the champion already
+    assert sorted(str(o["promoted"]) for o in outs) == ["None", "v000002"]
+    current = read_current(plan.serving)
+    assert current.version == "v000002" and current.manifest["step"] == 2
+    assert [h["version"] for h in read_history(plan.serving)] == ["v000001", "v000002"]
+    client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    assert client.get_model_version_by_alias(plan.config.promotion.registered_model, "champion").source == current.uri
+    fs = s3_filesystem()
+    attempts = fs.ls(f"{plan.serving}/attempts")
+    assert len(attempts) == 3  # the setup's first promotion and both of these
+    assert not fs.exists(f"{plan.serving}/.promotion.lock")

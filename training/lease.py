@@ -1,0 +1,179 @@
+"""A lock on an S3 location, built from conditional writes: one lease object per location.
+
+    <serving>/.promotion.lock   {"owner", "host", "pid", "acquired_at", "renewed_at", "ttl_s"}
+
+- Taken with a conditional PUT (`If-None-Match: *`): of two promoters, exactly one creates it.
+- Renewed by its holder every `ttl_s / 3` with a conditional PUT on the ETag it last wrote
+  (`If-Match`), so nobody else's lease is ever overwritten.
+- A holder that dies stops renewing. Once `renewed_at + ttl_s` has passed (the clocks of
+  promoters are assumed to agree to well within `ttl_s`), another promoter takes the stale
+  lease over with a conditional PUT on the stale object's ETag: of several takers, one wins.
+- Released with a conditional DELETE (`If-Match`), which removes only our own lease.
+
+A holder that could not renew in time has lost the lease; `check()` then raises, and the
+promotion stops before it switches CURRENT. This needs an S3 store with conditional writes
+(AWS S3 since 2024, and moto); a store that ignores the conditions would not be a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from fsspec.asyn import sync
+
+from training.storage import fsspec_filesystem, split_s3
+
+logger = logging.getLogger(__name__)
+
+CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+
+
+class LeaseError(RuntimeError):
+    """The lease could not be taken in time, or was lost while held."""
+
+
+def _code(exc: BaseException) -> str:
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if response:
+            return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _conflict(exc: BaseException) -> bool:
+    """A condition (If-Match / If-None-Match) did not hold: someone else's write came first."""
+    return isinstance(exc, FileExistsError) or _code(exc) in CONFLICT_CODES
+
+
+class ObjectLease:
+    """An exclusive, expiring lease on one S3 object (see the module docstring)."""
+
+    def __init__(self, uri: str, ttl_s: float = 60.0, poll_s: float = 0.5):
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s = {ttl_s!r}: expected a positive number of seconds")
+        self.uri = uri
+        self.ttl_s = ttl_s
+        self.poll_s = poll_s
+        self.fs, _ = fsspec_filesystem(uri)
+        self.bucket, self.key = split_s3(uri)
+        self.owner = uuid.uuid4().hex
+        self._etag: str | None = None
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- S3 calls
+
+    def _call(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        return sync(self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, Key=self.key, **kwargs)
+
+    def _body(self, acquired_at: float) -> bytes:
+        now = time.time()
+        return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
+                           "acquired_at": acquired_at, "renewed_at": now, "ttl_s": self.ttl_s}).encode()
+
+    def _read(self) -> tuple[dict[str, Any], str] | None:
+        """The current lease document and its ETag, or None if there is none."""
+        try:
+            out = self._call("get_object")
+        except FileNotFoundError:
+            return None
+        body = sync(self.fs.loop, out["Body"].read)
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = {}  # unreadable: treated as expired
+        return doc, out["ETag"]
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def acquire(self, timeout_s: float = 600.0) -> "ObjectLease":
+        """Take the lease, waiting up to `timeout_s` for its holder to release it or let it expire."""
+        deadline = time.monotonic() + timeout_s
+        acquired_at = time.time()
+        holder: dict[str, Any] = {}
+        waited = False
+        while True:
+            try:
+                self._etag = self._call("put_object", Body=self._body(acquired_at), IfNoneMatch="*")["ETag"]
+                break
+            except Exception as exc:
+                if not _conflict(exc):
+                    raise
+            current = self._read()
+            if current is not None:
+                holder, etag = current
+                expires = float(holder.get("renewed_at", 0)) + float(holder.get("ttl_s", 0))
+                if time.time() > expires:  # its holder stopped renewing: take it over, one taker wins
+                    try:
+                        self._etag = self._call("put_object", Body=self._body(acquired_at), IfMatch=etag)["ETag"]
+                        logger.warning("took over the expired lease %s of %s (pid %s on %s)", self.uri,
+                                       holder.get("owner"), holder.get("pid"), holder.get("host"))
+                        break
+                    except Exception as exc:
+                        if not _conflict(exc) and not isinstance(exc, FileNotFoundError):
+                            raise
+                    continue
+            if not waited and holder:
+                waited = True
+                logger.warning("promotion lock %s is held by pid %s on %s; waiting up to %g s for it to be released "
+                               "or to expire (%g s after its last renewal)", self.uri, holder.get("pid"),
+                               holder.get("host"), timeout_s, float(holder.get("ttl_s", 0)))
+            if time.monotonic() > deadline:
+                raise LeaseError(f"{self.uri}: held by pid {holder.get('pid')} on {holder.get('host')} "
+                                 f"for longer than {timeout_s:g} s")
+            time.sleep(self.poll_s)
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, args=(acquired_at,), name="lease-renewer",
+                                         daemon=True)
+        self._renewer.start()
+        return self
+
+    def _renew_loop(self, acquired_at: float) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self._etag = self._call("put_object", Body=self._body(acquired_at), IfMatch=self._etag)["ETag"]
+            except Exception as exc:  # taken over (we were too slow) or the store is unreachable
+                if _conflict(exc) or isinstance(exc, FileNotFoundError):
+                    self._lost = f"{self.uri}: the lease was taken over by another promoter"
+                    logger.error(self._lost)
+                    return
+                logger.warning("could not renew the lease %s (%s); retrying", self.uri, exc)
+
+    def check(self) -> None:
+        """Raise LeaseError if the lease was lost (taken over after it expired)."""
+        if self._lost:
+            raise LeaseError(self._lost)
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease, if it is still ours."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=10)
+            self._renewer = None
+        if self._etag is None or self._lost:
+            return
+        try:
+            self._call("delete_object", IfMatch=self._etag)
+        except Exception as exc:  # someone else's now, or gone; it expires on its own
+            logger.warning("could not release the lease %s: %s", self.uri, exc)
+        self._etag = None
+
+    def __enter__(self) -> "ObjectLease":
+        return self if self._etag is not None else self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def lease_uri(location: str, name: str = ".promotion.lock") -> str:
+    """The lease object of a location."""
+    return posixpath.join(location.rstrip("/"), name)
