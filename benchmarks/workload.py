@@ -93,7 +93,7 @@ def validate_kwargs(workload: Workload, val: str, timing_log: str | None) -> dic
 
 
 def podium_config(workload: Workload, *, run_name: str, train: str, val: str, storage: str, serving: str,
-                  timing_log: str | None, concurrency: int = 1, verify: bool = True,
+                  timing_log: str | None, concurrency: int = 1, verify: str | None = None,
                   repeat: int | None = None) -> dict[str, Any]:
     """The same job as a podium config file (one worker on one CPU, validation on one CPU)."""
     kwargs = validate_kwargs(workload, val, timing_log)
@@ -109,7 +109,7 @@ def podium_config(workload: Workload, *, run_name: str, train: str, val: str, st
         "scaling": {"num_workers": 1, "cpus_per_worker": 1},
         "validation": {"fn": VALIDATE_FN, "kwargs": kwargs, "concurrency": concurrency, "num_cpus": 1,
                        "retries": 0, "timeout_s": 3600},
-        "promotion": {"verify": verify},
+        "promotion": {"verify": verify} if verify else {},  # default: podium's own
     }
 
 
