@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import math
-import os
 import time
 import uuid
 from typing import Any, Callable, Iterator
@@ -28,8 +26,7 @@ from tasks.tracking import (
 from tasks.train import connect_ray
 from tasks.validate import validate
 from training import serving as srv
-from training.lease import ObjectLease, lease_uri
-from training.storage import is_s3, s3_settings
+from training.lease import LeaseError, location_lock
 
 logger = logging.getLogger(__name__)
 
@@ -148,37 +145,16 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[
 
     Without it two promoters could each switch CURRENT and move the alias in
     interleaved order, leaving the registry naming another version than serving.
-    Local locations use an flock on <serving>/.promotion.lock (released by the
-    kernel if the process dies). On S3 the lock is a lease object written with
-    conditional PUTs (`training.lease.ObjectLease`), renewed while held; a dead
-    holder's lease expires after PODIUM_S3_LEASE_TTL_S (30 s). `check()` raises if the lease was
-    lost (its holder stalled past the TTL and another promoter took it over):
+    `<serving>/.promotion.lock`: an flock locally, a lease object on S3
+    (`training.lease.location_lock`). `check()` raises if an S3 lease was lost
+    (its holder stalled past the TTL and another promoter took it over):
     promotion calls it before every step that others can see.
     """
-    location = srv.normalize_location(serving)
-    if is_s3(location):
-        with ObjectLease(lease_uri(location), ttl_s=s3_settings().lease_ttl_s).acquire(timeout_s) as lease:
-            yield lease.check
-        return
-    if srv.is_remote(location):  # no lock primitive podium knows for this store
-        logger.warning("%s: no promotion lock on this store; run one promoter at a time", serving)
-        yield lambda: None
-        return
-    os.makedirs(location, exist_ok=True)
-    with open(os.path.join(location, ".promotion.lock"), "a+") as f:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise srv.ServingError(f"{serving}: another promotion held the lock for {timeout_s:g} s") from None
-                time.sleep(0.2)
-        try:
-            yield lambda: None
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    try:
+        with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
+            yield check
+    except LeaseError as exc:
+        raise srv.ServingError(str(exc)) from None
 
 
 def record_attempt(serving: str, tracking: TrackingRun, outcome: "PromotionOutcome") -> None:

@@ -1,4 +1,7 @@
-"""A lock on an S3 location, built from conditional writes: one lease object per location.
+"""Locks on a location: an flock on local paths, a lease object built from conditional writes on S3.
+
+`location_lock(location, name)` is what podium uses (one promoter per serving location, one
+`podium run` per run name); `ObjectLease` is the S3 half:
 
     <serving>/.promotion.lock   {"owner", "host", "pid", "acquired_at", "renewed_at", "ttl_s"}
 
@@ -17,6 +20,8 @@ promotion stops before it switches CURRENT. This needs an S3 store with conditio
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -25,11 +30,11 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from fsspec.asyn import sync
 
-from training.storage import fsspec_filesystem, split_s3
+from training.storage import fsspec_filesystem, is_remote, is_s3, normalize_location, s3_settings, split_s3
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +133,7 @@ class ObjectLease:
                                "or to expire (%g s after its last renewal)", self.uri, holder.get("pid"),
                                holder.get("host"), timeout_s, float(holder.get("ttl_s", 0)))
             if time.monotonic() > deadline:
-                raise LeaseError(f"{self.uri}: held by pid {holder.get('pid')} on {holder.get('host')} "
-                                 f"for longer than {timeout_s:g} s")
+                raise LeaseError(f"{self.uri} is held by {_holder_words(holder)} (waited {timeout_s:g} s)")
             time.sleep(self.poll_s)
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, args=(acquired_at,), name="lease-renewer",
@@ -174,6 +178,58 @@ class ObjectLease:
         self.release()
 
 
-def lease_uri(location: str, name: str = ".promotion.lock") -> str:
-    """The lease object of a location."""
-    return posixpath.join(location.rstrip("/"), name)
+def _holder_words(holder: dict[str, Any]) -> str:
+    return f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "another process"
+
+
+@contextlib.contextmanager
+def location_lock(location: str, name: str, timeout_s: float, what: str) -> Iterator[Callable[[], None]]:
+    """Hold `<location>/<name>` exclusively for the block; yields a `check()` that raises if the lock was lost.
+
+    Local paths: an flock on the file, released by the kernel if the process dies; the
+    holder's pid and host are written into it for the message others get. S3: an
+    `ObjectLease` with the TTL of PODIUM_S3_LEASE_TTL_S, whose `check()` raises once the
+    lease was taken over. Other stores have no lock podium can take: a warning, no lock.
+    Waits up to `timeout_s`, then raises LeaseError naming `what` and the holder.
+    """
+    location = normalize_location(location)
+    if is_s3(location):
+        lease = ObjectLease(posixpath.join(location.rstrip("/"), name), ttl_s=s3_settings().lease_ttl_s)
+        try:
+            lease.acquire(timeout_s)
+        except LeaseError as exc:
+            raise LeaseError(f"{what}: {exc}") from None
+        try:
+            yield lease.check
+        finally:
+            lease.release()
+        return
+    if is_remote(location):
+        logger.warning("%s: no lock on this store (%s); run one at a time", location, what)
+        yield lambda: None
+        return
+    os.makedirs(location, exist_ok=True)
+    with open(os.path.join(location, name), "a+") as f:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    try:
+                        f.seek(0)
+                        holder = json.loads(f.read() or "{}")
+                    except ValueError:
+                        holder = {}
+                    raise LeaseError(f"{what}: {os.path.join(location, name)} is held by {_holder_words(holder)} "
+                                     f"(waited {timeout_s:g} s)") from None
+                time.sleep(0.2)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+            f.flush()
+            yield lambda: None
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

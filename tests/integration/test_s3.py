@@ -467,7 +467,7 @@ def test_s3_lease_excludes_others_and_is_taken_over_when_its_holder_dies(s3, tmp
     holder = _hold_lease(tmp_path, uri, ttl_s=2.0)
     try:
         # alive and renewing: nobody else gets it, and the error names the holder
-        with pytest.raises(LeaseError, match=f"held by pid {holder.pid}"):
+        with pytest.raises(LeaseError, match=f"held by pid {holder.pid} on "):
             ObjectLease(uri, ttl_s=2.0).acquire(timeout_s=3)  # longer than the TTL: renewals keep it held
     finally:
         holder.kill()  # SIGKILL: no release, the lease object stays behind
