@@ -16,6 +16,7 @@ from tasks.report import Progress, publish_reports, say
 from tasks.selection import CheckpointRecord
 from tasks.tracking import (
     TrackingRun,
+    TrackingUnavailable,
     close_tracking_run,
     list_records,
     log_training_metrics,
@@ -78,9 +79,16 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
         say("training done; %d checkpoints, %d validated, %d failed", len(records),
             sum(r.status == "validated" for r in records), sum(r.status == "failed" for r in records))
         outcome = promote_best_checkpoint_task(plan, tracking)
-    except BaseException:
-        validations.finish()
-        close_tracking_run(tracking, failed=True)
+    except BaseException as exc:
+        tracking_down = isinstance(exc, TrackingUnavailable)
+        if tracking_down:  # nothing more can be recorded: verdicts not written stay pending for a resume
+            say("%s; stopping (run it again once the server answers: it resumes)", exc)
+        validations.wind_down(validate_queued=not tracking_down)
+        if not tracking_down:
+            try:
+                close_tracking_run(tracking, failed=True)
+            except TrackingUnavailable as close_exc:  # keep the original failure as the one raised
+                say("%s", close_exc)
         raise
     finally:
         stream.close()

@@ -58,6 +58,24 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
 class CliError(Exception):
     """A user error: printed without a traceback, exit code 2."""
 
+    exit_code = 2
+
+
+class ServerUnreachable(CliError):
+    """A server podium records to stopped answering during a run: printed without a traceback, exit
+    code 3. The run can be resumed."""
+
+    exit_code = 3
+
+
+def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:
+    """What to tell someone whose run stopped because the MLflow tracking server did not answer."""
+    return (f"{exc}.\n"
+            f"  The run {run_name!r} stopped. What MLflow already recorded is kept, and so are the checkpoints "
+            "in storage.\n"
+            f"  Once the server answers again, run the same `podium {command}` (same --run-name): it resumes, "
+            "and checkpoints that already have a verdict are not validated again.")
+
 
 def _set(tree: dict[str, Any], path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
@@ -227,6 +245,9 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
+    from tasks.tracking import TrackingUnavailable, apply_http_retry_defaults
+
+    apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
     tracking_uri, api_url = _prepare(config, settings)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -238,8 +259,11 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
             from flows.pipeline import train_validate_promote as flow_fn
         else:
             from flows.promote import promote_run as flow_fn
-        summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
-            config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui_url)
+        try:
+            summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
+                config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui_url)
+        except TrackingUnavailable as exc:
+            raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
     elapsed = time.monotonic() - start
     if args.json:
         out = _summary_json(summary, config.serving)
@@ -278,14 +302,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = PodiumSettings()
     config = config_from_args(args, settings)
     from tasks.promote import read_champion
-    from tasks.tracking import find_tracking_run, list_records
+    from tasks.tracking import TrackingUnavailable, find_tracking_run, list_records
 
     tracking_uri = settings.resolved_tracking_uri()
     try:
         tracking = find_tracking_run(tracking_uri, config.experiment, config.run_name)
+        records = list_records(tracking)
     except LookupError as exc:
         raise CliError(str(exc)) from None
-    records = list_records(tracking)
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(str(exc)) from None
     champion = read_champion(config.serving)
     if args.json:
         from training.serving import read_current
@@ -432,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except CliError as exc:
         print(f"podium: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     finally:
         # the output is written: spare the exit a last garbage collection over every loaded library
         # (measured at seconds with torch, ray, prefect and mlflow loaded)

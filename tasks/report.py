@@ -16,7 +16,7 @@ from prefect.artifacts import (
 
 from tasks.promote import PromotionOutcome
 from tasks.selection import CheckpointRecord
-from tasks.tracking import TrackingRun
+from tasks.tracking import TrackingRun, reaching_tracking
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -128,8 +128,9 @@ def publish_reports(run_name: str, tracking: TrackingRun, records: list[Checkpoi
                              description=f"Promotion report of {run_name}")
     create_markdown_artifact(markdown=chart_markdown(records, metric, mode, champion_step),
                              key=artifact_key(run_name, "chart"), description=f"{metric} per checkpoint")
-    tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
-    log_chart_to_mlflow(tracking, records, metric, champion_step)
+    with reaching_tracking(tracking.tracking_uri, "writing the promotion report and chart"):
+        tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
+        log_chart_to_mlflow(tracking, records, metric, champion_step)
 
 
 class Progress:

@@ -1,0 +1,342 @@
+"""The tracking server stops answering during a run, for real: a `mlflow server` process on loopback
+(SQLite backend) is frozen with SIGSTOP, killed and restarted on the same port and database, killed
+for good, or has its database write-locked, while `podium run` (its own process) records checkpoints
+and verdicts through it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.tracking import (
+    TAG_CHECKPOINT,
+    TAG_RUN,
+    TAG_STATUS,
+    TAG_STEP,
+    list_records,
+    merge_validation,
+    open_tracking_run,
+    record_checkpoint,
+)
+from training.events import CheckpointEvent
+from training.serving import read_history
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+HERE = Path(__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` in a process group of its own, on a fixed port and SQLite file across restarts."""
+
+    def __init__(self, root: Path, template_db: Path):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.port = root, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = root / "mlflow.db"
+        shutil.copy(template_db, self.db)  # schema already migrated: the server starts in seconds
+        self.log = root / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 180) -> None:
+        """Start (or restart) the server and wait until /health answers."""
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.root / "artifacts")],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"mlflow server exited:\n{self.log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"mlflow server not healthy after {timeout_s:g} s:\n{self.log.read_text()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the server's whole process group (the CLI and its uvicorn worker)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the server (its port refuses connections until it is started again)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None
+
+    def requests(self, method: str, path: str) -> int:
+        """How many requests for an exact path the server handled (its access log), whatever it answered."""
+        return self.log.read_text(errors="replace").count(f'"{method} {path} HTTP/1.1"')
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store with its schema migrated once for the session."""
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{db}").search_experiments(max_results=1)
+    return db
+
+
+@pytest.fixture
+def mlflow_server(tmp_path, mlflow_template_db):
+    server = MlflowServer(tmp_path / "mlflow", mlflow_template_db)
+    server.start()
+    yield server
+    server.kill()
+
+
+def _models_by_checkpoint(url: str) -> dict[str, list]:
+    client = MlflowClient(url)
+    exp = client.get_experiment_by_name("podium")
+    if exp is None:
+        return {}
+    by = collections.defaultdict(list)
+    for m in client.search_logged_models([exp.experiment_id], max_results=1000):
+        by[m.tags[TAG_CHECKPOINT]].append(m)
+    return by
+
+
+def _statuses(url: str) -> list[str]:
+    return [m[0].tags.get(TAG_STATUS) for m in _models_by_checkpoint(url).values()]
+
+
+def _config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
+    config = {
+        "run_name": run_name, "storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"),
+        "data": {"train": dataset[0], "val": dataset[1]},
+        "training": {"train_loop": "podium_user_code:train_func", "epochs": 6},
+        # one validation at a time, 2 s each: verdicts are being written for the whole outage
+        "validation": {"fn": "podium_user_code:validate_fn", "concurrency": 1,
+                       "kwargs": {"calls_log": str(calls), "sleep_s": 2}},
+        "promotion": {"metric": "score", "mode": "max", "verify": "hashes"},
+    }
+    path = tmp_path / "podium.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": tracking_uri,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])), **extra}
+    for name in ("RAY_ADDRESS", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+class PodiumRun:
+    """`podium run` in a process group of its own; killed if the test ends before it does."""
+
+    def __init__(self, config: Path, env: dict[str, str]):
+        self.proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--config", str(config)],
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+
+    def wait_until(self, condition, what: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"podium exited {self.proc.returncode} before {what}:\n"
+                                     f"{self.proc.stderr.read()[-4000:]}")
+            assert time.monotonic() < deadline, f"no {what} after {timeout_s:g} s"
+            time.sleep(0.2)
+
+    def finish(self, timeout_s: float = 300) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout_s)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def podium_runs():
+    runs: list[PodiumRun] = []
+
+    def start(config: Path, env: dict[str, str]) -> PodiumRun:
+        runs.append(PodiumRun(config, env))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collections.Counter:
+    """One record per checkpoint, each validated with its metric; promoted once. Returns validations per step."""
+    by = _models_by_checkpoint(url)
+    assert sorted(len(v) for v in by.values()) == [1] * steps, "exactly one MLflow record per checkpoint"
+    for name, (model,) in by.items():
+        assert model.tags[TAG_STATUS] == "validated", (name, model.tags)
+        assert "score" in {m.key for m in model.metrics or []}, f"{name}: validation metric missing"
+    assert len(read_history(str(serving))) == 1, "promoted exactly once"
+    return collections.Counter(int(x) for x in calls.read_text().split())
+
+
+def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_runs, prefect_api, dataset,
+                                                          tmp_path):
+    calls = tmp_path / "validations.log"
+    config = _config(tmp_path, dataset, "outage-brief", calls)
+    # podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
+    # client gives up on requests the server has received, and retries them
+    env = _env(tmp_path, prefect_api, mlflow_server.url, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
+    run = podium_runs(config, env)
+
+    # 1. the server hangs (accepts connections, answers nothing) for 8 s as checkpoints are recorded
+    run.wait_until(lambda: len(_models_by_checkpoint(mlflow_server.url)) >= 1, "first checkpoint record")
+    mlflow_server.signal(signal.SIGSTOP)
+    time.sleep(8)
+    mlflow_server.signal(signal.SIGCONT)
+
+    # 2. the server is killed (connections refused) and restarted on the same port and database
+    def verdicts_in_progress() -> bool:
+        statuses = _statuses(mlflow_server.url)
+        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
+    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
+    mlflow_server.kill()
+    time.sleep(3)
+    mlflow_server.start()
+
+    rc, out, err = run.finish()
+    assert rc == 0, err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [c["step"] for c in result["checkpoints"]] == list(range(6))
+    assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
+    counts = _check_complete(mlflow_server.url, calls, tmp_path / "serving", steps=6)
+    assert counts == {step: 1 for step in range(6)}, f"a verdict was computed twice or never: {counts}"
+    # the run's own metrics by step: training loss from the driver, score from every validation
+    client = MlflowClient(mlflow_server.url)
+    history = client.get_metric_history(result["mlflow_run_id"], "score")
+    assert sorted(m.step for m in history) == list(range(6))
+    # the outages reached the client: both kinds of failed attempts were retried
+    log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
+    assert "Read timed out" in log and "Retrying" in log, "the freeze did not hit a request"
+    assert "Connection refused" in log, "the restart did not hit a request"
+
+
+def test_server_stays_down_run_fails_clearly_then_resumes(mlflow_server, podium_runs, prefect_api, dataset,
+                                                          tmp_path):
+    calls = tmp_path / "validations.log"
+    config = _config(tmp_path, dataset, "outage-down", calls)
+    # a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
+    # test's wait shrinks, not what happens
+    env = _env(tmp_path, prefect_api, mlflow_server.url, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
+               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+    run = podium_runs(config, env)
+
+    def verdicts_in_progress() -> bool:
+        statuses = _statuses(mlflow_server.url)
+        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
+    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
+    mlflow_server.kill()
+    rc, out, err = run.finish()
+    assert rc == 3, f"exit {rc}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    message = err.strip().splitlines()
+    assert any(line.startswith("podium: MLflow tracking server") and mlflow_server.url in line and "unreachable"
+               in line for line in message), err[-2000:]
+    assert "outage-down" in err and "resumes" in err, err[-2000:]
+
+    mlflow_server.start()  # same port, same database
+    before = {int(models[0].tags[TAG_STEP]): models[0].tags.get(TAG_STATUS)
+              for models in _models_by_checkpoint(mlflow_server.url).values()}
+    validated_before = {step for step, status in before.items() if status == "validated"}
+    assert validated_before and len(validated_before) < 6
+    assert "failed" not in before.values(), "a write that failed must not become a failed verdict"
+
+    rc, out, err = podium_runs(config, env).finish()
+    assert rc == 0, err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [c["step"] for c in result["checkpoints"]] == list(range(6))
+    assert all(c["status"] == "validated" for c in result["checkpoints"])
+    counts = _check_complete(mlflow_server.url, calls, tmp_path / "serving", steps=6)
+    assert set(counts) == set(range(6))
+    for step in validated_before:
+        assert counts[step] == 1, f"step {step} had a verdict but was validated {counts[step]} times"
+    # a verdict that could not be written is computed again on resume, but not retried in between
+    assert max(counts.values()) <= 2, counts
+    runs = MlflowClient(mlflow_server.url).search_runs(
+        [MlflowClient(mlflow_server.url).get_experiment_by_name("podium").experiment_id],
+        filter_string=f"tags.`{TAG_RUN}` = 'outage-down'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+
+
+def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_server, monkeypatch):
+    """A write the client retried after a timeout lands twice (the server had it): one record survives."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+
+    def with_writes_locked(seconds: float, call):
+        # the server's database takes no writes (reads go on) for `seconds`, while `call` runs
+        lock = sqlite3.connect(mlflow_server.db, isolation_level=None, check_same_thread=False)
+        lock.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(seconds, lambda: lock.execute("ROLLBACK"))
+        release.start()
+        try:
+            return call()
+        finally:
+            release.join()
+            lock.close()
+
+    # the experiment: its retried create is answered "already exists" (names are unique)
+    with_writes_locked(4, lambda: open_tracking_run(mlflow_server.url, "hung", "first", {}))
+    assert mlflow_server.requests("POST", "/api/2.0/mlflow/experiments/create") >= 2, "the create was not retried"
+    client = MlflowClient(mlflow_server.url)
+    assert [e.name for e in client.search_experiments() if e.name == "hung"] == ["hung"]
+
+    # the run: its retried create lands twice
+    creates_before = mlflow_server.requests("POST", "/api/2.0/mlflow/runs/create")
+    tr = with_writes_locked(4, lambda: open_tracking_run(mlflow_server.url, "hung", "hung-writes", {"a": 1}))
+    assert mlflow_server.requests("POST", "/api/2.0/mlflow/runs/create") - creates_before >= 2, \
+        "the run's create was not retried: no duplicate to clean up"
+    runs = client.search_runs([tr.experiment_id], filter_string=f"tags.`{TAG_RUN}` = 'hung-writes'")
+    assert [r.info.run_id for r in runs] == [tr.run_id]
+
+    event = CheckpointEvent(run_name="hung-writes", step=7, metrics={"loss": 0.5}, epoch=7,
+                            checkpoint_uri="/ckpt/checkpoint_000007", checkpoint_name="checkpoint_000007")
+    creates_before = mlflow_server.requests("POST", "/api/2.0/mlflow/logged-models")
+    record = with_writes_locked(4, lambda: record_checkpoint(tr, event))
+    assert mlflow_server.requests("POST", "/api/2.0/mlflow/logged-models") - creates_before >= 2, \
+        "the checkpoint's create was not retried: no duplicate to clean up"
+    models = client.search_logged_models([tr.experiment_id], filter_string=f"source_run_id = '{tr.run_id}'")
+    assert [m.model_id for m in models] == [record.model_id]
+
+    merged = with_writes_locked(4, lambda: merge_validation(tr, record, {"val_loss": 0.25}))
+    assert merged.status == "validated"
+    (listed,) = list_records(tr)
+    assert listed.model_id == record.model_id and listed.status == "validated"
+    assert listed.metrics["val_loss"] == 0.25 and listed.metrics["loss"] == 0.5
