@@ -15,7 +15,7 @@ from prefect.concurrency.sync import concurrency
 from tasks.plan import plan_run_task
 from tasks.report import say
 from tasks.selection import PENDING, CheckpointRecord
-from tasks.tracking import mark_failed, open_tracking_run_task, record_checkpoint_task
+from tasks.tracking import TrackingUnavailable, mark_failed, open_tracking_run_task, record_checkpoint_task
 from tasks.train import connect_ray_task
 from tasks.validate import validation_task
 from training.config import PipelineConfig
@@ -40,7 +40,8 @@ def validate_announced_checkpoint(
 ) -> CheckpointRecord:
     """Record a checkpoint of run `run_name` in MLflow (idempotent) and validate it with `config`'s
     validation settings, unless it already has a verdict. A validation that fails after its retries
-    marks the checkpoint failed (with the reason) and fails this flow run."""
+    marks the checkpoint failed (with the reason) and fails this flow run; one whose verdict could not
+    be written (tracking server unreachable) fails the flow run and leaves the checkpoint pending."""
     config = PipelineConfig.model_validate({**config.model_dump(), "run_name": run_name})
     plan = plan_run_task(config)
     event = CheckpointEvent(run_name=run_name, step=step, metrics=metrics or {}, checkpoint_uri=checkpoint_uri,
@@ -55,6 +56,8 @@ def validate_announced_checkpoint(
     connect_ray_task(plan)
     try:
         record = validation_task(plan, record)(plan, tracking, record)
+    except TrackingUnavailable:
+        raise  # validated, but the verdict could not be written: it stays pending, to be validated again
     except Exception as exc:
         mark_failed(tracking, record, f"{type(exc).__name__}: {exc}")
         raise
