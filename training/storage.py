@@ -95,7 +95,7 @@ class S3Settings(BaseSettings):
 # where s3:// goes, never who is asking: safe to forward to Ray workers (runtime_env) and to show
 S3_SETTING_ENV = ("PODIUM_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "PODIUM_S3_REGION", "AWS_REGION",
                   "AWS_DEFAULT_REGION", "PODIUM_S3_ADDRESSING_STYLE", "PODIUM_S3_PART_SIZE_MB", "PODIUM_S3_CONCURRENCY",
-                  "PODIUM_S3_LEASE_TTL_S")
+                  "PODIUM_S3_LEASE_TTL_S", "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS")
 
 
 def s3_environment() -> dict[str, str]:
@@ -170,6 +170,21 @@ def _credential_fingerprint() -> str:
     return h.hexdigest()
 
 
+# botocore's default ("legacy" mode, 5 attempts) gives up on a store that refuses connections for
+# about 6 s. "standard" mode with 8 attempts waits up to 1, 2, 4, 8, 16, 20, 20 s between them
+# (full jitter: half that on average): a restart or network blip of ~10-30 s is ridden out, and a
+# store that stays down fails the request within about 1.5 minutes (as MLflow's writes do, see
+# tasks.tracking). AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, when set, win.
+S3_RETRIES = {"mode": "standard", "max_attempts": 8}
+
+
+def retry_config() -> dict[str, Any]:
+    """botocore `Config` keywords for podium's S3 retries, unless the environment sets its own."""
+    if os.environ.get("AWS_RETRY_MODE") or os.environ.get("AWS_MAX_ATTEMPTS"):
+        return {}
+    return {"retries": dict(S3_RETRIES)}
+
+
 _S3_CACHE: dict[tuple[Any, ...], fsspec.AbstractFileSystem] = {}
 _S3_LOCK = threading.Lock()
 
@@ -183,14 +198,14 @@ def s3_filesystem(settings: S3Settings | None = None) -> fsspec.AbstractFileSyst
     import s3fs
 
     s = settings or s3_settings()
-    key = (s.endpoint_url, s.region, s.style, os.getpid(), _credential_fingerprint())
+    key = (s.endpoint_url, s.region, s.style, os.getpid(), _credential_fingerprint(), repr(retry_config()))
     with _S3_LOCK:
         fs = _S3_CACHE.get(key)
         if fs is None:
             fs = s3fs.S3FileSystem(
                 endpoint_url=s.endpoint_url,
                 client_kwargs={"region_name": s.region} if s.region else {},
-                config_kwargs={"s3": {"addressing_style": s.style}},
+                config_kwargs={"s3": {"addressing_style": s.style}, **retry_config()},
                 use_listings_cache=False,
                 skip_instance_cache=True,
             )

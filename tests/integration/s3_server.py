@@ -123,3 +123,80 @@ def start_s3_server(log_path: Path, timeout_s: float = 60.0) -> S3Server:
             time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"moto_server did not answer on {endpoint} within {timeout_s:g} s; see {log_path}")
+
+
+class Relay:
+    """A TCP relay on loopback in front of a server, that can be cut off and restored.
+
+    `down()` closes the listening socket and every open connection: clients get
+    refused connections (and broken requests in flight), as when a store or the
+    network to it goes away; the server behind keeps its state (moto keeps
+    everything in memory, so restarting it would lose the data). `up()` listens on
+    the same port again.
+    """
+
+    def __init__(self, target_port: int):
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.up()
+
+    def up(self) -> None:
+        import threading
+
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            listener.close()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by down()
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -24,7 +24,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from s3_server import FAKE_KEY_ID, FAKE_SECRET, S3Server, free_port, start_s3_server
+from s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
 from tasks.plan import BUILTIN_LOOP, RunPlan, plan_run
 from tasks.promote import promote_best_checkpoint
 from tasks.tracking import merge_validation, open_tracking_run, record_checkpoint
@@ -33,7 +33,7 @@ from training.config import ConfigError, build_config
 from training.data import load_arrays, make_classification_data
 from training.events import CheckpointEvent
 from training.model import ModelSpec, build_model
-from training.serving import fetch_version, load_promoted_model, read_current, read_history
+from training.serving import fetch_version, load_promoted_model, read_current, read_history, stage_version
 from training.storage import MiB, MultipartWriter, arrow_filesystem, open_range_reader, s3_filesystem
 
 pytestmark = pytest.mark.integration
@@ -541,3 +541,42 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
     attempts = fs.ls(f"{plan.serving}/attempts")
     assert len(attempts) == 3  # the setup's first promotion and both of these
     assert not fs.exists(f"{plan.serving}/.promotion.lock")
+
+
+# --------------------------------------------------------------------------------------------
+# The store briefly unreachable: podium's S3 retries (training.storage.S3_RETRIES) ride it out
+
+
+@pytest.fixture
+def relayed(s3, monkeypatch):
+    """podium's S3 traffic goes through a relay that the test can cut off (the server keeps its data)."""
+    relay = Relay(int(s3.endpoint.rsplit(":", 1)[1]))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.endpoint)
+    for name in ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
+    yield relay
+    relay.down()
+
+
+def test_store_unreachable_for_seconds_is_ridden_out_and_nothing_is_lost(relayed, tmp_path):
+    import threading
+
+    from training.serving import load_version_model
+
+    prefix = f"s3://{BUCKET}/{tmp_path.name}"
+    source = f"{prefix}/storage/run/checkpoint_000001"
+    _upload_checkpoint(tmp_path, source, seed=1)
+    relayed.down()  # connections refused, for 8 s
+    threading.Timer(8, relayed.up).start()
+    started = time.monotonic()
+    version = stage_version(f"{prefix}/serving", source, {"step": 1})  # list, hash, claim, copy, verify
+    assert time.monotonic() - started > 7, "the outage was hit"
+    assert torch.allclose(_outputs(load_version_model(version)), _reference_outputs(tmp_path, 1))
+
+
+def test_store_that_stays_down_fails_with_a_message_naming_it(relayed, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # the retry window of this test: seconds, not a minute
+    relayed.down()
+    with pytest.raises(Exception) as failed:
+        stage_version(f"s3://{BUCKET}/{tmp_path.name}/serving", f"s3://{BUCKET}/{tmp_path.name}/ckpt", {"step": 1})
+    assert relayed.endpoint in str(failed.value)

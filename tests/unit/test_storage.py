@@ -79,10 +79,15 @@ def test_locations_are_normalized_and_never_carry_credentials(tmp_path):
 def test_s3_filesystem_is_configured_from_settings_and_renewed_when_credentials_change(monkeypatch):
     monkeypatch.setenv("PODIUM_S3_ENDPOINT_URL", "http://minio:9000")
     monkeypatch.setenv("PODIUM_S3_REGION", "local")
+    for name in ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
     fs = s3_filesystem()
     assert fs.endpoint_url == "http://minio:9000"
     assert fs.client_kwargs == {"region_name": "local"}
-    assert fs.config_kwargs == {"s3": {"addressing_style": "path"}}
+    assert fs.config_kwargs == {"s3": {"addressing_style": "path"}, "retries": {"mode": "standard", "max_attempts": 8}}
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")  # the user's own retry settings win (botocore reads them)
+    assert "retries" not in s3_filesystem().config_kwargs
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS")
     assert s3_filesystem() is fs, "one client per process and settings"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated-" + SECRET)
     assert s3_filesystem() is not fs, "new credentials in the environment: a new client"
