@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.events import CheckpointStream
-from tasks.plan import plan_run_task
+from tasks.plan import RunPlan, plan_run_task, run_lock
 from tasks.promote import PromotionOutcome, promote_best_checkpoint_task
 from tasks.report import Progress, publish_reports, say
 from tasks.selection import CheckpointRecord
@@ -48,6 +48,12 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     then promote the best checkpoint if it beats the current champion."""
     config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
     plan = plan_run_task(config)
+    with run_lock(plan):  # a second run of the same name is refused (RunInProgress), not interleaved
+        return _train_validate_promote(plan, tracking_uri, mlflow_ui)
+
+
+def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None) -> RunSummary:
+    config = plan.config
     connect_ray_task(plan)
     tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
                                       config.model_dump(mode="json"))

@@ -245,6 +245,7 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
+    from tasks.plan import RunInProgress
     from tasks.tracking import TrackingUnavailable, apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
@@ -264,6 +265,8 @@ def _run_flow(args: argparse.Namespace, which: str) -> int:
                 config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui_url)
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
+        except RunInProgress as exc:
+            raise CliError(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
         out = _summary_json(summary, config.serving)

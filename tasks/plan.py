@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict
 from prefect import task
@@ -118,3 +119,32 @@ def plan_run(config: PipelineConfig) -> RunPlan:
 def plan_run_task(config: PipelineConfig) -> RunPlan:
     """Preflight checks (data schema, import paths, writable locations) before anything is trained."""
     return plan_run(config)
+
+
+class RunInProgress(RuntimeError):
+    """Another process is running a run of the same name right now."""
+
+
+@contextlib.contextmanager
+def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
+    """One process at a time per run name, for the whole train → validate → promote.
+
+    Two runs of one name would train into the same Ray Train run folder and validate
+    the same checkpoints. The lock is `<storage>/.podium-runs/<run name>.lock`: an
+    flock on local storage (freed by the kernel when its process dies, so a rerun
+    after a crash starts at once), an S3 lease otherwise (a dead run's lease expires
+    PODIUM_S3_LEASE_TTL_S after its last renewal: a rerun waits that long at most).
+    """
+    from training.lease import LeaseError, location_lock
+    from training.storage import is_s3, join, s3_settings
+
+    if wait_s is None:
+        wait_s = s3_settings().lease_ttl_s + 5 if is_s3(plan.storage) else 0.0
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(location_lock(join(plan.storage, ".podium-runs"), f"{plan.run_name}.lock", wait_s,
+                                             f"run {plan.run_name!r}"))
+        except LeaseError as exc:
+            raise RunInProgress(f"{exc}: a run of the same name is in progress; wait for it to finish, "
+                                "or give this one another run name") from None
+        yield

@@ -57,3 +57,34 @@ def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_pat
     assert proc.returncode == 2
     assert "data.train" in proc.stderr and "missing.parquet" in proc.stderr
     assert not (tmp_path / "storage").exists() and not (tmp_path / "serving").exists()
+
+
+def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(cli_env, dataset, tmp_path):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    common = ["--run-name", "twin", "--train-data", dataset[0], "--val-data", dataset[1],
+              "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")]
+    first = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--epochs", "3", *common],
+                             env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / "storage" / ".podium-runs" / "twin.lock"
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert json.loads(lock.read_text())["pid"] == first.pid
+    second = podium(["run", "--json", "--epochs", "3", *common], cli_env, check=False)
+    assert first.poll() is None, "the first run was still going when the second was refused"
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert f"held by pid {first.pid}" in second.stderr and "same name is in progress" in second.stderr
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert [c["status"] for c in summary["checkpoints"]] == ["validated"] * 3
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
+                              filter_string="tags.`podium.run_name` = 'twin'")
+    assert len(runs) == 1  # the refused run created nothing
+    # once the first is done, the same name runs again (a resume of a finished run)
+    again = json.loads(podium(["run", "--json", "--epochs", "3", *common], cli_env).stdout.strip().splitlines()[-1])
+    assert again["mlflow_run_id"] == summary["mlflow_run_id"]
