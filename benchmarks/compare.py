@@ -10,7 +10,7 @@ its metrics arrive?
  (c) Ray Train's async validation: ValidationConfig(fn=...) + report(..., validation=ValidationTaskConfig)
  (d) podium: `podium run --json` against a local Prefect server it starts and MLflow on SQLite
  (d0) podium again with the validation made cheap (repeat=1): its fixed overhead over (a)
- (a') (a) once more at the end: the machine is shared, this shows how much the load drifted
+ (a') (a) once more at the end: how much the machine drifted over the run
 
 All train the same job (same data, model, loop, checkpoint cadence) with one Ray Train worker on one
 CPU and validate with the same function (benchmarks.workload:validate_repeated) on one CPU. Each runs
@@ -251,8 +251,9 @@ def overhead_table(summaries: dict[str, dict[str, Any]]) -> str:
          f"{fmt(p['connect_ray'])} s"],
         ["training (TorchTrainer construction + fit)", fmt(a["train_wall"]), fmt(d0["train_wall"]), ""],
         ["after training → process exit", fmt(a["teardown"]), fmt(d0["teardown"]),
-         f"last validation, promotion {fmt(p['promote'], 2)} s (of which re-validating the copy "
-         f"{fmt(p['verify'], 2)} s), reports {fmt(p['reports'])} s; flow end → exit {fmt(p['flow_end_to_exit'])} s"],
+         f"last validation, promotion {fmt(p['promote'], 2)} s"
+         + (f" (of which re-validating the copy {fmt(p['verify'], 2)} s)" if p.get("verify") else "")
+         + f", reports {fmt(p['reports'])} s; flow end → exit {fmt(p['flow_end_to_exit'])} s"],
         ["**process wall**", fmt(a["process_wall"]), fmt(d0["process_wall"]), ""],
     ]
     return markdown_table(["phase", "(a) bare TorchTrainer s", "(d0) podium s", "podium detail"], rows)
@@ -299,7 +300,7 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
         f"{extras.get('seconds', 0) / 60:.0f} min in all.", "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory']} RAM, {machine['os']}, "
         f"Python {machine['python']}; {machine['versions']}. No GPU. podium at {machine['revision']}.", "",
-        "Load (`uptime`; the machine was shared with other jobs while this ran):", "",
+        "Load (`uptime`, before and after each way; other jobs on the machine show here):", "",
         *[f"- {x}" for x in loads], "",
         f"Job: MLP (hidden {w.hidden_size}) on {w.train_rows:,} × {w.features} synthetic rows, batch "
         f"{w.batch_size}, {w.epochs} epochs, a checkpoint every epoch. Validation: "
@@ -334,7 +335,7 @@ def render(args: argparse.Namespace, workload, machine: dict[str, str], loads: l
         "to finish minus the validation function's own run time, i.e. what the orchestration adds. "
         "*best chosen*: (b)/(c) the driver has picked the best checkpoint after `fit()` returned; podium: the "
         "`promote-best-checkpoint` task starts. *promotion done*: that task ends (copy + sha256 check, "
-        "re-validation of the copy, CURRENT pointer, MLflow registry version and alias).", "",
+        "loading the copy (`promotion.verify = \"load\"`), CURRENT pointer, MLflow registry version and alias).", "",
     ]
     d = summaries.get("d")
     if "a" in summaries and "d0" in summaries:

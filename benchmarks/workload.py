@@ -260,8 +260,10 @@ class CoreSplit:
                 if self.MARKER in cmdline:
                     self._pin_threads(pid)
                     self.pinned[pid] = time.time() - self._entered
-                elif not (cmdline.startswith(b"ray::") or b"default_worker.py" in cmdline):
-                    ignored.add(pid)  # not a Ray worker (a Ray worker may still become a train worker)
+                elif b"ray" not in cmdline:
+                    # not Ray's: never a train worker. Ray's processes are looked at again on every pass: a
+                    # worker starts as setup_worker.py or an idle default_worker.py and takes its title later
+                    ignored.add(pid)
 
 
 def calibrate(workload: Workload, train: str, val: str) -> Workload:

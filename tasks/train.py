@@ -49,7 +49,10 @@ def train(plan: RunPlan, sink: EventSink) -> float:
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
-        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink]),
+                   raytrain.ValidationPrewarmer(cfg.validation.fn, cfg.validation.concurrency,
+                                                num_cpus=cfg.validation.num_cpus, num_gpus=cfg.validation.num_gpus,
+                                                resources=cfg.validation.resources)],
         max_failures=cfg.scaling.max_failures,
     )
     return time.time()
@@ -64,10 +67,7 @@ def train_model(plan: RunPlan, sink: EventSink) -> float:
 def connect_ray(plan: RunPlan) -> None:
     """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation."""
     raytrain.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
-    check_resources(plan)
-    v = plan.config.validation
-    raytrain.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
-                                        resources=v.resources)
+    check_resources(plan)  # validation workers are prewarmed once training has started (ValidationPrewarmer)
 
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:

@@ -2,7 +2,10 @@
 
 Tested with ray 2.60.0: `ray.train.UserCallback.after_report` runs on the
 controller once all workers have reported and the checkpoint is persisted,
-which is the moment podium announces it.
+which is the moment podium announces it. `ValidationPrewarmer` subclasses the
+internal `WorkerGroupCallback` (Ray Train passes callbacks that are not
+`UserCallback`s to its controller as they are, "for custom workarounds built on
+top of internal callbacks"); it is an optimisation that a future Ray may drop.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ray
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, UserCallback
 from ray.train.torch import TorchTrainer
+from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 from ray.util.queue import Empty, Queue
 
 from training.checkpoint import finite_metrics
@@ -160,7 +164,7 @@ def fit(
     num_workers: int,
     use_gpu: bool,
     cpus_per_worker: float,
-    callbacks: list[UserCallback],
+    callbacks: list[Any],
     max_failures: int = 0,
 ) -> None:
     """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint."""
@@ -238,6 +242,29 @@ def validate_remote(
         raise exc.as_instanceof_cause() from None
 
 
+class ValidationPrewarmer(WorkerGroupCallback):
+    """Ray Train callback (on the controller): prewarm the validation workers once the training
+    workers have started their loop, not before.
+
+    Warming up (a Python process importing torch and the validation function: seconds of
+    CPU) while the worker group starts would slow the start of training wherever the
+    two share CPUs; after it, the first checkpoint is still an epoch away, time enough.
+    Runs again after a worker-group restart (a warm worker Ray still holds is reused).
+    """
+
+    def __init__(self, fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
+                 resources: dict[str, float]):
+        self.fn_path, self.count = fn_path, count
+        self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}
+
+    def after_worker_group_training_start(self, worker_group: Any) -> None:
+        """Submit the warm-up tasks (does not wait for them)."""
+        try:
+            prewarm_validation_workers(self.fn_path, self.count, **self.options)
+        except Exception:  # a warm-up is an optimisation: never let it disturb training
+            logger.exception("could not prewarm validation workers")
+
+
 def _warm_up(fn_path: str, hold_s: float) -> None:
     resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
     time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
@@ -254,7 +281,10 @@ def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num
     """
     task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
                                         name="podium-validate-warmup", max_retries=0)
-    return [task.remote(fn_path, 2.0) for _ in range(count)]
+    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
+    # one returns at once, freeing its CPU for the first validation
+    hold_s = 0.5 if count > 1 else 0.0
+    return [task.remote(fn_path, hold_s) for _ in range(count)]
 
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
