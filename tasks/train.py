@@ -49,10 +49,7 @@ def train(plan: RunPlan, sink: EventSink) -> float:
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
-        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink]),
-                   raytrain.ValidationPrewarmer(cfg.validation.fn, cfg.validation.concurrency,
-                                                num_cpus=cfg.validation.num_cpus, num_gpus=cfg.validation.num_gpus,
-                                                resources=cfg.validation.resources)],
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
         max_failures=cfg.scaling.max_failures,
     )
     return time.time()
@@ -64,10 +61,22 @@ def train_model(plan: RunPlan, sink: EventSink) -> float:
     return train(plan, sink)
 
 
+PREWARM_WAIT_S = 15.0
+
+
 def connect_ray(plan: RunPlan) -> None:
-    """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation."""
+    """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation,
+    and warm up the validation workers before training starts."""
+    import ray
+
     raytrain.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
-    check_resources(plan)  # validation workers are prewarmed once training has started (ValidationPrewarmer)
+    check_resources(plan)
+    v = plan.config.validation
+    warm = raytrain.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
+                                               resources=v.resources)
+    # wait for them (a few seconds), so that the warm-up does not compete with the start of training
+    # for CPU where the two share a machine; a cluster still scaling up is not waited for longer
+    ray.wait(warm, num_returns=len(warm), timeout=PREWARM_WAIT_S)
 
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:

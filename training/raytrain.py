@@ -2,10 +2,7 @@
 
 Tested with ray 2.60.0: `ray.train.UserCallback.after_report` runs on the
 controller once all workers have reported and the checkpoint is persisted,
-which is the moment podium announces it. `ValidationPrewarmer` subclasses the
-internal `WorkerGroupCallback` (Ray Train passes callbacks that are not
-`UserCallback`s to its controller as they are, "for custom workarounds built on
-top of internal callbacks"); it is an optimisation that a future Ray may drop.
+which is the moment podium announces it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import ray
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, UserCallback
 from ray.train.torch import TorchTrainer
-from ray.train.v2._internal.execution.callback import WorkerGroupCallback
 from ray.util.queue import Empty, Queue
 
 from training.checkpoint import finite_metrics
@@ -164,7 +160,7 @@ def fit(
     num_workers: int,
     use_gpu: bool,
     cpus_per_worker: float,
-    callbacks: list[Any],
+    callbacks: list[UserCallback],
     max_failures: int = 0,
 ) -> None:
     """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint."""
@@ -242,29 +238,6 @@ def validate_remote(
         raise exc.as_instanceof_cause() from None
 
 
-class ValidationPrewarmer(WorkerGroupCallback):
-    """Ray Train callback (on the controller): prewarm the validation workers once the training
-    workers have started their loop, not before.
-
-    Warming up (a Python process importing torch and the validation function: seconds of
-    CPU) while the worker group starts would slow the start of training wherever the
-    two share CPUs; after it, the first checkpoint is still an epoch away, time enough.
-    Runs again after a worker-group restart (a warm worker Ray still holds is reused).
-    """
-
-    def __init__(self, fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
-                 resources: dict[str, float]):
-        self.fn_path, self.count = fn_path, count
-        self.options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(resources)}
-
-    def after_worker_group_training_start(self, worker_group: Any) -> None:
-        """Submit the warm-up tasks (does not wait for them)."""
-        try:
-            prewarm_validation_workers(self.fn_path, self.count, **self.options)
-        except Exception:  # a warm-up is an optimisation: never let it disturb training
-            logger.exception("could not prewarm validation workers")
-
-
 def _warm_up(fn_path: str, hold_s: float) -> None:
     resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
     time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
@@ -272,12 +245,13 @@ def _warm_up(fn_path: str, hold_s: float) -> None:
 
 def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
                                resources: dict[str, float]) -> list[ray.ObjectRef]:
-    """Start `count` worker processes with the validation function imported, without waiting.
+    """Start `count` worker processes with the validation function imported; returns their refs.
 
     A validation task needs its own worker process; a cold one spends seconds
-    starting Python and importing torch. Training's worker group takes longer
-    than that to start, so warming up now takes that cost off the first
-    checkpoints' verdicts. Ray keeps idle workers for reuse.
+    starting Python and importing torch, which would delay the first checkpoints'
+    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
+    before training starts (tasks.train.connect_ray), so the warm-up does not
+    compete with the start of training for CPU.
     """
     task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
                                         name="podium-validate-warmup", max_retries=0)

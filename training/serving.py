@@ -137,14 +137,17 @@ def _safe_relpath(rel: str) -> str:
 def list_objects(uri: str) -> dict[str, dict[str, Any]]:
     """Relative path -> {"size", "etag"} of every file under a directory (path or URI; etag on object stores)."""
     fs, root = fsspec_filesystem(uri)
-    if not fs.isdir(root):
+    # no fs.isdir first: s3fs's isdir answers False when the store cannot be reached, which would turn an
+    # outage into "not a directory"; find raises the connection error itself
+    found = fs.find(root, detail=True)
+    if not found:
+        raise ServingError(f"checkpoint {uri!r} does not exist or is empty")
+    if any(info.get("type") != "directory" and path.rstrip("/") == root.rstrip("/") for path, info in found.items()):
         raise ServingError(f"checkpoint {uri!r} is not a directory")
     out = {}
-    for path, info in fs.find(root, detail=True).items():
+    for path, info in found.items():
         rel = posixpath.relpath(path, root.rstrip("/"))
         out[_safe_relpath(rel)] = {"size": int(info.get("size") or 0), "etag": info.get("ETag")}
-    if not out:
-        raise ServingError(f"checkpoint {uri!r} is empty")
     return out
 
 
