@@ -17,12 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from servers import wait_http_ok
 from tasks.tracking import (
     TAG_CHECKPOINT,
     TAG_RUN,
@@ -67,17 +67,7 @@ class MlflowServer:
              "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.root / "artifacts")],
             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"mlflow server exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"mlflow server not healthy after {timeout_s:g} s:\n{self.log.read_text()[-3000:]}")
+        wait_http_ok(f"{self.url}/health", self.proc, self.log, timeout_s, poll_s=0.2)
 
     def signal(self, sig: int) -> None:
         """Send a signal to the server's whole process group (the CLI and its uvicorn worker)."""

@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from prefect.deployments import run_deployment
 from deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
 from flows.validate_checkpoint import RECORD_LOCK
 from prefect_queries import checkpoint_events, task_runs
+from servers import wait_http_ok
 from tasks.events import EVENT_PERSISTED
 from tasks.tracking import (
     TAG_CHECKPOINT,
@@ -72,21 +72,6 @@ def _postgres_reachable() -> bool:
             return True
     except OSError:
         return False
-
-
-def _wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:4]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} not healthy after {timeout_s:g} s:\n{log.read_text()[-3000:]}")
 
 
 def _stop_group(pgid: int, grace_s: float = 8.0) -> None:
@@ -152,7 +137,7 @@ def start_mlflow_server(root: Path, database: str):
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http_ok(f"{url}/health", proc, log, timeout_s=400)
+        wait_http_ok(f"{url}/health", proc, log, timeout_s=400)
     except BaseException:
         _stop_group(proc.pid)
         raise
