@@ -34,7 +34,15 @@ from typing import Any, Callable, Iterator
 
 from fsspec.asyn import sync
 
-from training.storage import fsspec_filesystem, is_remote, is_s3, normalize_location, s3_settings, split_s3
+from training.storage import (
+    fsspec_filesystem,
+    is_remote,
+    is_s3,
+    normalize_location,
+    s3_error_code,
+    s3_settings,
+    split_s3,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,17 +53,9 @@ class LeaseError(RuntimeError):
     """The lease could not be taken in time, or was lost while held."""
 
 
-def _code(exc: BaseException) -> str:
-    for e in (exc, exc.__cause__):
-        response = getattr(e, "response", None)
-        if response:
-            return str(response.get("Error", {}).get("Code", ""))
-    return ""
-
-
 def _conflict(exc: BaseException) -> bool:
     """A condition (If-Match / If-None-Match) did not hold: someone else's write came first."""
-    return isinstance(exc, FileExistsError) or _code(exc) in CONFLICT_CODES
+    return isinstance(exc, FileExistsError) or s3_error_code(exc) in CONFLICT_CODES
 
 
 class ObjectLease:

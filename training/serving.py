@@ -58,6 +58,7 @@ from training.storage import (
     join,
     normalize_location,
     open_range_reader,
+    s3_error_code,
     s3_settings,
 )
 
@@ -142,7 +143,7 @@ def list_objects(uri: str) -> dict[str, dict[str, Any]]:
     found = fs.find(root, detail=True)
     if not found:
         raise ServingError(f"checkpoint {uri!r} does not exist or is empty")
-    if any(info.get("type") != "directory" and path.rstrip("/") == root.rstrip("/") for path, info in found.items()):
+    if root.rstrip("/") in found:  # find() of a file lists the file itself
         raise ServingError(f"checkpoint {uri!r} is not a directory")
     out = {}
     for path, info in found.items():
@@ -182,12 +183,6 @@ def _versions(serving: str) -> list[str]:
 def _new_version(serving: str) -> str:
     existing = [int(VERSION_RE.match(v).group(1)) for v in _versions(serving)]
     return f"v{(max(existing) + 1) if existing else 1:06d}"
-
-
-def _error_code(exc: BaseException) -> str:
-    """The S3 error code behind an s3fs exception ('' if none)."""
-    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
 
 
 def _copy_ranges(fs: fsspec.AbstractFileSystem, bucket: str, key: str, size: int,
@@ -233,7 +228,7 @@ def copy_s3_object(fs: fsspec.AbstractFileSystem, src: str, dst: str, size: int,
             out = fs.call_s3("copy_object", Bucket=dbucket, Key=dkey, CopySource=source,
                              ChecksumAlgorithm="SHA256", **match)
         except OSError as exc:
-            if _error_code(exc) not in UNSUPPORTED:
+            if s3_error_code(exc) not in UNSUPPORTED:
                 raise
             out = fs.call_s3("copy_object", Bucket=dbucket, Key=dkey, CopySource=source, **match)
         result = out.get("CopyObjectResult", {})

@@ -162,6 +162,15 @@ def split_s3(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.strip("/")
 
 
+def s3_error_code(exc: BaseException) -> str:
+    """The S3 error code behind an s3fs exception, which keeps botocore's error as its cause ('' if none)."""
+    for e in (exc, exc.__cause__):
+        response = getattr(e, "response", None)
+        if response:
+            return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
 def _credential_fingerprint() -> str:
     """A digest of the variables that select credentials: a changed key gets a fresh client, nothing is kept."""
     h = hashlib.sha256()

@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -136,8 +137,6 @@ class Relay:
     """
 
     def __init__(self, target_port: int):
-        import threading
-
         self.target_port = target_port
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -147,8 +146,6 @@ class Relay:
         self.up()
 
     def up(self) -> None:
-        import threading
-
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
@@ -170,8 +167,6 @@ class Relay:
             c.close()
 
     def _accept(self, listener: socket.socket) -> None:
-        import threading
-
         while True:
             try:
                 client, _ = listener.accept()
