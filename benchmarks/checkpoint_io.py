@@ -27,26 +27,26 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import fsspec  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow.fs as pafs  # noqa: E402
-import ray.train  # noqa: E402
-from ray.train.v2._internal.execution.storage import _pyarrow_fs_copy_files  # noqa: E402
+import fsspec
+import numpy as np
+import pyarrow.fs as pafs
+import ray.train
+from ray.train.v2._internal.execution.storage import _pyarrow_fs_copy_files
 
-from benchmarks.workload import (  # noqa: E402
+from benchmarks.workload import (
     load_average,
     machine_description,
     markdown_table,
     update_markdown_section,
 )
-from training import serving  # noqa: E402
-from training.storage import arrow_filesystem  # noqa: E402
+from podium.storage.locations import arrow_filesystem
+from podium.training import serving
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,7 @@ its metrics arrive?
     python benchmarks/compare.py --quick    # smaller job (~6 min), writes BENCHMARKS.md
     python benchmarks/compare.py --smoke    # harness check (< 60 s): a tiny job, way (c) only, writes nothing
 
- (a) training only: TorchTrainer + training.loop:train_loop_per_worker, no validation
+ (a) training only: TorchTrainer + podium.training.loop:train_loop_per_worker, no validation
  (b) validation inside the loop: rank 0 validates each checkpoint synchronously after reporting it
  (c) Ray Train's async validation: ValidationConfig(fn=...) + report(..., validation=ValidationTaskConfig)
  (d) podium: `podium run --json` against a local Prefect server it starts and MLflow on SQLite
@@ -33,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/compare.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import (  # noqa: E402
+from benchmarks.workload import (
     PRESETS,
     CoreSplit,
     calibrate,

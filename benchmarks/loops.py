@@ -22,9 +22,8 @@ from typing import Any
 import ray.train
 from ray.train import ValidationTaskConfig
 
-import training.loop as builtin
+import podium.training.loop as builtin
 from benchmarks.workload import append_jsonl, validate_repeated
-
 
 # kept before the variants below replace it in this worker
 _report_checkpoint = builtin._report_checkpoint

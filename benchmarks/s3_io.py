@@ -26,18 +26,19 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import pyarrow.fs as pafs  # noqa: E402
+import pyarrow.fs as pafs
 
-from benchmarks.checkpoint_io import ray_download, ray_upload, write_checkpoint  # noqa: E402
-from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section  # noqa: E402
-from training import serving  # noqa: E402
-from training.storage import arrow_filesystem, s3_filesystem, s3_settings  # noqa: E402
+from benchmarks.checkpoint_io import ray_download, ray_upload, write_checkpoint
+from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from podium.storage.locations import arrow_filesystem
+from podium.storage.s3 import s3_filesystem, s3_settings
+from podium.training import serving
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ["upload raw", "upload podium", "upload fsspec", "upload ray-default",

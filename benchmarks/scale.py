@@ -26,7 +26,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import (  # noqa: E402
+from benchmarks.workload import (
     Workload,
     fmt,
     load_average,
@@ -59,8 +59,9 @@ def count_selection_queries(tracking_uri: str, experiment_id: str, run_id: str, 
     import sqlalchemy
     from mlflow.tracking import MlflowClient
 
-    from tasks.selection import select_best
-    from tasks.tracking import TrackingRun, list_records
+    from podium.selection import select_best
+    from podium.tracking.client import TrackingRun
+    from podium.tracking.records import list_records
 
     calls = {"api": 0, "sql": 0}
     original = MlflowClient.search_logged_models

@@ -26,8 +26,8 @@ from ray.train.torch import TorchTrainer  # noqa: E402
 
 from benchmarks.instrument import ENV as RECORD_ENV  # noqa: E402
 from benchmarks.workload import FileSink, read_jsonl, validate_repeated  # noqa: E402
-from training import raytrain  # noqa: E402
-from training.storage import arrow_filesystem  # noqa: E402
+from podium.storage.locations import arrow_filesystem  # noqa: E402
+from podium.training import raytrain  # noqa: E402
 
 LOOPS = {"a": "benchmarks.loops:train_loop_plain", "b": "benchmarks.loops:train_loop_inline_validation",
          "c": "benchmarks.loops:train_loop_ray_validation"}
@@ -50,7 +50,7 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
     """Train one way; return the timestamps compare.py turns into the table.
 
     With own_ray=False the caller has started Ray (with init_ray(..., "c")) and keeps it."""
-    from training.imports import resolve_callable
+    from podium.imports import resolve_callable
 
     log = spec["log"]
     if own_ray:

@@ -14,17 +14,18 @@ import platform
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import ray.train
 import torch
 
-from training.checkpoint import load_model
-from training.data import load_arrays, make_classification_data
-from training.events import CheckpointEvent
-from training.model import ModelSpec, build_model, evaluate
+from podium.training.checkpoint import load_model
+from podium.training.data import load_arrays, make_classification_data
+from podium.training.events import CheckpointEvent
+from podium.training.model import ModelSpec, build_model, evaluate
 
 VALIDATE_FN = "benchmarks.workload:validate_repeated"
 
@@ -212,7 +213,7 @@ class CoreSplit:
         return (f"Ray Train worker processes on core {sorted(self.train)}, everything else on core(s) "
                 f"{sorted(self.other)}")
 
-    def __enter__(self) -> "CoreSplit":
+    def __enter__(self) -> CoreSplit:
         if self.enabled:
             self._entered = time.time()
             os.sched_setaffinity(0, self.other)

@@ -1,3 +1,3 @@
-from deployments.definitions import main
+from podium.deployments.definitions import main
 
 main()

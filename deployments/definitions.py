@@ -1,21 +1,21 @@
 """The deployments podium declares: scheduled training, validation of announced checkpoints, promotion.
 
-    python -m deployments deploy --pool podium [--config podium.toml] [--cron "0 2 * * *"] [--timezone UTC]
+    python -m podium.deployments deploy --pool podium [--config podium.toml] [--cron "0 2 * * *"] [--timezone UTC]
 
 registers them against PREFECT_API_URL on a process work pool (created if missing);
 `prefect worker start --pool podium` (or `podium worker`) then runs them.
 
-    python -m deployments serve [--config podium.toml] [--cron ...] [--timezone ...] [--ray-address ...]
+    python -m podium.deployments serve [--config podium.toml] [--cron ...] [--timezone ...] [--ray-address ...]
 
 serves them from this process instead (Prefect's `serve`): runs execute here.
 
 - nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
 - validate-on-event (validate-checkpoint): one run per `podium.checkpoint.persisted` event that a
-  training job outside the flow emitted through `tasks.events.PrefectEventSink`; the event's run,
+  training job outside the flow emitted through `podium.tasks.events.PrefectEventSink`; the event's run,
   checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
-- promote-on-demand (promote-best-checkpoint): promotion of the run named in its `config`.
+- promote-on-demand (promote-run): promotion of the run named in its `config`.
 
-Every deployment's entrypoint is a module path (`flows.pipeline.train_validate_promote`): a worker
+Every deployment's entrypoint is a module path (`podium.flows.pipeline.train_validate_promote`): a worker
 runs the podium version installed beside it, with no code pulled from elsewhere.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from prefect.deployments.runner import RunnerDeployment
@@ -31,11 +31,11 @@ from prefect.events import DeploymentEventTrigger
 from prefect.schedules import Cron
 from prefect.types.entrypoint import EntrypointType
 
-from flows.pipeline import train_validate_promote
-from flows.promote import promote_run
-from flows.validate_checkpoint import RECORD_LOCK, validate_announced_checkpoint
-from tasks.events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
-from training.config import PipelineConfig
+from podium.config import PipelineConfig
+from podium.flows.pipeline import train_validate_promote
+from podium.flows.promote import promote_run
+from podium.flows.validate_checkpoint import RECORD_LOCK, validate_announced_checkpoint
+from podium.tasks.events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
 
 NIGHTLY = "nightly-training"
 VALIDATE = "validate-on-event"
@@ -91,11 +91,12 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
         description="Promote the best validated checkpoint of the run named in the config.",
         entrypoint_type=module,
     )
-    return [nightly, validate, promote]
+    # to_deployment and apply are sync here (no running event loop): Prefect types them as either
+    return [cast(RunnerDeployment, d) for d in (nightly, validate, promote)]
 
 
 def ensure_record_lock() -> None:
-    """Create the global concurrency limit that serializes record creation (see flows.validate_checkpoint)."""
+    """Create the global concurrency limit that serializes record creation (see podium.flows.validate_checkpoint)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -133,18 +134,18 @@ def register_deployments(deployments: list[RunnerDeployment], work_pool: str = W
     """Register deployments (and their triggers' automations) on a process work pool; idempotent."""
     ensure_work_pool(work_pool)
     ensure_record_lock()
-    return [d.apply(work_pool_name=work_pool) for d in deployments]
+    return [cast(UUID, d.apply(work_pool_name=work_pool)) for d in deployments]
 
 
 def main(argv: list[str] | None = None) -> None:
     """Register podium's deployments on a work pool, or serve them from this process."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from podium.cli import OPTIONS, CliError, config_from_args
+    from podium.config import ConfigError, load_config
     from podium.services import ServiceError, ensure_prefect_server
     from podium.settings import PodiumSettings
 
-    parser = argparse.ArgumentParser(prog="python -m deployments", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m podium.deployments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["deploy", "serve"])
     parser.add_argument("--config", help="TOML or JSON run configuration (as for `podium run`).")
@@ -153,14 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pool", default=WORK_POOL, help=f"Process work pool to deploy to (default: {WORK_POOL}).")
     parser.add_argument("--ray-address", help="serve: run on this Ray cluster (sets RAY_ADDRESS).")
     args = parser.parse_args(argv)
-    for flag, *_ in OPTIONS:
-        setattr(args, flag[2:].replace("-", "_"), None)
     settings = PodiumSettings()
     try:
-        config = config_from_args(args, settings)
+        config = load_config(args.config, {}, settings)
         # the configured Prefect API, else the embedded local server (as `podium run` does)
         api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
-    except (CliError, ServiceError) as exc:
+    except (ConfigError, ServiceError) as exc:
         raise SystemExit(f"podium: {exc}") from None
     deployments = build_deployments(config, args.cron, args.timezone)
     if args.action == "deploy":

@@ -3,45 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import cast
 
-from pydantic import BaseModel
 from prefect import flow
+from prefect.futures import PrefectConcurrentFuture
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks.events import CheckpointStream
-from tasks.plan import RunPlan, plan_run_task, run_lock
-from tasks.promote import PromotionOutcome, promote_best_checkpoint_task
-from tasks.report import Progress, publish_reports, say
-from tasks.selection import CheckpointRecord
-from tasks.tracking import (
-    TrackingRun,
-    TrackingUnavailable,
-    close_tracking_run,
-    list_records,
-    log_training_metrics,
-    open_tracking_run_task,
-    record_checkpoint_task,
-)
-from tasks.train import connect_ray_task, train_model
-from tasks.validate import ValidationQueue
-from training.config import PipelineConfig
-
-
-class RunSummary(BaseModel):
-    """What a run produced: its records and the promotion outcome."""
-
-    run_name: str
-    tracking: TrackingRun
-    checkpoints: list[CheckpointRecord]
-    promotion: PromotionOutcome
-    training_ended_at: float | None = None
-    flow_run_id: str | None = None
+from podium.config import PipelineConfig
+from podium.flows.stream import CheckpointStream
+from podium.flows.summary import RunSummary, summarize_run
+from podium.flows.validation import ValidationQueue
+from podium.tasks.plan import RunPlan, plan_run_task, run_lock
+from podium.tasks.promote import promote_best_checkpoint_task
+from podium.tasks.report import Progress, say
+from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
+from podium.tasks.train import connect_ray_task, train_model
+from podium.tracking.client import TrackingUnavailable
+from podium.tracking.records import log_training_metrics
+from podium.tracking.runs import close_tracking_run
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
 # the ValidationQueue enforces the configured concurrency itself.
-@flow(name="train-validate-promote", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=False)
+@flow(name="train-validate-promote", task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
+      log_prints=False)
 def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = None,
                            mlflow_ui: str | None = None) -> RunSummary:
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
@@ -64,10 +50,10 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     seen: set[str] = set()
     try:
         validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
-        training = train_model.submit(plan, stream.sink)
+        training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink))  # the flow's thread pool
         for events in stream.follow(training):
             for event in events:
-                if not event.has_checkpoint:
+                if event.checkpoint_name is None:  # a report without a checkpoint
                     log_training_metrics(tracking, event)
                     continue
                 if event.checkpoint_name in seen:
@@ -98,9 +84,6 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         raise
     finally:
         stream.close()
-    records = list_records(tracking)
-    publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
-                    tracking.run_url(mlflow_ui) if mlflow_ui else None)
+    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at)
     close_tracking_run(tracking)
-    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
-                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id))
+    return summary

@@ -12,16 +12,18 @@ from __future__ import annotations
 from prefect import flow
 from prefect.concurrency.sync import concurrency
 
-from tasks.plan import plan_run_task
-from tasks.report import say
-from tasks.selection import PENDING, CheckpointRecord
-from tasks.tracking import TrackingUnavailable, mark_failed, open_tracking_run_task, record_checkpoint_task
-from tasks.train import connect_ray_task
-from tasks.validate import validation_task
-from training.config import PipelineConfig
-from training.events import CheckpointEvent
+from podium.config import PipelineConfig
+from podium.selection import PENDING, CheckpointRecord
+from podium.tasks.plan import plan_run_task
+from podium.tasks.report import say
+from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
+from podium.tasks.train import connect_ray_task
+from podium.tasks.validate import validation_task
+from podium.tracking.client import TrackingUnavailable
+from podium.tracking.records import mark_failed
+from podium.training.events import CheckpointEvent
 
-# A global concurrency limit of 1 (created by `python -m deployments deploy|serve`): finding or
+# A global concurrency limit of 1 (created by `python -m podium.deployments deploy|serve`): finding or
 # creating an MLflow run and a checkpoint's record is search-then-create, so two validations of the
 # same run starting together would otherwise both create them.
 RECORD_LOCK = "podium-checkpoint-records"

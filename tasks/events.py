@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 from prefect.events import Event, emit_event
 from prefect.events.clients import get_events_client
-from prefect.futures import PrefectConcurrentFuture
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from training import raytrain
-from training.events import CheckpointEvent
+from podium.training.events import CheckpointEvent
 
 logger = logging.getLogger(__name__)
 
@@ -86,34 +83,3 @@ class PrefectEventSink:
 
         with temporary_settings(updates={PREFECT_API_URL: self.api_url}):
             asyncio.run(send())
-
-
-class CheckpointStream:
-    """Announcements from Ray Train's controller, read by the flow while training runs."""
-
-    def __init__(self) -> None:
-        self.queue = raytrain.open_event_queue()
-        self.sink = raytrain.RayQueueSink(self.queue)
-
-    def follow(self, training: PrefectConcurrentFuture, poll_s: float = 0.2) -> Iterator[list[CheckpointEvent]]:
-        """Yield the announcements that arrived (possibly none) every `poll_s` seconds at most,
-        until training has ended and the queue is empty."""
-        while True:
-            done = training.wrapped_future.done()  # in-process: no API round trip per poll
-            events = raytrain.drain(self.queue, timeout=poll_s)
-            for event in events:
-                if event.has_checkpoint:
-                    try:
-                        emit_checkpoint_event(event)
-                    except Exception:  # the Prefect event is a mirror; the flow has the event already
-                        logger.exception("could not emit Prefect event for step %d", event.step)
-            yield events
-            if done and not events:
-                return
-
-    def close(self) -> None:
-        """Stop the queue actor."""
-        try:
-            self.queue.shutdown()
-        except Exception:
-            logger.debug("queue shutdown failed", exc_info=True)

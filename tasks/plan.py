@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict
 
-from training.config import ConfigError, PipelineConfig
-from training.data import DataSchemaError, inspect_dataset
-from training.imports import ImportPathError, resolve_callable
-from training.storage import StorageError, check_location, normalize_location, redact
+from podium.config import ConfigError, PipelineConfig
+from podium.imports import ImportPathError, resolve_callable
+from podium.redaction import redact_uri
+from podium.storage.locations import normalize_location
+from podium.storage.preflight import check_location
+from podium.storage.s3 import StorageError
+from podium.training.data import DataSchemaError, inspect_dataset
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_LOOP = "training.loop:train_loop_per_worker"
-BUILTIN_VALIDATE = "training.validate:validate_checkpoint"
+BUILTIN_LOOP = "podium.training.loop:train_loop_per_worker"
+BUILTIN_VALIDATE = "podium.training.validate:validate_checkpoint"
 BUILTIN_METRICS = {"val_loss", "val_accuracy", "loss", "accuracy"}
 
 
@@ -50,7 +54,7 @@ def check_writable(uri: str, field: str) -> str:
     try:
         return check_location(uri, write=True)
     except StorageError as exc:
-        raise ConfigError(f"{field} = {redact(uri)!r}: {exc.reason}") from None
+        raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
 
 
 def plan_run(config: PipelineConfig) -> RunPlan:
@@ -135,8 +139,9 @@ def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
     after a crash starts at once), an S3 lease otherwise (a dead run's lease expires
     PODIUM_S3_LEASE_TTL_S after its last renewal: a rerun waits that long at most).
     """
-    from training.lease import LeaseError, location_lock
-    from training.storage import is_s3, join, s3_settings
+    from podium.storage.lease import LeaseError, location_lock
+    from podium.storage.locations import is_s3, join
+    from podium.storage.s3 import s3_settings
 
     if wait_s is None:
         wait_s = s3_settings().lease_ttl_s + 5 if is_s3(plan.storage) else 0.0

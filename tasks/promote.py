@@ -7,26 +7,23 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from pydantic import BaseModel
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
 
-from tasks.plan import RunPlan
-from tasks.selection import Champion, CheckpointRecord, Decision, decide_promotion, select_best
-from tasks.tracking import (
-    TrackingRun,
-    alias_target,
-    list_records,
-    register_champion,
-    registered_version_for,
-    set_alias,
-)
-from tasks.train import connect_ray
-from tasks.validate import validate
-from training import serving as srv
-from training.lease import LeaseError, location_lock
+from podium.selection import Champion, CheckpointRecord, Decision, decide_promotion, select_best
+from podium.serving import layout, load, staging
+from podium.storage.lease import LeaseError, location_lock
+from podium.storage.locations import join, normalize_location
+from podium.tasks.plan import RunPlan
+from podium.tasks.train import connect_ray
+from podium.tasks.validate import validate
+from podium.tracking.client import TrackingRun
+from podium.tracking.records import list_records
+from podium.tracking.registry import alias_target, register_champion, registered_version_for, set_alias
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +51,7 @@ class PromotionOutcome(BaseModel):
 
 def read_champion(serving: str) -> Champion | None:
     """The current champion as the decision function sees it."""
-    current = srv.read_current(serving)
+    current = layout.read_current(serving)
     if current is None:
         return None
     m = current.manifest
@@ -70,7 +67,7 @@ def decide(plan: RunPlan, records: list[CheckpointRecord]) -> tuple[Decision, Ch
     return decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why), champion
 
 
-def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVersion) -> None:
+def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
     """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
 
     'load': the model loads from the copy, in this process, with the safe loader serving uses
@@ -80,7 +77,7 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVer
     """
     p = plan.config.promotion
     if p.verify == "load":
-        srv.check_loadable(version)
+        load.check_loadable(version)
         return
     if p.verify != "revalidate":
         return
@@ -88,7 +85,7 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: srv.PromotedVer
     connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
     got = validate(plan, record, uri=version.uri).get(p.metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
-        raise srv.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
+        raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
                                f"was recorded with {expected}: not promoted")
 
 
@@ -101,12 +98,12 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
                             "metric": p.metric, "mode": p.mode, "value": decision.value,
                             "metrics": record.metrics, "model_id": record.model_id}
-    version = srv.stage_version(plan.serving, record.uri, info)
+    version = staging.stage_version(plan.serving, record.uri, info)
     check_copy(plan, record, version)
     still_locked()
-    srv.seal_version(plan.serving, version)
+    layout.seal_version(plan.serving, version)
     still_locked()
-    srv.switch_current(plan.serving, version, decision.reason)
+    layout.switch_current(plan.serving, version, decision.reason)
     mlflow_version = register_champion(
         tracking, record, version.uri, p.registered_model, p.alias,
         tags={"podium.serving_version": version.version, "podium.step": str(record.step),
@@ -124,7 +121,7 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
     is finished here, when promotion runs again.
     """
     p = plan.config.promotion
-    current = srv.read_current(plan.serving)
+    current = layout.read_current(plan.serving)
     if current is None:
         return None
     version = registered_version_for(tracking.tracking_uri, p.registered_model, current.uri)
@@ -154,13 +151,13 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[
         with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
             yield check
     except LeaseError as exc:
-        raise srv.ServingError(str(exc)) from None
+        raise layout.ServingError(str(exc)) from None
 
 
-def record_attempt(serving: str, tracking: TrackingRun, outcome: "PromotionOutcome") -> None:
+def record_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome) -> None:
     """Every promotion attempt, promoted or not, is kept under <serving>/attempts/."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
-    srv.write_json(srv.join(srv.normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
+    layout.write_json(join(normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
                    {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "at": time.time(),
                     **outcome.model_dump(mode="json")})
 
@@ -204,17 +201,17 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
 
 def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
                to_version: str | None, still_locked: Callable[[], None]) -> RollbackOutcome:
-    current = srv.read_current(serving)
+    current = layout.read_current(serving)
     if current is None:
-        raise srv.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
-    target_name = to_version or (srv.read_pointer(serving) or {}).get("previous")
+        raise layout.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+    target_name = to_version or (layout.read_pointer(serving) or {}).get("previous")
     if not target_name:
-        raise srv.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
-    target = srv.read_version(serving, target_name)
+        raise layout.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
+    target = layout.read_version(serving, target_name)
     if target is None:
-        raise srv.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
+        raise layout.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
     still_locked()
-    srv.switch_current(serving, target, f"rollback from {current.version}")
+    layout.switch_current(serving, target, f"rollback from {current.version}")
     version = registered_version_for(tracking_uri, registered_model, target.uri)
     if version is not None:
         set_alias(tracking_uri, registered_model, alias, version)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from typing import cast
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -14,9 +15,9 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from tasks.promote import PromotionOutcome
-from tasks.selection import CheckpointRecord
-from tasks.tracking import TrackingRun, reaching_tracking
+from podium.selection import CheckpointRecord
+from podium.tasks.promote import PromotionOutcome
+from podium.tracking.client import TrackingRun, reaching_tracking
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -143,8 +144,9 @@ class Progress:
         self.announced = 0
         self.id: UUID | None = None
         try:
-            self.id = create_progress_artifact(progress=0.0, key=artifact_key(run_name, "progress"),
-                                               description="Training epochs done (validations follow)")
+            self.id = cast(UUID, create_progress_artifact(  # sync outside an event loop
+               progress=0.0, key=artifact_key(run_name, "progress"),
+                                               description="Training epochs done (validations follow)"))
         except Exception:
             logger.warning("could not create the progress artifact", exc_info=True)
 

@@ -7,10 +7,10 @@ import time
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.plan import RunPlan
-from training import raytrain
-from training.events import CheckpointEvent, EventSink
-from training.imports import resolve_callable
+from podium.imports import resolve_callable
+from podium.tasks.plan import RunPlan
+from podium.training import raytrain
+from podium.training.events import CheckpointEvent, EventSink
 
 
 def required_cpus(plan: RunPlan) -> float:

@@ -11,7 +11,6 @@ cannot run code when loaded.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.model import ModelSpec, build_model
+from podium.training.model import ModelSpec, build_model
 
 FORMAT = "podium/1"
 MODEL_FILE = "model.pt"
@@ -132,24 +131,3 @@ def load_training_state(
     if os.path.exists(opt_path):
         optimizer.load_state_dict(_load_tensors(opt_path))
     return meta
-
-
-def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numeric entries of a metrics dict as floats (NaN and inf kept: callers decide)."""
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            out[k] = float(v)
-        elif hasattr(v, "item"):
-            try:
-                out[k] = float(v.item())
-            except (TypeError, ValueError):
-                continue
-    return out
-
-
-def is_finite(value: float | None) -> bool:
-    """True for a real, finite number."""
-    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)

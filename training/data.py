@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from training.storage import arrow_filesystem, check_location, fsspec_filesystem, is_remote, join
+from podium.storage.locations import arrow_filesystem, fsspec_filesystem, is_remote, join
+from podium.storage.preflight import check_location
 
 
 class DataSchemaError(ValueError):

@@ -29,7 +29,7 @@ class CheckpointEvent:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CheckpointEvent":
+    def from_dict(cls, data: dict[str, Any]) -> CheckpointEvent:
         """Inverse of to_dict."""
         return cls(**data)
 
@@ -50,3 +50,22 @@ def step_of(metrics: dict[str, Any], fallback: int) -> int:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return int(value)
     return fallback
+
+
+def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a metrics dict as floats; NaN and infinities are kept (the caller decides).
+
+    Booleans and values that are not numbers (strings, lists) are left out; a tensor or NumPy
+    scalar counts by its `.item()`."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[k] = float(v)
+        elif hasattr(v, "item"):
+            try:
+                out[k] = float(v.item())
+            except (TypeError, ValueError):
+                continue
+    return out

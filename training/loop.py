@@ -16,9 +16,9 @@ import ray.train.torch
 import torch
 from torch import nn
 
-from training.checkpoint import CheckpointMeta, load_training_state, save_checkpoint
-from training.data import load_arrays
-from training.model import ModelSpec, build_model
+from podium.training.checkpoint import CheckpointMeta, load_training_state, save_checkpoint
+from podium.training.data import load_arrays
+from podium.training.model import ModelSpec, build_model
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def _report_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, spec:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = None
         if rank == 0:
-            inner = model.module if hasattr(model, "module") else model
+            wrapped = getattr(model, "module", None)  # DDP wraps the model
+            inner = wrapped if isinstance(wrapped, nn.Module) else model
             meta = CheckpointMeta(model=spec, epoch=int(metrics["epoch"]), step=step, metrics=metrics,
                                   config={k: v for k, v in config.items() if _is_plain(v)},
                                   feature_columns=list(config["feature_columns"]),

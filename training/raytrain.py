@@ -14,18 +14,18 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 import ray.train
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, UserCallback
-from ray.train.torch import TorchTrainer
 from ray.util.queue import Empty, Queue
 
-from training.checkpoint import finite_metrics
-from training.events import CheckpointEvent, EventSink, step_of
-from training.imports import resolve_callable
-from training.storage import arrow_filesystem, join, s3_environment, uri_of
+from podium.imports import resolve_callable
+from podium.storage.locations import arrow_filesystem, join, uri_of
+from podium.storage.s3 import s3_environment
+from podium.training.events import CheckpointEvent, EventSink, numeric_metrics, step_of
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class CheckpointAnnouncer(UserCallback):
             run_name=self.run_name,
             step=step_of(rank0, self._reports),
             epoch=int(rank0["epoch"]) if isinstance(rank0.get("epoch"), (int, float)) else None,
-            metrics=finite_metrics(rank0),
+            metrics=numeric_metrics(rank0),
             checkpoint_uri=uri_of(checkpoint.filesystem, checkpoint.path) if checkpoint else None,
             checkpoint_name=os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else None,
         )
@@ -84,6 +84,8 @@ def code_roots(import_paths: list[str]) -> list[str]:
     roots = []
     for path in import_paths:
         module_name = path.partition(":")[0]
+        if module_name.split(".")[0] == "podium":  # installed beside Ray: the workers import it as the driver does
+            continue
         module = importlib.import_module(module_name)
         file = getattr(module, "__file__", None)
         if not file or "site-packages" in file or "dist-packages" in file:
@@ -117,7 +119,7 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
                 py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
                                   else top.__file__)
         # the endpoint/region settings go along (never credentials: each node has its own chain)
-        runtime_env = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
+        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
         if py_modules:
             runtime_env["py_modules"] = sorted(set(py_modules))
         ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
@@ -160,10 +162,12 @@ def fit(
     num_workers: int,
     use_gpu: bool,
     cpus_per_worker: float,
-    callbacks: list[UserCallback],
+    callbacks: list[Any],
     max_failures: int = 0,
 ) -> None:
     """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint."""
+    from ray.train.torch import TorchTrainer  # torch loads here, in the process that trains, not on import
+
     fs, path = arrow_filesystem(storage)
     trainer = TorchTrainer(
         train_loop_per_worker=train_loop,
@@ -196,7 +200,7 @@ def call_validation(fn_path: str, checkpoint_uri: str, kwargs: dict[str, Any]) -
     result = fn(checkpoint_at(checkpoint_uri), **select_kwargs(fn, kwargs))
     if not isinstance(result, dict):
         raise TypeError(f"validation function {fn_path} returned {type(result).__name__}, expected a dict")
-    metrics = finite_metrics(result)
+    metrics = numeric_metrics(result)
     dropped = sorted(set(result) - set(metrics))
     if dropped:
         logger.warning("validation of %s: non-numeric metrics ignored: %s", checkpoint_uri, dropped)
@@ -283,7 +287,7 @@ def persisted_checkpoints(storage: str, run_name: str) -> list[CheckpointEvent]:
         metrics = result.get("metrics", {})
         epoch = metrics.get("epoch")
         events.append(CheckpointEvent(
-            run_name=run_name, step=step_of(metrics, i), metrics=finite_metrics(metrics),
+            run_name=run_name, step=step_of(metrics, i), metrics=numeric_metrics(metrics),
             epoch=int(epoch) if isinstance(epoch, (int, float)) else None,
             checkpoint_uri=uri_of(fs, f"{path}/{name}"), checkpoint_name=name))
     return events

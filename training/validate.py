@@ -5,9 +5,9 @@ from __future__ import annotations
 import ray.train
 import torch
 
-from training.checkpoint import load_model
-from training.data import load_arrays
-from training.model import evaluate
+from podium.training.checkpoint import load_model
+from podium.training.data import load_arrays
+from podium.training.model import evaluate
 
 
 def validate_checkpoint(

@@ -38,7 +38,7 @@ def ray_cluster():
     """A local Ray runtime shared by the session, sized for 2 training workers + 2 validations."""
     import ray
 
-    from training import raytrain
+    from podium.training import raytrain
 
     raytrain.ensure_ray(4, ["podium_user_code:train_func"])
     yield
@@ -48,7 +48,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> tuple[str, str]:
     """The synthetic Parquet dataset, small."""
-    from training.data import make_classification_data
+    from podium.training.data import make_classification_data
 
     out = tmp_path_factory.mktemp("data")
     return make_classification_data(str(out), train_rows=12000, val_rows=3000)
@@ -67,8 +67,8 @@ def locations(tmp_path) -> dict[str, str]:
 @pytest.fixture
 def pipeline(prefect_api, ray_cluster):
     """Run the train-validate-promote flow against the real servers."""
-    from flows.pipeline import train_validate_promote
-    from training.config import build_config
+    from podium.config import build_config
+    from podium.flows.pipeline import train_validate_promote
 
     def run(config: dict, tracking_uri: str, name_suffix: str = ""):
         cfg = build_config(config)

@@ -12,10 +12,10 @@ import time
 
 import pytest
 from mlflow.tracking import MlflowClient
-
 from prefect_queries import task_runs
-from tasks.tracking import TAG_CHECKPOINT, TAG_STATUS
-from training.serving import read_history
+
+from podium.serving.layout import read_history
+from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS
 
 pytestmark = pytest.mark.integration
 

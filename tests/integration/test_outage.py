@@ -21,20 +21,13 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-
 from servers import wait_http_ok
-from tasks.tracking import (
-    TAG_CHECKPOINT,
-    TAG_RUN,
-    TAG_STATUS,
-    TAG_STEP,
-    list_records,
-    merge_validation,
-    open_tracking_run,
-    record_checkpoint,
-)
-from training.events import CheckpointEvent
-from training.serving import read_history
+
+from podium.serving.layout import read_history
+from podium.tracking.client import TAG_CHECKPOINT, TAG_RUN, TAG_STATUS, TAG_STEP
+from podium.tracking.records import list_records, merge_validation, record_checkpoint
+from podium.tracking.runs import open_tracking_run
+from podium.training.events import CheckpointEvent
 
 pytestmark = pytest.mark.integration
 

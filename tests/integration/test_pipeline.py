@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
 from podium import load_promoted_model
-from prefect_queries import artifact_keys, checkpoint_events, task_runs
-from tasks.tracking import TAG_CHECKPOINT
-from training.data import load_arrays
-from training.serving import read_current, read_history
+from podium.serving.layout import read_current, read_history
+from podium.tracking.client import TAG_CHECKPOINT
+from podium.training.data import load_arrays
 
 pytestmark = pytest.mark.integration
 

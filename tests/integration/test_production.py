@@ -4,7 +4,7 @@
 - an `mlflow server` on PostgreSQL (another database), artifacts in a local folder,
 - a Ray cluster of two nodes: `ray start --head` plus `ray start --address` (two raylets on this
   machine, 2 CPUs each), with storage both nodes share (a local folder is shared on one machine),
-- podium's deployments registered with `python -m deployments deploy` on a process work pool, and
+- podium's deployments registered with `python -m podium.deployments deploy` on a process work pool, and
   a worker (`podium worker --ray-address ...`) that runs them on that cluster.
 
 Cost: about 3 to 5 minutes on 2 busy cores, most of it starting the servers (their schema
@@ -35,23 +35,18 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
 from prefect.deployments import run_deployment
-
-from deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
-from flows.validate_checkpoint import RECORD_LOCK
 from prefect_queries import checkpoint_events, task_runs
 from servers import wait_http_ok
-from tasks.events import EVENT_PERSISTED
-from tasks.tracking import (
-    TAG_CHECKPOINT,
-    find_tracking_run,
-    list_records,
-    merge_validation,
-    open_tracking_run,
-    record_checkpoint,
-)
-from training.config import expand_run_name
-from training.events import CheckpointEvent
-from training.serving import read_current
+
+from podium.config import expand_run_name
+from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
+from podium.flows.validate_checkpoint import RECORD_LOCK
+from podium.serving.layout import read_current
+from podium.tasks.events import EVENT_PERSISTED
+from podium.tracking.client import TAG_CHECKPOINT
+from podium.tracking.records import list_records, merge_validation, record_checkpoint
+from podium.tracking.runs import find_tracking_run, open_tracking_run
+from podium.training.events import CheckpointEvent
 
 pytestmark = [pytest.mark.integration, pytest.mark.production]
 
@@ -271,7 +266,7 @@ def stack(databases, tmp_path_factory):
 @pytest.fixture(scope="module")
 def team(stack):
     """What a team's operator sets up: shared folders, data, a config file, the deployments, a worker."""
-    from training.data import make_classification_data
+    from podium.training.data import make_classification_data
 
     shared = stack.root / "shared"  # every node reaches it: one machine
     train, val = make_classification_data(str(shared / "data"), train_rows=2000, val_rows=500)
@@ -292,7 +287,7 @@ def team(stack):
     env = {**os.environ, "PREFECT_API_URL": stack.prefect, "MLFLOW_TRACKING_URI": stack.mlflow,
            "PODIUM_HOME": str(stack.root / "podium-home")}
     env.pop("RAY_ADDRESS", None)
-    deploy = subprocess.run([sys.executable, "-m", "deployments", "deploy", "--pool", POOL, "--config",
+    deploy = subprocess.run([sys.executable, "-m", "podium.deployments", "deploy", "--pool", POOL, "--config",
                              str(config_file), "--cron", cron, "--timezone", "UTC"],
                             env=env, capture_output=True, text=True, timeout=600)
     assert deploy.returncode == 0, f"deploy failed:\n{deploy.stdout}\n{deploy.stderr[-4000:]}"
@@ -421,11 +416,11 @@ import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from tasks.events import PrefectEventSink
-from tasks.plan import plan_run
-from training.config import PipelineConfig
-from training.loop import train_loop_per_worker
-from training.raytrain import CheckpointAnnouncer
+from podium.tasks.events import PrefectEventSink
+from podium.tasks.plan import plan_run
+from podium.config import PipelineConfig
+from podium.training.loop import train_loop_per_worker
+from podium.training.raytrain import CheckpointAnnouncer
 
 config = PipelineConfig.model_validate(json.loads(sys.argv[1]))
 ray.init()  # RAY_ADDRESS

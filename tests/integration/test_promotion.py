@@ -15,14 +15,15 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from podium import load_promoted_model
-from tasks.plan import RunPlan
-from tasks.promote import promote_best_checkpoint, roll_back
-from tasks.tracking import merge_validation, open_tracking_run, record_checkpoint
-from training.checkpoint import CheckpointMeta, save_checkpoint
-from training.config import PipelineConfig
-from training.events import CheckpointEvent
-from training.model import ModelSpec, build_model
-from training.serving import read_current, read_history
+from podium.config import PipelineConfig
+from podium.serving.layout import read_current, read_history
+from podium.tasks.plan import RunPlan
+from podium.tasks.promote import promote_best_checkpoint, roll_back
+from podium.tracking.records import merge_validation, record_checkpoint
+from podium.tracking.runs import open_tracking_run
+from podium.training.checkpoint import CheckpointMeta, save_checkpoint
+from podium.training.events import CheckpointEvent
+from podium.training.model import ModelSpec, build_model
 
 pytestmark = pytest.mark.integration
 

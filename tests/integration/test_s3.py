@@ -23,18 +23,23 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-
 from s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
-from tasks.plan import BUILTIN_LOOP, RunPlan, plan_run
-from tasks.promote import promote_best_checkpoint
-from tasks.tracking import merge_validation, open_tracking_run, record_checkpoint
-from training.checkpoint import CheckpointMeta, save_checkpoint
-from training.config import ConfigError, build_config
-from training.data import load_arrays, make_classification_data
-from training.events import CheckpointEvent
-from training.model import ModelSpec, build_model
-from training.serving import fetch_version, load_promoted_model, read_current, read_history, stage_version
-from training.storage import MiB, MultipartWriter, arrow_filesystem, open_range_reader, s3_filesystem
+
+from podium.config import ConfigError, build_config
+from podium.serving.layout import read_current, read_history
+from podium.serving.load import fetch_version, load_promoted_model
+from podium.serving.staging import stage_version
+from podium.storage.locations import arrow_filesystem
+from podium.storage.s3 import MiB, s3_filesystem
+from podium.storage.transfer import MultipartWriter, open_range_reader
+from podium.tasks.plan import BUILTIN_LOOP, RunPlan, plan_run
+from podium.tasks.promote import promote_best_checkpoint
+from podium.tracking.records import merge_validation, record_checkpoint
+from podium.tracking.runs import open_tracking_run
+from podium.training.checkpoint import CheckpointMeta, save_checkpoint
+from podium.training.data import load_arrays, make_classification_data
+from podium.training.events import CheckpointEvent
+from podium.training.model import ModelSpec, build_model
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +73,7 @@ def ray_with_s3(s3, ray_cluster):
     """
     import ray
 
-    from training import raytrain
+    from podium.training import raytrain
 
     worker_tmp = tempfile.mkdtemp(prefix="podium-s3-")
     saved = {k: os.environ.get(k) for k in ("TMPDIR", "RAY_TMPDIR")}
@@ -98,9 +103,9 @@ def _leaks(text: str) -> list[str]:
 def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+    from prefect_queries import flow_run_id
 
     from podium.services import prepare_mlflow
-    from prefect_queries import flow_run_id
 
     train, val = make_classification_data(f"s3://{BUCKET}/data", train_rows=3000, val_rows=1000)
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -189,7 +194,7 @@ def _outputs(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _reference_outputs(tmp_path: Path, seed: int) -> torch.Tensor:
-    from training.checkpoint import load_model
+    from podium.training.checkpoint import load_model
 
     return _outputs(load_model(str(tmp_path / f"local-{seed}"))[0])
 
@@ -236,15 +241,16 @@ STEPS = ["mid-copy", "before-manifest", "before-pointer", "before-alias"]
 @pytest.mark.parametrize("die_at", STEPS)
 def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(promotion_setup, tmp_path, monkeypatch,
                                                                              die_at):
-    import tasks.promote
-    import training.serving
+    import podium.serving.layout
+    import podium.serving.staging
+    import podium.tasks.promote
 
     plan, tracking = promotion_setup
     serving = plan.serving
     with monkeypatch.context() as m:
         if die_at == "mid-copy":  # one file copied, then the process is gone
             calls = []
-            copy = training.serving.copy_s3_object
+            copy = podium.serving.staging.copy_s3_object
 
             def copy_then_die(*args, **kwargs):
                 calls.append(1)
@@ -252,12 +258,12 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
                     raise Died()
                 return copy(*args, **kwargs)
 
-            m.setattr(training.serving, "copy_s3_object", copy_then_die)
-            m.setattr(training.serving, "PARALLEL_FILES", 1)
+            m.setattr(podium.serving.staging, "copy_s3_object", copy_then_die)
+            m.setattr(podium.serving.layout, "PARALLEL_FILES", 1)
         else:
-            target = {"before-manifest": (training.serving, "seal_version"),
-                      "before-pointer": (training.serving, "switch_current"),
-                      "before-alias": (tasks.promote, "register_champion")}[die_at]
+            target = {"before-manifest": (podium.serving.layout, "seal_version"),
+                      "before-pointer": (podium.serving.layout, "switch_current"),
+                      "before-alias": (podium.tasks.promote, "register_champion")}[die_at]
             m.setattr(*target, lambda *a, **k: (_ for _ in ()).throw(Died()))
         with pytest.raises(Died):
             promote_best_checkpoint(plan, tracking)
@@ -289,18 +295,18 @@ def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tm
     script = tmp_path / "promote_and_die.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal
-        import training.serving as srv
-        from tasks.plan import RunPlan
-        from tasks.promote import promote_best_checkpoint
-        from tasks.tracking import TrackingRun
+        import podium.serving.layout as layout, podium.serving.staging as staging
+        from podium.tasks.plan import RunPlan
+        from podium.tasks.promote import promote_best_checkpoint
+        from podium.tasks.tracking import TrackingRun
 
-        copy, calls = srv.copy_s3_object, []
+        copy, calls = staging.copy_s3_object, []
         def copy_then_die(*args, **kwargs):
             calls.append(1)
             if len(calls) > 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             return copy(*args, **kwargs)
-        srv.copy_s3_object, srv.PARALLEL_FILES = copy_then_die, 1
+        staging.copy_s3_object, layout.PARALLEL_FILES = copy_then_die, 1
         plan = RunPlan.model_validate_json({plan.model_dump_json()!r})
         promote_best_checkpoint(plan, TrackingRun(**{dataclasses.asdict(tracking)!r}))
     """))
@@ -357,7 +363,7 @@ def test_reader_refuses_an_object_replaced_while_read(s3, monkeypatch):
 
 
 def test_large_object_copied_part_by_part_keeps_its_etag(s3):
-    from training.serving import copy_s3_object
+    from podium.serving.staging import copy_s3_object
 
     fs = s3_filesystem()
     writer = MultipartWriter(fs, f"{BUCKET}/big/src.bin", part_size=5 * MiB, concurrency=4)
@@ -439,7 +445,7 @@ def test_unusable_location_fails_before_training_and_writes_nothing(strict_s3, d
 
 LEASE_HOLDER = """
 import sys, time
-from training.lease import LeaseError, ObjectLease
+from podium.storage.lease import LeaseError, ObjectLease
 lease = ObjectLease(sys.argv[1], ttl_s=float(sys.argv[2])).acquire(timeout_s=30)
 print("held", flush=True)
 while True:
@@ -461,7 +467,7 @@ def _hold_lease(tmp_path: Path, uri: str, ttl_s: float) -> subprocess.Popen:
 
 
 def test_s3_lease_excludes_others_and_is_taken_over_when_its_holder_dies(s3, tmp_path):
-    from training.lease import LeaseError, ObjectLease
+    from podium.storage.lease import LeaseError, ObjectLease
 
     uri = f"s3://{BUCKET}/{tmp_path.name}/serving/.promotion.lock"
     holder = _hold_lease(tmp_path, uri, ttl_s=2.0)
@@ -482,7 +488,7 @@ def test_s3_lease_excludes_others_and_is_taken_over_when_its_holder_dies(s3, tmp
 
 
 def test_s3_lease_holder_that_stalls_past_its_ttl_learns_it_lost_the_lease(s3, tmp_path):
-    from training.lease import ObjectLease
+    from podium.storage.lease import ObjectLease
 
     uri = f"s3://{BUCKET}/{tmp_path.name}/serving/.promotion.lock"
     holder = _hold_lease(tmp_path, uri, ttl_s=1.5)
@@ -502,9 +508,9 @@ def test_s3_lease_holder_that_stalls_past_its_ttl_learns_it_lost_the_lease(s3, t
 
 PROMOTER = """
 import os, sys, time, json
-from tasks.plan import RunPlan
-from tasks.promote import promote_best_checkpoint
-from tasks.tracking import TrackingRun
+from podium.tasks.plan import RunPlan
+from podium.tasks.promote import promote_best_checkpoint
+from podium.tasks.tracking import TrackingRun
 plan = RunPlan.model_validate_json(open(sys.argv[1]).read())
 tracking = TrackingRun(**json.load(open(sys.argv[2])))
 while not os.path.exists(sys.argv[3]):
@@ -544,7 +550,7 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
 
 
 # --------------------------------------------------------------------------------------------
-# The store briefly unreachable: podium's S3 retries (training.storage.S3_RETRIES) ride it out
+# The store briefly unreachable: podium's S3 retries (podium.storage.s3.S3_RETRIES) ride it out
 
 
 @pytest.fixture
@@ -561,7 +567,7 @@ def relayed(s3, monkeypatch):
 def test_store_unreachable_for_seconds_is_ridden_out_and_nothing_is_lost(relayed, tmp_path):
     import threading
 
-    from training.serving import load_version_model
+    from podium.serving.load import load_version_model
 
     prefix = f"s3://{BUCKET}/{tmp_path.name}"
     source = f"{prefix}/storage/run/checkpoint_000001"

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from training.checkpoint import CheckpointMeta, save_checkpoint
-from training.data import make_classification_data
-from training.model import ModelSpec, build_model
+from podium.training.checkpoint import CheckpointMeta, save_checkpoint
+from podium.training.data import make_classification_data
+from podium.training.model import ModelSpec, build_model
 
 SPEC = ModelSpec(in_features=3, num_classes=2, hidden_size=8)
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
-from training.checkpoint import CheckpointFormatError, load_model, load_training_state, read_meta
-from training.model import build_model
+from podium.training.checkpoint import CheckpointFormatError, load_model, load_training_state, read_meta
+from podium.training.model import build_model
 
 
 class _RunsCodeWhenUnpickled:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import podium.cli as cli
+import podium.commands as commands
 import podium.services
 from podium.cli import OPTIONS, CliError, build_parser, config_from_args, main
 from podium.settings import PodiumSettings
@@ -33,7 +33,7 @@ def test_flags_become_the_nested_config(tmp_path):
 
 def test_verify_modes_and_the_old_bool(tmp_path):
     assert config_for(["run", "--verify", "revalidate"], tmp_path).promotion.verify == "revalidate"
-    from training.config import ConfigError, build_config
+    from podium.config import ConfigError, build_config
     assert build_config({"promotion": {"verify": True}}).promotion.verify == "revalidate"
     assert build_config({"promotion": {"verify": False}}).promotion.verify == "hashes"
     with pytest.raises(ConfigError, match="verify"):
@@ -73,7 +73,7 @@ def test_invalid_run_fails_before_any_server_starts(tmp_path, monkeypatch, capsy
 
     monkeypatch.setenv("PODIUM_HOME", str(tmp_path))
     # routes library logs to a file under home and edits the root logger: not what this test is about
-    monkeypatch.setattr(cli, "_quiet_libraries", lambda log_file: None)
+    monkeypatch.setattr(commands, "_quiet_libraries", lambda log_file: None)
     monkeypatch.setattr(podium.services, "ensure_prefect_server", no_server)
     monkeypatch.setattr(podium.services, "prepare_mlflow", no_server)
 

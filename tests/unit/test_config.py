@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import ConfigError, PipelineConfig, build_config
+from podium.config import ConfigError, PipelineConfig, build_config
 
 
 def test_defaults_build():
     config = build_config({})
     assert isinstance(config, PipelineConfig)
     assert (config.training.epochs, config.scaling.num_workers, config.promotion.mode) == (5, 2, "min")
-    assert config.validation.fn == "training.validate:validate_checkpoint"
+    assert config.validation.fn == "podium.training.validate:validate_checkpoint"
 
 
 def test_nested_values_are_typed():

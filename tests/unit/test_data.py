@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from training.data import DataSchemaError, inspect_dataset, load_arrays, make_classification_data
+from podium.training.data import DataSchemaError, inspect_dataset, load_arrays, make_classification_data
 
 
 def test_same_seed_writes_the_same_data(tmp_path):

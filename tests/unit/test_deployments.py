@@ -13,14 +13,14 @@ from prefect.server.events.schemas.automations import EventTrigger as ServerEven
 from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
-from deployments.definitions import NIGHTLY, PROMOTE, VALIDATE, build_deployments
-from flows.pipeline import train_validate_promote
-from flows.promote import promote_run
-from flows.validate_checkpoint import validate_announced_checkpoint
-from tasks.events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
-from training.config import PipelineConfig
-from training.events import CheckpointEvent
-from training.raytrain import CheckpointAnnouncer
+from podium.config import PipelineConfig
+from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE, build_deployments
+from podium.flows.pipeline import train_validate_promote
+from podium.flows.promote import promote_run
+from podium.flows.validate_checkpoint import validate_announced_checkpoint
+from podium.tasks.events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
+from podium.training.events import CheckpointEvent
+from podium.training.raytrain import CheckpointAnnouncer
 
 CONFIG = PipelineConfig(run_name="nightly", data={"train": "/d/train.parquet", "val": "/d/val.parquet"})
 CHECKPOINT = CheckpointEvent(run_name="ext-job", step=188, metrics={"loss": 0.25, "accuracy": 0.9},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.events import CheckpointEvent, step_of
+from podium.training.events import CheckpointEvent, step_of
 
 
 @pytest.mark.parametrize("metrics, expected", [

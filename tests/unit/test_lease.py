@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 
-from training.lease import LeaseError, location_lock
+from podium.storage.lease import LeaseError, location_lock
 
 
 def test_local_lock_names_its_holder_and_is_freed_when_the_holder_dies(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from training.lease import location_lock
+        from podium.storage.lease import location_lock
         with location_lock({str(tmp_path)!r}, ".run.lock", 5, "run"):
             print("held", flush=True)
             time.sleep(60)

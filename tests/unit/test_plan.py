@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.plan import RunPlan, plan_run
-from training.config import ConfigError, PipelineConfig, build_config
+from podium.config import ConfigError, PipelineConfig, build_config
+from podium.tasks.plan import RunPlan, plan_run
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_plan_on_demo_data(make_config, tmp_path):
     assert plan.loop_config["feature_columns"] == ["f00", "f01", "f02"]
     assert plan.loop_config["num_classes"] == 3
     assert plan.loop_config["epochs"] == 2
-    assert plan.train_loop == "training.loop:train_loop_per_worker"
+    assert plan.train_loop == "podium.training.loop:train_loop_per_worker"
     assert plan.validate_kwargs["feature_columns"] == ["f00", "f01", "f02"]
     for location in (plan.storage, plan.serving):  # created, and the write probe left nothing behind
         assert os.path.isabs(location) and os.listdir(location) == []
@@ -56,8 +56,8 @@ def test_empty_locations_and_bad_import_paths_are_reported_together(make_config)
 
 
 def test_train_loop_attribute_that_does_not_exist(make_config):
-    message = plan_error(make_config(training={"train_loop": "training.loop:no_such_loop"}))
-    assert "training.train_loop = 'training.loop:no_such_loop': module 'training.loop' has no attribute" in message
+    message = plan_error(make_config(training={"train_loop": "podium.training.loop:no_such_loop"}))
+    assert "training.train_loop = 'podium.training.loop:no_such_loop': module 'podium.training.loop' has no attribute" in message
 
 
 def test_metric_the_builtin_loop_does_not_report(make_config):
@@ -66,7 +66,7 @@ def test_metric_the_builtin_loop_does_not_report(make_config):
 
 
 def test_own_validation_may_report_any_metric(make_config):
-    config = make_config(promotion={"metric": "f1"}, validation={"fn": "training.checkpoint:load_model"})
+    config = make_config(promotion={"metric": "f1"}, validation={"fn": "podium.training.checkpoint:load_model"})
     assert plan_run(config).config.promotion.metric == "f1"
 
 

@@ -5,7 +5,7 @@ Importing training.raytrain imports ray; nothing here starts it.
 
 from __future__ import annotations
 
-from training.raytrain import select_kwargs
+from podium.training.raytrain import select_kwargs
 
 OFFERED = {"val_data": "/v.parquet", "config": {"a": 1}, "run_name": "r", "unused": 0}
 

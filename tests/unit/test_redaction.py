@@ -1,6 +1,6 @@
 """Credentials never reach MLflow params."""
 
-from tasks.tracking import flatten_params
+from podium.tracking.runs import flatten_params
 
 
 def test_secret_keys_and_uri_credentials_are_redacted():
@@ -20,7 +20,7 @@ def test_secret_keys_and_uri_credentials_are_redacted():
 def test_credentials_in_location_uris_are_refused_without_echoing_them():
     import pytest
 
-    from training.config import ConfigError, build_config
+    from podium.config import ConfigError, build_config
 
     with pytest.raises(ConfigError) as err:
         build_config({"storage": "s3://AKIAEXAMPLE:topsecret@bucket/x", "data": {"val": "s3://a:b@c/v"}})

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tasks.selection import FAILED, PENDING, VALIDATED, Champion, CheckpointRecord, decide_promotion, select_best
+from podium.selection import FAILED, PENDING, VALIDATED, Champion, CheckpointRecord, decide_promotion, select_best
 
 
 def rec(step: int, status: str = VALIDATED, **metrics: float) -> CheckpointRecord:

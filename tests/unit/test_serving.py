@@ -12,21 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.serving import (
+from podium.serving.layout import (
     PromotedVersion,
     ServingError,
-    _safe_relpath,
-    check_loadable,
-    fetch_version,
-    load_promoted_model,
     read_current,
     read_history,
+    safe_relpath,
     seal_version,
-    stage_version,
     switch_current,
-    verify_files,
     write_json,
 )
+from podium.serving.load import check_loadable, fetch_version, load_promoted_model
+from podium.serving.staging import stage_version, verify_files
 
 
 @pytest.fixture
@@ -121,13 +118,13 @@ def test_verify_files_detects_a_missing_file(serving, saved_checkpoint):
 @pytest.mark.parametrize("entry", ["../x", "a/../../x", "..", ".", "", "/etc/passwd", "a\\..\\x"])
 def test_safe_relpath_rejects_entries_that_escape(entry):
     with pytest.raises(ServingError, match="escapes its folder"):
-        _safe_relpath(entry)
+        safe_relpath(entry)
 
 
 @pytest.mark.parametrize("entry, expected", [("model.pt", "model.pt"), ("sub/./w.pt", "sub/w.pt"),
                                              ("sub/../w.pt", "w.pt")])
 def test_safe_relpath_keeps_entries_inside(entry, expected):
-    assert _safe_relpath(entry) == expected
+    assert safe_relpath(entry) == expected
 
 
 def test_fetch_version_refuses_a_manifest_entry_outside_the_version(serving, saved_checkpoint, tmp_path):

@@ -8,20 +8,10 @@ import pyarrow.fs as pafs
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from training.storage import (
-    S3_SETTING_ENV,
-    S3Handler,
-    S3Settings,
-    StorageError,
-    arrow_filesystem,
-    check_location,
-    describe_s3_error,
-    normalize_location,
-    s3_environment,
-    s3_filesystem,
-    s3_settings,
-    uri_of,
-)
+from podium.storage.locations import arrow_filesystem, normalize_location, uri_of
+from podium.storage.preflight import check_location, describe_s3_error
+from podium.storage.s3 import S3_SETTING_ENV, S3Settings, StorageError, s3_environment, s3_filesystem, s3_settings
+from podium.storage.transfer import S3Handler
 
 SECRET = "unit-test-secret-never-shown"
 

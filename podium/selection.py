@@ -101,7 +101,7 @@ def decide_promotion(
     if champion.metric != metric:
         return Decision(False, f"{head}; champion {champion.version} was ranked by {champion.metric!r}, "
                                f"not {metric!r}: not comparable (set always to replace it)", best, value)
-    if not _finite(champion.value):
+    if champion.value is None or not _finite(champion.value):
         return Decision(True, f"{head}; champion {champion.version} has no finite {metric}", best, value)
     gain = (champion.value - value) if mode == "min" else (value - champion.value)
     if gain > min_delta:

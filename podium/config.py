@@ -1,17 +1,33 @@
-"""Typed configuration of a podium run.
+"""Typed configuration of a podium run, and loading it from a file plus overrides.
 
-It lives in the bottom layer because every layer reads it; it is turned into
-plain dicts only at the Ray boundary. Building a config has no side effects.
+Every layer reads it; it is turned into plain dicts only at the Ray boundary. Defaults are
+stated here once (the CLI's help reads them from the model). Building a config has no side
+effects.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import warnings
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from podium.redaction import has_password, redact_uri
+
+if TYPE_CHECKING:
+    from podium.settings import PodiumSettings
+
+BUILTIN_LOOP = "podium.training.loop:train_loop_per_worker"
+BUILTIN_VALIDATE = "podium.training.validate:validate_checkpoint"
+# podium <= 0.1 installed its packages as top-level `training`, `tasks`...: configs that name the
+# built-ins by those paths keep working, with a warning
+OLD_IMPORT_PATHS = {"training.loop:train_loop_per_worker": BUILTIN_LOOP,
+                    "training.validate:validate_checkpoint": BUILTIN_VALIDATE}
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
@@ -29,18 +45,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-USERINFO_RE = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@", re.I)
-
-
 def _check_location(value: str) -> str:
     # a URI such as s3://KEY:SECRET@bucket would end up in Prefect parameters, logs and records
-    if USERINFO_RE.match(value or ""):
+    if has_password(value):
         raise ValueError("credentials in a URI are not accepted (they would be logged); give them through "
                          "the environment, e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile")
     return value
 
 
 def _check_import_path(value: str | None) -> str | None:
+    if value in OLD_IMPORT_PATHS:
+        warnings.warn(f"{value!r} is the import path of podium 0.1; it is now {OLD_IMPORT_PATHS[value]!r} "
+                      "(the old path will stop working in a later release)", FutureWarning, stacklevel=2)
+        return OLD_IMPORT_PATHS[value]
     if value is not None and not IMPORT_PATH_RE.match(value):
         raise ValueError(f"expected 'package.module:function', got {value!r}")
     return value
@@ -102,7 +119,7 @@ class ValidationConfig(_Strict):
     """Validation tasks: the function, its resources, concurrency and retries."""
 
     fn: str = Field(
-        "training.validate:validate_checkpoint",
+        BUILTIN_VALIDATE,
         description="Validation function '(checkpoint, **kwargs) -> dict of floats' as an import path.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra kwargs for the function.")
@@ -116,7 +133,7 @@ class ValidationConfig(_Strict):
 
     @field_validator("fn")
     @classmethod
-    def _check_fn(cls, v: str) -> str:
+    def _check_fn(cls, v: str) -> str | None:
         return _check_import_path(v)
 
 
@@ -173,7 +190,7 @@ class PipelineConfig(_Strict):
             )
         return v
 
-    def at(self, when: datetime) -> "PipelineConfig":
+    def at(self, when: datetime) -> PipelineConfig:
         """This config with the run name's placeholders filled for a run starting at `when`."""
         return self.model_copy(update={"run_name": expand_run_name(self.run_name, when)})
 
@@ -190,7 +207,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         field = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "config"
         value = e.get("input")
         shown = repr(value) if not isinstance(value, dict) else "{...}"
-        shown = re.sub(r"([a-z][a-z0-9+.-]*://)[^/@'\"]*@", r"\1***@", shown, flags=re.I)  # never echo credentials
+        shown = redact_uri(shown)  # never echo credentials
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{field} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
@@ -202,3 +219,49 @@ def build_config(data: dict[str, Any]) -> PipelineConfig:
         return PipelineConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """A TOML or JSON config file as a nested dict; ConfigError if it is missing, unreadable or not a table."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config = {path!r}: no such file")
+    try:
+        data = json.loads(p.read_text()) if p.suffix == ".json" else tomllib.loads(p.read_text())
+    except (ValueError, OSError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ConfigError(f"--config = {path!r}: cannot parse ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config = {path!r}: expected a table of settings (a JSON object), "
+                          f"got a {type(data).__name__}")
+    return data
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top, nested tables merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | None, overrides: dict[str, Any], settings: PodiumSettings) -> PipelineConfig:
+    """The run's configuration: the file (if any), then `overrides` (nested, e.g. from flags), then
+    podium's home for the locations left empty; validated (ConfigError names every bad field)."""
+    data = merge(load_config_file(path) if path else {}, overrides)
+    data.setdefault("storage", settings.default_location("storage"))
+    data.setdefault("serving", settings.default_location("serving"))
+    data["data"] = dict(data.get("data") or {}) if isinstance(data.get("data", {}), dict) else data["data"]
+    if isinstance(data["data"], dict):
+        data["data"].setdefault("train", str(settings.home_dir / "data" / "train.parquet"))
+        data["data"].setdefault("val", str(settings.home_dir / "data" / "val.parquet"))
+    return build_config(data)
+
+
+def field_default(path: str) -> Any:
+    """The default of a config field by its dotted path ('training.epochs' -> 5), or None if it has none."""
+    model: type[BaseModel] = PipelineConfig
+    *parents, leaf = path.split(".")
+    for name in parents:
+        model = model.model_fields[name].annotation  # type: ignore[assignment]
+    info = model.model_fields[leaf]
+    return None if info.is_required() else info.get_default(call_default_factory=True)

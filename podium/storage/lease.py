@@ -30,19 +30,11 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from fsspec.asyn import sync
-
-from training.storage import (
-    fsspec_filesystem,
-    is_remote,
-    is_s3,
-    normalize_location,
-    s3_error_code,
-    s3_settings,
-    split_s3,
-)
+from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, normalize_location, split_s3
+from podium.storage.s3 import s3_call_async, s3_error_code, s3_run, s3_settings
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +70,7 @@ class ObjectLease:
     # ---------------------------------------------------------------- S3 calls
 
     def _call(self, method: str, **kwargs: Any) -> dict[str, Any]:
-        return sync(self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, Key=self.key, **kwargs)
+        return s3_run(self.fs, s3_call_async, self.fs, method, Bucket=self.bucket, Key=self.key, **kwargs)
 
     def _body(self, acquired_at: float) -> bytes:
         now = time.time()
@@ -91,7 +83,7 @@ class ObjectLease:
             out = self._call("get_object")
         except FileNotFoundError:
             return None
-        body = sync(self.fs.loop, out["Body"].read)
+        body = s3_run(self.fs, out["Body"].read)
         try:
             doc = json.loads(body)
         except ValueError:
@@ -100,7 +92,7 @@ class ObjectLease:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def acquire(self, timeout_s: float = 600.0) -> "ObjectLease":
+    def acquire(self, timeout_s: float = 600.0) -> ObjectLease:
         """Take the lease, waiting up to `timeout_s` for its holder to release it or let it expire."""
         deadline = time.monotonic() + timeout_s
         acquired_at = time.time()
@@ -171,7 +163,7 @@ class ObjectLease:
             logger.warning("could not release the lease %s: %s", self.uri, exc)
         self._etag = None
 
-    def __enter__(self) -> "ObjectLease":
+    def __enter__(self) -> ObjectLease:
         return self if self._etag is not None else self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,0 +1,35 @@
+"""The shared end of a flow: the run's records, the reports people read, and what the flow returns."""
+
+from __future__ import annotations
+
+from prefect.runtime import flow_run
+from pydantic import BaseModel
+
+from podium.config import PipelineConfig
+from podium.selection import CheckpointRecord
+from podium.tasks.promote import PromotionOutcome
+from podium.tasks.report import publish_reports
+from podium.tracking.client import TrackingRun
+from podium.tracking.records import list_records
+
+
+class RunSummary(BaseModel):
+    """What a run produced: its records and the promotion outcome."""
+
+    run_name: str
+    tracking: TrackingRun
+    checkpoints: list[CheckpointRecord]
+    promotion: PromotionOutcome
+    training_ended_at: float | None = None
+    flow_run_id: str | None = None
+
+
+def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,
+                  mlflow_ui: str | None, training_ended_at: float | None = None) -> RunSummary:
+    """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
+    artifacts, MLflow), and return the summary the flow ends with."""
+    records = list_records(tracking)
+    publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
+                    tracking.run_url(mlflow_ui) if mlflow_ui else None)
+    return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
+                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id))

@@ -1,0 +1,7 @@
+"""`python -m podium`: the podium command."""
+
+import sys
+
+from podium.cli import main
+
+sys.exit(main())

@@ -1,0 +1,47 @@
+"""What `podium run`, `promote` and `status` print: a human summary, or one JSON object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podium.services import ui_url
+
+
+def summary_json(summary: Any, serving: str) -> dict[str, Any]:
+    """The outcome of a run as the JSON object `--json` prints."""
+    promoted = summary.promotion.promoted
+    return {
+        "run_name": summary.run_name,
+        "mlflow_run_id": summary.tracking.run_id,
+        "tracking_uri": summary.tracking.tracking_uri,
+        "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
+                         "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {})}
+                        for r in summary.checkpoints],
+        "training_ended_at": summary.training_ended_at,
+        "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
+                      "metric": promoted.metric, "value": promoted.value,
+                      "mlflow_version": promoted.mlflow_version} if promoted else None),
+        "promotion_reason": summary.promotion.reason,
+        "serving": serving,
+    }
+
+
+def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, api_url: str, elapsed: float) -> None:
+    """The outcome of a run in words, with links to where to look."""
+    print()
+    print(f"run {summary.run_name}: {len(summary.checkpoints)} checkpoints in {elapsed:.1f} s")
+    for r in summary.checkpoints:
+        m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
+        print(f"  step {r.step:>7}  {r.status:<9} {m}" + (f"  ({r.failure})" if r.failure else ""))
+    p = summary.promotion.promoted
+    if p:
+        print(f"promoted step {p.step} ({p.metric}={p.value:.4g}) as {p.version}: {p.uri}")
+    else:
+        print("nothing promoted")
+    print(f"  why: {summary.promotion.reason}")
+    print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
+          "promotion report, chart)")
+    print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
+    print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
+    print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
+    print(f"Serving:     {config.serving}  (load with podium.load_promoted_model)")

@@ -1,0 +1,241 @@
+"""The serving location: immutable versions, each with a manifest, and one pointer that says which is current.
+
+Layout (local path or URI):
+
+    <serving>/CURRENT                          {"version": "v000003", ...}  written last, atomically
+    <serving>/versions/v000003/MANIFEST.json   files with sha256 and size, source run, step, metrics
+    <serving>/versions/v000003/checkpoint/...  the promoted checkpoint's files
+    <serving>/versions/v000003/CLAIM           object stores only: who took the number (conditional PUT)
+    <serving>/history/<time>-v000003.json      one record per promotion or rollback
+
+A version is complete once its MANIFEST.json exists (written after every file
+was copied and checked); CURRENT only ever names complete versions. A reader
+follows CURRENT, so it sees the old version or the new one, never a mix.
+
+On S3 (no rename), the same layout works because every step is one atomic PUT
+of a new key and nothing complete is ever rewritten: a version's number is
+claimed with a conditional PUT of `versions/vN/CLAIM` (If-None-Match), its files
+are copied inside the store (CopyObject, or UploadPartCopy above 5 GiB), its
+MANIFEST.json is one PUT, and CURRENT is one PUT, last. A promoter that dies
+anywhere leaves at most an unreferenced, manifest-less version behind.
+
+Verification without moving the bytes twice: the manifest's sha256 of each
+file is computed once, by reading the source. The copy is then checked by the
+store itself: CopyObject is asked for a SHA-256 of the copy (x-amz-checksum-
+algorithm), compared with the manifest; where the store gives none, the copy's
+ETag must equal the source's (same bytes, same part layout: UploadPartCopy
+mirrors the source's parts) and the copy is pinned to the hashed source with
+CopySourceIfMatch. Only a copy that neither check covers is read back and hashed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
+
+POINTER = "CURRENT"
+
+
+MANIFEST = "MANIFEST.json"
+
+
+CLAIM = "CLAIM"
+
+
+VERSION_RE = re.compile(r"^v(\d{6,})$")
+
+
+CHUNK = 8 << 20
+
+
+PARALLEL_FILES = 8  # files hashed, copied or fetched at once
+
+
+T = TypeVar("T")
+
+
+R = TypeVar("R")
+
+
+class ServingError(RuntimeError):
+    """The serving location is missing, inconsistent, or a copy failed verification."""
+
+
+@dataclass(frozen=True)
+class PromotedVersion:
+    """A complete version under the serving location."""
+
+    version: str
+    uri: str
+    manifest: dict[str, Any]
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """fn over items on a few threads (network and hashing release the GIL); the first error is raised."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_FILES, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def safe_relpath(rel: str) -> str:
+    """Reject manifest entries that would escape the version folder."""
+    norm = posixpath.normpath(rel)
+    if norm.startswith("/") or norm == ".." or norm.startswith("../") or "\\" in rel or norm == ".":
+        raise ServingError(f"manifest entry {rel!r} escapes its folder")
+    return norm
+
+
+def write_json(uri: str, doc: dict[str, Any]) -> None:
+    """Write a JSON document so that readers see the old content or the new, never a partial file.
+
+    Locally: a temporary file in the same folder, then an atomic rename. On an object
+    store a single PUT is already atomic.
+    """
+    data = json.dumps(doc, indent=2, sort_keys=True).encode()
+    if is_remote(uri):
+        fs, path = fsspec_filesystem(uri)
+        fs.pipe_file(path, data)
+        return
+    path = normalize_location(uri)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(uri: str) -> dict[str, Any] | None:
+    """Read a JSON document, or None if it does not exist."""
+    fs, path = fsspec_filesystem(uri)
+    try:
+        # one GET: no size from an earlier listing can cut a document another process rewrote
+        return json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
+def _versions(serving: str) -> list[str]:
+    fs, root = fsspec_filesystem(join(serving, "versions"))
+    try:
+        names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if VERSION_RE.match(n))
+
+
+def _new_version(serving: str) -> str:
+    existing = [int(v[1:]) for v in _versions(serving)]  # names matched VERSION_RE
+    return f"v{(max(existing) + 1) if existing else 1:06d}"
+
+
+def claim_version(serving: str) -> tuple[str, str]:
+    """Take the next free version number: atomically, so two promoters never share one."""
+    for _ in range(20):  # another promoter may take the same number: then take the next
+        version = _new_version(serving)
+        version_dir = join(serving, "versions", version)
+        fs, root = fsspec_filesystem(version_dir)
+        if not is_remote(serving):
+            try:  # mkdir is atomic: it claims the number locally
+                os.makedirs(root, exist_ok=False)
+            except FileExistsError:
+                continue
+            return version, version_dir
+        if fs.exists(root):
+            continue
+        claim = json.dumps({"claimed_at": time.time(), "by": uuid.uuid4().hex}).encode()
+        try:  # a conditional PUT (If-None-Match: *) claims the number on S3; elsewhere, a plain write
+            if is_s3(serving):
+                fs.pipe_file(posixpath.join(root, CLAIM), claim, mode="create")
+            else:
+                fs.pipe_file(posixpath.join(root, CLAIM), claim)
+        except FileExistsError:
+            continue
+        return version, version_dir
+    raise ServingError(f"{serving}: could not allocate a new version")
+
+
+def seal_version(serving: str, version: PromotedVersion) -> None:
+    """Write the version's manifest: from now on it is complete and may become current."""
+    write_json(join(normalize_location(serving), "versions", version.version, MANIFEST), version.manifest)
+
+
+def read_pointer(serving: str) -> dict[str, Any] | None:
+    """The CURRENT pointer document (version, previous, reason), or None before the first promotion."""
+    return read_json(join(normalize_location(serving), POINTER))
+
+
+def read_version(serving: str, version: str) -> PromotedVersion | None:
+    """A complete version (one with a manifest), or None if it is missing or incomplete."""
+    if not VERSION_RE.match(str(version)):
+        raise ServingError(f"{serving}: {version!r} is not a version name like 'v000001'")
+    serving = normalize_location(serving)
+    manifest = read_json(join(serving, "versions", version, MANIFEST))
+    if manifest is None:
+        return None
+    return PromotedVersion(version=version, uri=join(serving, "versions", version, "checkpoint"), manifest=manifest)
+
+
+def read_current(serving: str) -> PromotedVersion | None:
+    """The version CURRENT points at (with its manifest), or None before the first promotion."""
+    pointer = read_pointer(serving)
+    if pointer is None:
+        return None
+    version = pointer.get("version", "")
+    if not VERSION_RE.match(str(version)):
+        raise ServingError(f"{serving}/{POINTER} names {version!r}, expected a version like 'v000001'")
+    current = read_version(serving, version)
+    if current is None:
+        raise ServingError(f"{serving}/{POINTER} names {version}, which has no {MANIFEST}")
+    return current
+
+
+def switch_current(serving: str, version: PromotedVersion, reason: str) -> None:
+    """Point CURRENT at a complete version (atomically) and record it in the history."""
+    serving = normalize_location(serving)
+    if read_json(join(serving, "versions", version.version, MANIFEST)) is None:
+        raise ServingError(f"{serving}: version {version.version} is incomplete (no {MANIFEST})")
+    previous = read_current(serving)
+    pointer = {"version": version.version, "switched_at": time.time(),
+               "previous": previous.version if previous else None, "reason": reason}
+    write_json(join(serving, POINTER), pointer)
+    # names sort in the order of the switches (nanoseconds), readable thanks to the date prefix
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
+    write_json(join(serving, "history", f"{stamp}-{version.version}-{uuid.uuid4().hex[:6]}.json"),
+               {**pointer, "step": version.manifest.get("step"), "source": version.manifest.get("source")})
+
+
+def read_history(serving: str) -> list[dict[str, Any]]:
+    """Every pointer switch recorded under the serving location, oldest first."""
+    fs, root = fsspec_filesystem(join(normalize_location(serving), "history"))
+    try:
+        paths = sorted(fs.ls(root, detail=False))
+    except FileNotFoundError:
+        return []
+    return [doc for p in paths if p.endswith(".json") and (doc := read_json(_uri_for(serving, p)))]
+
+
+def _uri_for(serving: str, path: str) -> str:
+    if not is_remote(serving):
+        return path
+    scheme = serving.split("://", 1)[0]
+    return f"{scheme}://{path}"

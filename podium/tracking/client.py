@@ -1,0 +1,182 @@
+"""The MLflow client podium uses: retry settings, outages named, where a run is recorded.
+
+Workers use `MlflowClient` with explicit ids only: the fluent API would silently create runs.
+
+A tracking server that stops answering is ridden out by MLflow's own HTTP retries, with
+podium's settings (`HTTP_RETRY_DEFAULTS`); a call that still fails raises
+`TrackingUnavailable`, which names the server and what was being recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from podium.redaction import redact_uri
+
+TAG_RUN = "podium.run_name"
+
+
+TAG_CHECKPOINT = "podium.checkpoint"
+
+
+TAG_URI = "podium.checkpoint_uri"
+
+
+TAG_STEP = "podium.step"
+
+
+TAG_STATUS = "podium.status"
+
+
+TAG_FAILURE = "podium.failure"
+
+
+TAG_VALIDATED_AT = "podium.validated_at"
+
+
+TAG_SERVED_URI = "podium.served_uri"
+
+
+MAX_TAG = 4000
+
+
+# MLflow's HTTP client retries refused connections, timeouts and 5xx answers, waiting
+# factor * 2**(k-1) s before the k-th retry (none before the first), each attempt limited to
+# the timeout. MLflow's defaults (7 retries, factor 2, 120 s) keep one write waiting over 4
+# minutes on a server that refuses connections and about 20 minutes on one that hangs.
+# podium's: attempts at 0, 0, 4, 12, 28 and 60 s (plus up to 1 s of jitter per wait), so a
+# restart or network blip of up to about a minute is ridden out by every write, and a server
+# that stays down fails the write after about 1 minute (connections refused) or 3 minutes
+# (connections accepted but never answered: 6 attempts x 20 s + the waits). 20 s per attempt
+# is far above what podium's small requests take, and a hang shorter than that costs no
+# retry at all. Variables already set in the environment win.
+HTTP_RETRY_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+
+
+def apply_http_retry_defaults() -> None:
+    """Set podium's MLflow HTTP retry settings in this process, unless the environment has its own.
+
+    MLflow reads them on every request, so this takes effect for clients already made."""
+    for name, value in HTTP_RETRY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server did not answer, through all of MLflow's HTTP retries.
+
+    Nothing was recorded by the call that raised it; the run can be resumed once the
+    server answers again."""
+
+    def __init__(self, tracking_uri: str, action: str, reason: str, waited_s: float):
+        self.tracking_uri, self.action, self.reason, self.waited_s = tracking_uri, action, reason, waited_s
+        super().__init__(f"MLflow tracking server {redact_uri(tracking_uri)} unreachable while "
+                         f"{action}: gave up after {waited_s:.0f} s of retries ({reason})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tracking_uri, self.action, self.reason, self.waited_s))
+
+
+# Transport failures leave MLflow's REST client as "API request to <url> failed with ...";
+# answers the server did give (a missing run, a bad parameter) carry its error code instead.
+_TRANSPORT_FAILURE = re.compile(r"^API request to \S+ failed with")
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether an MLflow client error means the server could not be reached (not an answer it gave)."""
+    if isinstance(exc, requests.HTTPError) and exc.response is not None:
+        return exc.response.status_code >= 500  # an artifact upload the server refused is an answer
+    if isinstance(exc, requests.RequestException):
+        return True
+    return isinstance(exc, MlflowException) and bool(_TRANSPORT_FAILURE.match(str(exc.message)))
+
+
+def _short_reason(exc: BaseException) -> str:
+    """The cause at the bottom of MLflow's nested transport error, in a few words."""
+    text = str(getattr(exc, "message", exc))
+    if m := _ERRNO.search(text):
+        return m.group(1).strip()  # "Connection refused", "Name or service not known"
+    if m := re.search(r"read timeout=([\d.]+)", text):
+        return f"no answer within {m.group(1)} s"
+    if m := re.search(r"too many (\d+) error responses", text):
+        return f"answered {m.group(1)} every time"
+    return text[:200]
+
+
+@contextlib.contextmanager
+def reaching_tracking(tracking_uri: str, action: str) -> Iterator[None]:
+    """Turn a tracking server that could not be reached into `TrackingUnavailable`, naming it."""
+    start = time.monotonic()
+    try:
+        yield
+    except (MlflowException, requests.RequestException) as exc:
+        if not is_unreachable(exc):
+            raise
+        raise TrackingUnavailable(tracking_uri, action, _short_reason(exc), time.monotonic() - start) from exc
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def tracking_call(action: str) -> Callable[[_F], _F]:
+    """Decorate a function whose first argument is a TrackingRun or a tracking URI (see reaching_tracking)."""
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def call(target: Any, *args: Any, **kwargs: Any) -> Any:
+            uri = target.tracking_uri if isinstance(target, TrackingRun) else str(target)
+            with reaching_tracking(uri, action):
+                return fn(target, *args, **kwargs)
+        return call  # type: ignore[return-value]
+    return wrap
+
+
+def tracking_client(tracking_uri: str) -> MlflowClient:
+    """An MlflowClient for this tracking URI (and the same registry), with podium's retry settings."""
+    apply_http_retry_defaults()
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+@dataclass(frozen=True)
+class TrackingRun:
+    """Where a podium run is recorded: passed between tasks instead of a client."""
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+    run_name: str
+
+    def client(self) -> MlflowClient:
+        """A client bound to this tracking URI (and the same registry)."""
+        return tracking_client(self.tracking_uri)
+
+    def run_url(self, ui: str) -> str:
+        """Link to the run in an MLflow UI at base URL `ui`."""
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+
+    def models_url(self, ui: str) -> str:
+        """Link to the experiment's model (checkpoint) comparison page."""
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models"
+
+
+def resolve_tracking_uri(tracking_uri: str | None) -> str:
+    """The given tracking URI, else MLFLOW_TRACKING_URI, else podium's embedded SQLite store."""
+    from podium.settings import PodiumSettings
+
+    return tracking_uri or PodiumSettings().resolved_tracking_uri()

@@ -1,0 +1,177 @@
+"""One MLflow LoggedModel per checkpoint: training metrics, then the verdict (validated or failed).
+
+Checkpoint status lives in the `podium.status` tag (searchable on every backend) and in the
+LoggedModel status (READY / FAILED) for the UI.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from mlflow.entities import LoggedModelStatus, Metric
+
+from podium.selection import FAILED, PENDING, VALIDATED, CheckpointRecord
+from podium.tracking.client import (
+    MAX_TAG,
+    TAG_CHECKPOINT,
+    TAG_FAILURE,
+    TAG_RUN,
+    TAG_STATUS,
+    TAG_STEP,
+    TAG_URI,
+    TAG_VALIDATED_AT,
+    TrackingRun,
+    tracking_call,
+)
+from podium.training.events import CheckpointEvent
+
+logger = logging.getLogger(__name__)
+
+def _metrics(values: dict[str, float], step: int, model_id: str | None = None) -> list[Metric]:
+    now = int(time.time() * 1000)
+    # MLflow stores NaN/inf; keep them so the record shows what the function returned
+    return [Metric(k, float(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
+
+
+@tracking_call("logging training metrics")
+def log_training_metrics(tr: TrackingRun, event: CheckpointEvent) -> None:
+    """Training metrics of a report without a checkpoint, by step on the run."""
+    if event.metrics:
+        tr.client().log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step))
+
+
+def _record_from_model(model: Any) -> CheckpointRecord:
+    latest: dict[str, tuple[int, int, float]] = {}
+    for m in model.metrics or []:
+        key = (m.timestamp, m.step)
+        if m.key not in latest or key >= latest[m.key][:2]:
+            latest[m.key] = (m.timestamp, m.step, m.value)
+    tags = model.tags or {}
+    return CheckpointRecord(
+        step=int(tags.get(TAG_STEP, 0)),
+        uri=tags.get(TAG_URI, ""),
+        status=tags.get(TAG_STATUS, PENDING),
+        metrics={k: v[2] for k, v in latest.items()},
+        model_id=model.model_id,
+        run_name=tags.get(TAG_RUN),
+        failure=tags.get(TAG_FAILURE),
+        validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
+    )
+
+
+def _search(tr: TrackingRun, extra: str = "") -> list[Any]:
+    client = tr.client()
+    flt = f"source_run_id = '{tr.run_id}'" + (f" AND {extra}" if extra else "")
+    models: list[Any] = []
+    token = None
+    while True:
+        page = client.search_logged_models([tr.experiment_id], filter_string=flt, max_results=1000,
+                                           page_token=token)
+        models.extend(page)
+        token = page.token
+        if not token:
+            return models
+
+
+def _one_per_checkpoint(tr: TrackingRun, models: list[Any]) -> list[Any]:
+    """One LoggedModel per checkpoint: the oldest. The others, left by a create the HTTP client
+    retried after a timeout although the server had received it, are deleted.
+
+    Every reader keeps the same one: a duplicate found late was created after the one that
+    got the verdict, so the oldest is always the record the run wrote to."""
+    by_checkpoint: dict[str, list[Any]] = {}
+    for m in models:
+        by_checkpoint.setdefault((m.tags or {}).get(TAG_CHECKPOINT, m.model_id), []).append(m)
+    kept = []
+    for name, group in by_checkpoint.items():
+        group.sort(key=lambda m: (m.creation_timestamp or 0, m.model_id))
+        kept.append(group[0])
+        for extra in group[1:]:
+            logger.warning("checkpoint %s: deleting duplicate record %s (a retried create)", name, extra.model_id)
+            tr.client().delete_logged_model(extra.model_id)
+    return kept
+
+
+@tracking_call("recording a checkpoint")
+def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
+    """Create the checkpoint's LoggedModel (status pending) with its training metrics; idempotent.
+
+    A checkpoint announced twice (a resumed run, a replayed event) gets its
+    existing record back, never a second one.
+    """
+    if event.checkpoint_uri is None or event.checkpoint_name is None:
+        raise ValueError(f"report at step {event.step} has no checkpoint to record")
+    same_checkpoint = f"tags.`{TAG_CHECKPOINT}` = '{event.checkpoint_name}'"
+    existing = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
+    if existing:
+        return _record_from_model(tr.client().get_logged_model(existing[0].model_id))
+    client = tr.client()
+    tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
+            TAG_STEP: str(event.step), TAG_STATUS: PENDING}
+    created = client.create_logged_model(
+        experiment_id=tr.experiment_id, name=f"{tr.run_name}-step-{event.step}", source_run_id=tr.run_id,
+        tags=tags, params={"step": str(event.step), "checkpoint_uri": event.checkpoint_uri,
+                           "epoch": str(event.epoch)},
+    )
+    kept = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
+    model_id = kept[0].model_id if kept else created.model_id
+    if event.metrics:
+        client.log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step, model_id))
+    return CheckpointRecord(step=event.step, uri=event.checkpoint_uri, status=PENDING,
+                            metrics=dict(event.metrics), model_id=model_id, run_name=tr.run_name)
+
+
+@tracking_call("recording checkpoints")
+def record_checkpoints(tr: TrackingRun, events: list[CheckpointEvent]) -> list[CheckpointRecord]:
+    """Records for many checkpoints at once (a resumed run catching up): one listing, then only the
+    missing records are created."""
+    existing = {r.uri: r for r in list_records(tr)}
+    return [existing.get(e.checkpoint_uri or "") or record_checkpoint(tr, e) for e in events]
+
+
+def _model_id(record: CheckpointRecord) -> str:
+    if not record.model_id:
+        raise ValueError(f"checkpoint step {record.step} has no MLflow record to write to")
+    return record.model_id
+
+
+@tracking_call("writing validation metrics")
+def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float]) -> CheckpointRecord:
+    """Attach validation metrics to the checkpoint's model (and the run, by step); status validated.
+
+    The status is set only once the metrics are written: a write that fails leaves the
+    checkpoint pending (validated again when the run resumes), never validated without metrics."""
+    client = tr.client()
+    model_id = _model_id(record)
+    client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id))
+    bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+    now = time.time()
+    tags = {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now)}
+    if bad:
+        tags["podium.nonfinite_metrics"] = ",".join(bad)
+    client.set_logged_model_tags(model_id, tags)
+    client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED,
+                            metrics={**record.metrics, **metrics}, model_id=record.model_id,
+                            run_name=record.run_name, validated_at=now)
+
+
+@tracking_call("recording a failed validation")
+def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str) -> CheckpointRecord:
+    """Mark a checkpoint's validation failed, with the reason; it will never be promoted."""
+    client = tr.client()
+    model_id = _model_id(record)
+    client.set_logged_model_tags(model_id, {TAG_STATUS: FAILED, TAG_FAILURE: reason[:MAX_TAG],
+                                                   TAG_VALIDATED_AT: repr(time.time())})
+    client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=record.metrics,
+                            model_id=record.model_id, run_name=record.run_name, failure=reason)
+
+
+@tracking_call("listing checkpoint records")
+def list_records(tr: TrackingRun) -> list[CheckpointRecord]:
+    """Every checkpoint record of the run, sorted by step (one paged search)."""
+    return sorted((_record_from_model(m) for m in _one_per_checkpoint(tr, _search(tr))), key=lambda r: r.step)

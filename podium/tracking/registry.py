@@ -1,0 +1,74 @@
+"""The model registry: a version per promotion, the alias serving systems follow."""
+
+from __future__ import annotations
+
+import json
+
+from mlflow.exceptions import MlflowException
+
+from podium.selection import CheckpointRecord
+from podium.tracking.client import TAG_SERVED_URI, TrackingRun, is_unreachable, tracking_call, tracking_client
+
+
+@tracking_call("registering the champion")
+def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: str, alias: str,
+                      tags: dict[str, str]) -> str:
+    """Register the promoted copy as a new model version and move `alias` to it; returns the version."""
+    client = tr.client()
+    try:
+        client.create_registered_model(name, description="Checkpoints promoted by podium.")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    tags = {**tags, TAG_SERVED_URI: served_uri}
+    description = f"{tr.run_name} step {record.step}"
+    try:
+        mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
+                                         description=description)
+    except MlflowException as exc:
+        # an MLflow server accepts a local path as a source only inside the run's own artifacts: a
+        # serving folder on local or shared disk is registered as the checkpoint's LoggedModel, and
+        # the served copy is named by the tag
+        if not record.model_id or "Invalid model version source" not in str(exc):
+            raise
+        mv = client.create_model_version(name, source=f"models:/{record.model_id}", run_id=tr.run_id,
+                                         model_id=record.model_id, tags=tags, description=description)
+    client.set_registered_model_alias(name, alias, mv.version)
+    if record.model_id:
+        client.set_logged_model_tags(record.model_id, {
+            "mlflow.modelVersions": json.dumps([{"name": name, "version": mv.version}]),
+            "podium.promoted": "true"})
+    return str(mv.version)
+
+
+@tracking_call("reading the model registry")
+def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str | None:
+    """The registered model version whose source is this served copy, if it was registered."""
+    client = tracking_client(tracking_uri)
+    try:
+        versions = client.search_model_versions(f"name = '{name}'")
+    except MlflowException as exc:
+        if is_unreachable(exc):  # "not registered" must not be concluded from a server that did not answer
+            raise
+        return None
+    matches = sorted((int(v.version) for v in versions
+                      if v.source == served_uri or (v.tags or {}).get(TAG_SERVED_URI) == served_uri), reverse=True)
+    return str(matches[0]) if matches else None
+
+
+@tracking_call("reading the model registry")
+def alias_target(tracking_uri: str, name: str, alias: str) -> str | None:
+    """The version an alias points at, or None."""
+    client = tracking_client(tracking_uri)
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return None
+
+
+@tracking_call("moving the registry alias")
+def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
+    """Move a registry alias (rollback uses this)."""
+    tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)

@@ -1,0 +1,107 @@
+"""The MLflow run of a podium run: found or created (a resumed run reuses it), its params, its end."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from mlflow.entities import Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from podium.redaction import redact_value
+from podium.tracking.client import TAG_RUN, TrackingRun, tracking_call, tracking_client
+
+logger = logging.getLogger(__name__)
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = redact_value(prefix, json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
+
+
+def flatten_params(config: dict[str, Any]) -> dict[str, str]:
+    """Nested config -> MLflow params ('training.epochs': '5')."""
+    out: dict[str, str] = {}
+    _flatten("", config, out)
+    return {k: v[:6000] for k, v in out.items()}
+
+
+def _find_runs(client: MlflowClient, experiment_id: str, run_name: str) -> list[Any]:
+    """The MLflow runs tagged with this podium run name, the one podium uses first.
+
+    There is one, unless a create the HTTP client retried after a timeout landed more than
+    once. Those copies share their start time (the client sets it), so the run podium uses
+    is told apart by its params, logged right after the create: a copy that landed too late
+    to be deleted has none."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'", max_results=100)
+    return sorted(runs, key=lambda r: (not r.data.params, r.info.start_time or 0, r.info.run_id))
+
+
+def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException as exc:
+        # a create retried after a timeout may have landed the first time
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+@tracking_call("opening the run's MLflow run")
+def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
+    """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params."""
+    client = tracking_client(tracking_uri)
+    experiment_id = _get_or_create_experiment(client, experiment)
+    found = _find_runs(client, experiment_id, run_name)
+    if found:
+        run_id = found[0].info.run_id
+        if found[0].info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+    else:
+        client.create_run(experiment_id, run_name=run_name, tags={TAG_RUN: run_name})
+        # a create retried after a timeout can land twice (the server got both requests): keep the
+        # first of them in `_find_runs` order, which the params logged below keep first, and
+        # delete the others
+        found = _find_runs(client, experiment_id, run_name)
+        run_id = found[0].info.run_id
+        for extra in found[1:]:
+            logger.warning("run %s: deleting duplicate MLflow run %s (a retried create)", run_name, extra.info.run_id)
+            client.delete_run(extra.info.run_id)
+    flat = flatten_params(params)
+    existing = client.get_run(run_id).data.params
+    changed = {k: (existing[k], v) for k, v in flat.items() if k in existing and existing[k] != v}
+    if changed:
+        logger.warning("run %s resumed with changed config (MLflow keeps the first values): %s", run_name, changed)
+    new = [(k, v) for k, v in flat.items() if k not in existing]
+    for i in range(0, len(new), 100):
+        client.log_batch(run_id, params=[Param(k, v) for k, v in new[i : i + 100]])
+    return TrackingRun(tracking_uri, experiment_id, run_id, run_name)
+
+
+@tracking_call("closing the MLflow run")
+def close_tracking_run(tr: TrackingRun, failed: bool = False) -> None:
+    """Mark the MLflow run finished (or failed)."""
+    tr.client().set_terminated(tr.run_id, status="FAILED" if failed else "FINISHED")
+
+
+@tracking_call("finding the run's MLflow run")
+def find_tracking_run(tracking_uri: str, experiment: str, run_name: str) -> TrackingRun:
+    """The MLflow run of an existing podium run; raises LookupError naming what was searched."""
+    client = tracking_client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise LookupError(f"MLflow experiment {experiment!r} does not exist at {tracking_uri}")
+    found = _find_runs(client, exp.experiment_id, run_name)
+    if not found:
+        raise LookupError(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
+    return TrackingRun(tracking_uri, exp.experiment_id, found[0].info.run_id, run_name)
