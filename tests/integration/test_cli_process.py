@@ -88,3 +88,32 @@ def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(cli_env, 
     # once the first is done, the same name runs again (a resume of a finished run)
     again = json.loads(podium(["run", "--json", "--epochs", "3", *common], cli_env).stdout.strip().splitlines()[-1])
     assert again["mlflow_run_id"] == summary["mlflow_run_id"]
+
+
+def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path):
+    """The user's repository has packages named `training` and `tasks`, as ML repositories often do.
+    `podium` (the console script, not `python -m`) runs from the repository's root with no PYTHONPATH
+    and resolves the user's packages, not its own (which are podium.training, podium.tasks)."""
+    import inspect
+
+    import podium_user_code
+
+    repo = tmp_path / "user-repo"
+    for package in ("training", "tasks"):
+        (repo / package).mkdir(parents=True)
+        (repo / package / "__init__.py").write_text("")
+    (repo / "training" / "train.py").write_text(inspect.getsource(podium_user_code))
+    (repo / "tasks" / "checks.py").write_text("from training.train import validate_fn  # noqa: F401\n")
+    env = {k: v for k, v in cli_env.items() if k != "PYTHONPATH"}
+    console_script = os.path.join(os.path.dirname(sys.executable), "podium")
+    proc = subprocess.run(
+        [console_script, "run", "--json", "--run-name", "own-packages", "--epochs", "2",
+         "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
+         "--metric", "score", "--mode", "max", "--storage", str(tmp_path / "storage"),
+         "--serving", str(tmp_path / "serving")],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
+    assert all("score" in c["metrics"] for c in out["checkpoints"])
+    assert out["promoted"] is not None

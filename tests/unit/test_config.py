@@ -49,3 +49,39 @@ def test_every_invalid_field_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
         build_config({"training": {"epochs": 0}, "scaling": {"num_workers": 0}})
     assert "training.epochs = 0" in str(err.value) and "scaling.num_workers = 0" in str(err.value)
+
+
+def test_old_builtin_import_paths_keep_working_with_a_warning():
+    """Configs written for podium 0.1 name the built-ins `training.loop:…` / `training.validate:…`."""
+    import pytest
+
+    from podium.config import BUILTIN_LOOP, BUILTIN_VALIDATE, build_config
+
+    with pytest.warns(FutureWarning, match="podium.training.loop:train_loop_per_worker"):
+        config = build_config({"training": {"train_loop": "training.loop:train_loop_per_worker"},
+                               "validation": {"fn": "training.validate:validate_checkpoint"}})
+    assert (config.training.train_loop, config.validation.fn) == (BUILTIN_LOOP, BUILTIN_VALIDATE)
+    # a user's own module of the same package name is theirs, not an old podium path
+    assert build_config({"training": {"train_loop": "training.train:train_func"}}).training.train_loop == \
+        "training.train:train_func"
+
+
+def test_a_config_file_that_is_not_a_table_is_refused(tmp_path):
+    import pytest
+
+    from podium.config import ConfigError, load_config_file
+
+    for text in ("[1, 2]", '"podium"'):
+        path = tmp_path / "c.json"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="expected a table of settings"):
+            load_config_file(str(path))
+
+
+def test_cli_help_shows_the_config_models_defaults():
+    from podium.cli import OPTIONS, _help
+    from podium.config import field_default
+
+    help_by_flag = {flag: _help(path, text) for flag, path, typ, text in OPTIONS if typ is not None}
+    assert f"(default: {field_default('training.epochs')})" in help_by_flag["--epochs"]
+    assert f"(default: {field_default('promotion.metric')})" in help_by_flag["--metric"]
