@@ -91,8 +91,8 @@ def rollback_target(lineage: Lineage, current: str, to: str | None = None,
     for version in reversed(order[:position]):
         if version not in lineage.withdrawn:
             return version, current
-    withdrawn = sorted(v for v in lineage.withdrawn if v in order[:position])
-    note = (f"; the earlier {', '.join(withdrawn)} {'was' if len(withdrawn) == 1 else 'were'} withdrawn "
+    withdrawn = sorted(lineage.withdrawn)
+    note = (f"; {', '.join(withdrawn)} {'was' if len(withdrawn) == 1 else 'were'} withdrawn "
             "(name one with --to to serve it again)") if withdrawn else ""
     raise HistoryError(f"{serving}: {current} is the earliest champion still standing, there is nothing "
                        f"to roll back to{note}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -120,3 +121,50 @@ def test_serving_that_cannot_be_created(make_config, tmp_path):
     blocker.write_text("not a folder")
     serving = str(blocker / "serving")
     assert f"serving = {serving!r}: not writable" in plan_error(make_config(serving=serving))
+
+
+# --- resuming a run: the model's shape cannot change, the rest takes effect ----------------------
+
+def _persist_checkpoint(plan: RunPlan, step: int, epoch: int) -> None:
+    """What Ray Train leaves in storage once it has persisted a checkpoint of the run: its run snapshot."""
+    run_dir = Path(plan.storage) / plan.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoint_manager_snapshot.json").write_text(json.dumps({"checkpoint_results": [
+        {"checkpoint_dir_name": f"checkpoint_{step:08d}", "metrics": {"step": step, "epoch": epoch}}]}))
+
+
+def test_a_fresh_run_has_nothing_to_compare(make_config):
+    from podium.tasks.resume import check_resume
+
+    assert check_resume(plan_run(make_config())) is None
+
+
+def test_a_resume_that_changes_epochs_says_so(make_config):
+    from podium.tasks.resume import check_resume, record_run_settings
+
+    first = plan_run(make_config(training={"epochs": 40}))
+    record_run_settings(first)
+    _persist_checkpoint(first, step=94, epoch=2)
+    resume = check_resume(plan_run(make_config(training={"epochs": 4})))
+    assert (resume.from_step, resume.from_epoch, resume.changes) == (94, 2, {"training.epochs": ("40", "4")})
+
+
+@pytest.mark.parametrize("change, setting", [
+    ({"data": {"feature_columns": ["f00", "f01"]}}, 'data.feature_columns = ["f00", "f01"] (the run was trained '
+                                                    'with ["f00", "f01", "f02"])'),
+    ({"training": {"hidden_size": 32}}, "training.hidden_size = 32 (the run was trained with 64)"),
+    ({"training": {"train_loop": "podium_user_code:train_func"}}, "training.train_loop = "),
+])
+def test_a_resume_that_changes_the_models_shape_is_refused_naming_the_setting(make_config, change, setting,
+                                                                             monkeypatch):
+    from podium.tasks.resume import check_resume, record_run_settings
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "integration"))  # podium_user_code
+    first = plan_run(make_config())
+    record_run_settings(first)
+    _persist_checkpoint(first, step=94, epoch=2)
+    with pytest.raises(ConfigError) as err:
+        check_resume(plan_run(make_config(**change)))
+    message = str(err.value)
+    assert "resumes from its checkpoint at step 94, but this start changes settings that shape the model" in message
+    assert setting in message and "start a new run (--run-name podium-demo-2)" in message
