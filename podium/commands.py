@@ -217,13 +217,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     """The champions of a serving location: every switch, when, why and what started it (read-only)."""
     settings = PodiumSettings()
     from podium.output import print_history
-    from podium.serving.layout import ServingError, read_history, read_lineage, read_pointer
+    from podium.serving.history import lineage_of, parse_switch
+    from podium.serving.layout import ServingError, read_history, read_pointer
 
     serving = args.serving or settings.default_location("serving")
     try:
-        history, lineage, pointer = read_history(serving), read_lineage(serving), read_pointer(serving)
+        history, pointer = read_history(serving), read_pointer(serving)
     except ServingError as exc:
         raise CliError(str(exc)) from None
+    lineage = lineage_of(parse_switch(doc) for doc in history)
     current = (pointer or {}).get("version")
     if args.json:
         print(json.dumps({"serving": serving, "current": current, "withdrawn": sorted(lineage.withdrawn),
