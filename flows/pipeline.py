@@ -17,6 +17,7 @@ from podium.flows.validation import ValidationQueue
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
+from podium.tasks.resume import Resume, check_resume_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task, train_model
 from podium.tracking.client import TrackingUnavailable
@@ -34,8 +35,24 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     then promote the best checkpoint if it beats the current champion."""
     config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
     plan = plan_run_task(config)
+    for warning in plan.data_warnings:
+        say("data: %s (allowed by data.allow)", warning)
     with run_lock(plan):  # a second run of the same name is refused (RunInProgress), not interleaved
+        say_resume(plan, check_resume_task(plan))  # a resume that would change the model's shape is refused here
         return _train_validate_promote(plan, tracking_uri, mlflow_ui)
+
+
+def say_resume(plan: RunPlan, resume: Resume | None) -> None:
+    """Tell what a resumed run continues from and which settings it changes (they take effect)."""
+    if resume is None:
+        return
+    say("run %s resumes from step %d%s", plan.run_name, resume.from_step,
+        f" (epoch {resume.from_epoch})" if resume.from_epoch is not None else "")
+    for key, (was, now) in sorted(resume.changes.items()):
+        say("  %s = %s (was %s): takes effect", key, now, was)
+    if resume.from_epoch is not None and plan.config.training.epochs <= resume.from_epoch:
+        say("  training.epochs = %d: the run is already at epoch %d, nothing more to train",
+            plan.config.training.epochs, resume.from_epoch)
 
 
 def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None) -> RunSummary:

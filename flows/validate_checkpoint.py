@@ -9,6 +9,8 @@ verdict are the same as those of a checkpoint validated inside the pipeline.
 
 from __future__ import annotations
 
+import math
+
 from prefect import flow
 from prefect.concurrency.sync import concurrency
 
@@ -18,7 +20,7 @@ from podium.tasks.plan import plan_run_task
 from podium.tasks.report import say
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task
-from podium.tasks.validate import validation_task
+from podium.tasks.validate import fail_if_diverged, validation_task
 from podium.tracking.client import TrackingUnavailable
 from podium.tracking.records import mark_failed
 from podium.training.events import CheckpointEvent
@@ -36,7 +38,7 @@ def validate_announced_checkpoint(
     checkpoint_uri: str,
     checkpoint_name: str,
     step: int,
-    metrics: dict[str, float] | None = None,
+    metrics: dict[str, float | None] | None = None,
     epoch: int | None = None,
     tracking_uri: str | None = None,
 ) -> CheckpointRecord:
@@ -46,7 +48,9 @@ def validate_announced_checkpoint(
     be written (tracking server unreachable) fails the flow run and leaves the checkpoint pending."""
     config = PipelineConfig.model_validate({**config.model_dump(), "run_name": run_name})
     plan = plan_run_task(config)
-    event = CheckpointEvent(run_name=run_name, step=step, metrics=metrics or {}, checkpoint_uri=checkpoint_uri,
+    # Prefect's event JSON turns NaN and infinities into null: a null training metric was not finite
+    numbers = {k: math.nan if v is None else v for k, v in (metrics or {}).items()}
+    event = CheckpointEvent(run_name=run_name, step=step, metrics=numbers, checkpoint_uri=checkpoint_uri,
                             checkpoint_name=checkpoint_name, epoch=epoch)
     with concurrency(RECORD_LOCK, occupy=1, strict=False):
         tracking = open_tracking_run_task(tracking_uri, config.experiment, run_name,
@@ -55,6 +59,9 @@ def validate_announced_checkpoint(
     if record.status != PENDING:
         say("checkpoint step %d of %s is already %s: not validated again", step, run_name, record.status)
         return record
+    if (failed := fail_if_diverged(tracking, record)) is not None:
+        say("checkpoint step %d of %s failed: %s", step, run_name, failed.failure)
+        return failed
     connect_ray_task(plan)
     try:
         record = validation_task(plan, record)(plan, tracking, record)
@@ -63,5 +70,5 @@ def validate_announced_checkpoint(
     except Exception as exc:
         mark_failed(tracking, record, f"{type(exc).__name__}: {exc}")
         raise
-    say("checkpoint step %d of %s validated: %s", step, run_name, record.metrics)
+    say("checkpoint step %d of %s %s: %s", step, run_name, record.status, record.failure or record.metrics)
     return record

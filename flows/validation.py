@@ -13,7 +13,7 @@ from podium.selection import PENDING, CheckpointRecord
 from podium.tasks.plan import RunPlan
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
-from podium.tasks.validate import validation_task
+from podium.tasks.validate import fail_if_diverged, validation_task
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import mark_failed
 
@@ -42,11 +42,14 @@ class ValidationQueue:
         self.unrecorded: dict[int, CheckpointRecord] = {}  # validated, but the verdict could not be written
 
     def add(self, record: CheckpointRecord) -> None:
-        """Queue a checkpoint; one already validated or failed (a resumed run) is not validated again."""
+        """Queue a checkpoint; one already validated or failed (a resumed run) is not validated again, and
+        one whose training metrics are not finite is failed at once."""
         if record.step in self.done or record.step in self.running or any(r.step == record.step for r in self.pending):
             return
         if record.status != PENDING:
             self.done[record.step] = record
+        elif (failed := fail_if_diverged(self.tracking, record)) is not None:
+            self.done[record.step] = failed
         else:
             self.pending.append(record)
         self.pump()

@@ -1,4 +1,4 @@
-"""The `podium` command: run, promote, status, rollback, worker, make-data, server.
+"""The `podium` command: run, promote, status, rollback, history, worker, make-data, server.
 
 Import paths given on the command line (`--train-loop`, `--validate-fn`) resolve from the current
 directory first, as uvicorn and celery do: run podium from your repository's root.
@@ -19,6 +19,12 @@ from podium.settings import PodiumSettings
 if TYPE_CHECKING:
     from podium.config import PipelineConfig
 
+
+def comma_list(text: str) -> list[str]:
+    """An argparse type: 'a, b,,c' -> ['a', 'b', 'c']."""
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
 # (flag, config path, type, help). Every option of `run` and `promote`; `--help` prints them all.
 OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--run-name", "run_name", str, "Run name: Ray Train's RunConfig name and the MLflow run name. "
@@ -29,8 +35,11 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--train-data", "data.train", str, "Training Parquet file or directory (default: generated demo data)."),
     ("--val-data", "data.val", str, "Validation Parquet file or directory (default: generated demo data)."),
     ("--label-column", "data.label_column", str, "Integer label column."),
-    ("--feature-columns", "data.feature_columns", lambda s: [c.strip() for c in s.split(",") if c.strip()],
+    ("--feature-columns", "data.feature_columns", comma_list,
      "Comma-separated feature columns (default: every column but the label)."),
+    ("--allow-data", "data.allow", comma_list,
+     "Comma-separated data problems to report instead of refusing: non_finite_features, unseen_labels, "
+     "schema_mismatch."),
     ("--epochs", "training.epochs", int, "Epochs to train."),
     ("--batch-size", "training.batch_size", int, "Per-worker batch size."),
     ("--learning-rate", "training.learning_rate", float, "Adam learning rate."),
@@ -90,6 +99,8 @@ def _set(tree: dict[str, Any], path: str, value: Any) -> None:
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config values the command line sets (nested by config path); flags left out are absent."""
+    if getattr(args, "verify", None) is not None and getattr(args, "no_verify", None):
+        raise CliError(f"--verify {args.verify} and --no-verify contradict each other: give one of them")
     flags: dict[str, Any] = {}
     for flag, path, _, _ in OPTIONS:
         value = getattr(args, flag[2:].replace("-", "_"), None)
@@ -109,6 +120,19 @@ def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> Pipe
         return load_config(args.config, flag_overrides(args), settings)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a bad value is a usage error, exit code 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {value}")
+        return value
+    return parse
 
 
 def _default(path: str) -> Any:
@@ -175,22 +199,32 @@ def build_parser() -> argparse.ArgumentParser:
     _add_options(status)
     status.set_defaults(func=commands.cmd_status)
     rollback = sub.add_parser("rollback", help="Restore the previous champion at a serving location.",
-                              description="Atomically point CURRENT back at the previous champion (or --to) "
-                                          "and move the MLflow alias with it.")
+                              description="Atomically point CURRENT back at the previous champion of the serving "
+                                          "history (or --to) and move the MLflow alias with it. The version left "
+                                          "is withdrawn: never promoted again unless named with --to. Each "
+                                          "rollback goes one champion further back.")
     rollback.add_argument("--serving", help="Serving location (default: .podium/serving).")
-    rollback.add_argument("--to", help="Version to restore, e.g. v000002 (default: the previous champion).")
+    rollback.add_argument("--to", help="Version to restore, e.g. v000002 (default: the previous champion); a "
+                                       "withdrawn version named here is served again.")
+    rollback.add_argument("--reason", help="Why, in words: kept in the serving history and on the MLflow records.")
     rollback.add_argument("--registered-model", default=_default("promotion.registered_model"),
                           help=_help("promotion.registered_model", "MLflow registered model."))
     rollback.add_argument("--alias", default=_default("promotion.alias"),
                           help=_help("promotion.alias", "Alias to move."))
     rollback.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
     rollback.set_defaults(func=commands.cmd_rollback)
+    history = sub.add_parser("history", help="The champions of a serving location: when, why, what started them.",
+                             description="Every promotion and rollback of a serving location, oldest first, "
+                                         "with the current and the withdrawn versions marked. Reads only.")
+    history.add_argument("--serving", help="Serving location (default: .podium/serving).")
+    history.add_argument("--json", action="store_true", help="Print the history as JSON.")
+    history.set_defaults(func=commands.cmd_history)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
-    make.add_argument("--train-rows", type=int, default=24000, help="Training rows (default: 24000).")
-    make.add_argument("--val-rows", type=int, default=6000, help="Validation rows (default: 6000).")
-    make.add_argument("--features", type=int, default=16, help="Feature columns (default: 16).")
-    make.add_argument("--classes", type=int, default=4, help="Classes (default: 4).")
+    make.add_argument("--train-rows", type=at_least(1), default=24000, help="Training rows (default: 24000).")
+    make.add_argument("--val-rows", type=at_least(1), default=6000, help="Validation rows (default: 6000).")
+    make.add_argument("--features", type=at_least(1), default=16, help="Feature columns (default: 16).")
+    make.add_argument("--classes", type=at_least(2), default=4, help="Classes (default: 4).")
     make.add_argument("--seed", type=int, default=0, help="Random seed.")
     make.set_defaults(func=commands.cmd_make_data)
     worker = sub.add_parser("worker", help="Run a Prefect process worker for podium's deployments.",

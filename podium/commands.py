@@ -58,14 +58,18 @@ def _quiet_libraries(log_file: Path) -> None:
     logging.getLogger("mlflow").propagate = True
 
 
-def _prepare(config: Any, settings: PodiumSettings) -> tuple[str, str]:
+def _prepare(config: Any, settings: PodiumSettings, which: str) -> tuple[str, str]:
     """Preflight, servers. Returns (tracking_uri, api_url)."""
     _maybe_make_demo_data(config, settings)
     from podium.config import ConfigError
     from podium.tasks.plan import plan_run
 
     try:
-        plan_run(config)  # before any server starts or anything trains
+        plan = plan_run(config)  # before any server starts or anything trains
+        if which == "run":
+            from podium.tasks.resume import check_resume
+
+            check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     from podium.services import ServiceError, ensure_prefect_server, prepare_mlflow
@@ -98,11 +102,13 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
+    from podium.config import ConfigError
+    from podium.serving.layout import ServingError
     from podium.tasks.plan import RunInProgress
     from podium.tracking.client import TrackingUnavailable, apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
-    tracking_uri, api_url = _prepare(config, settings)
+    tracking_uri, api_url = _prepare(config, settings, which)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from podium.services import ui_url
@@ -118,7 +124,9 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
                 config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui_url)
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
-        except RunInProgress as exc:
+        except (RunInProgress, ConfigError, ServingError, LookupError) as exc:
+            # refused inside the flow: a run in progress, a resume that changes the model's shape, a serving
+            # location that is corrupt, a run to promote that does not exist
             raise CliError(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
@@ -132,31 +140,34 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Checkpoints and champion of a run, from MLflow and the serving location."""
+    """Checkpoints and champion of a run, from MLflow and the serving location (read-only)."""
     settings = PodiumSettings()
     config = config_from_args(args, settings)
+    from podium.serving.layout import ServingError, read_current
     from podium.tasks.promote import read_champion
-    from podium.tracking.client import TrackingUnavailable
+    from podium.tracking.client import TrackingUnavailable, store_exists
     from podium.tracking.records import list_records
     from podium.tracking.runs import find_tracking_run
 
     tracking_uri = settings.resolved_tracking_uri()
+    if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
+        raise CliError(f"no MLflow store at {tracking_uri}: nothing has run here yet (PODIUM_HOME = "
+                       f"{settings.home_dir}; set MLFLOW_TRACKING_URI to read another store)")
     try:
         tracking = find_tracking_run(tracking_uri, config.experiment, config.run_name)
         records = list_records(tracking)
-    except LookupError as exc:
+        champion = read_champion(config.serving)
+        current = read_current(config.serving)
+    except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
-    champion = read_champion(config.serving)
     if args.json:
-        from podium.serving.layout import read_current
-
-        current = read_current(config.serving)
         print(json.dumps({
             "run_name": config.run_name, "mlflow_run_id": tracking.run_id, "tracking_uri": tracking_uri,
-            "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics}
-                            for r in records],
+            "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
+                             **({"failure": r.failure} if r.failure else {}),
+                             **({"withdrawn": r.withdrawn} if r.withdrawn else {})} for r in records],
             "promoted": ({"version": champion.version, "uri": current.uri, "step": champion.step,
                           "metric": champion.metric, "value": champion.value,
                           "run_name": current.manifest.get("run_name")} if champion and current else None),
@@ -165,28 +176,62 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
     for r in records:
         m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
-        print(f"  step {r.step:>7}  {r.status:<9} {m}")
+        note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
+        print(f"  step {r.step:>7}  {r.status:<9} {m}{note}")
     print(f"champion at {config.serving}: " + (f"{champion.version} (step {champion.step}, "
                                                f"{champion.metric}={champion.value})" if champion else "none"))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    """Point the serving location back at the previous champion; the MLflow alias follows."""
+    """Point the serving location back one champion along its history; the MLflow alias follows."""
     settings = PodiumSettings()
-    from podium.serving.layout import ServingError
-    from podium.tasks.promote import roll_back
+    from podium.serving.layout import ServingError, read_pointer
+    from podium.tasks.rollback import roll_back
+    from podium.tracking.client import TrackingUnavailable
 
     serving = args.serving or settings.default_location("serving")
     try:
-        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model, args.alias, args.to)
+        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model, args.alias, args.to,
+                        args.reason)
     except ServingError as exc:
         raise CliError(str(exc)) from None
+    except TrackingUnavailable as exc:
+        now = (read_pointer(serving) or {}).get("version")
+        raise ServerUnreachable(f"{exc}.\n  Serving {serving} serves {now}; the MLflow alias and withdrawn marks "
+                                f"were not updated. Once the server answers, run `podium rollback --serving "
+                                f"{serving} --to {now}`: it updates them without switching again.") from None
     if args.json:
         print(json.dumps(out.model_dump()))
+        return 0
+    alias = f"alias {args.alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved")
+    if not out.switched:
+        print(f"serving {serving}: {out.to_version} is already current; {alias}")
     else:
-        print(f"serving {serving}: {out.from_version} -> {out.to_version}; "
-              f"alias {args.alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved"))
+        withdrawn = f" ({out.withdrawn} withdrawn)" if out.withdrawn else ""
+        print(f"serving {serving}: {out.from_version} -> {out.to_version}{withdrawn}; {alias}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """The champions of a serving location: every switch, when, why and what started it (read-only)."""
+    settings = PodiumSettings()
+    from podium.output import print_history
+    from podium.serving.history import lineage_of, parse_switch
+    from podium.serving.layout import ServingError, read_history, read_pointer
+
+    serving = args.serving or settings.default_location("serving")
+    try:
+        history, pointer = read_history(serving), read_pointer(serving)
+    except ServingError as exc:
+        raise CliError(str(exc)) from None
+    lineage = lineage_of(parse_switch(doc) for doc in history)
+    current = (pointer or {}).get("version")
+    if args.json:
+        print(json.dumps({"serving": serving, "current": current, "withdrawn": sorted(lineage.withdrawn),
+                          "switches": history}))
+        return 0
+    print_history(serving, history, current, set(lineage.withdrawn))
     return 0
 
 

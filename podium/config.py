@@ -72,6 +72,10 @@ class DataConfig(_Strict):
     feature_columns: list[str] | None = Field(
         None, description="Numeric feature columns; default: every column but the label."
     )
+    allow: list[Literal["non_finite_features", "unseen_labels", "schema_mismatch"]] = Field(
+        default_factory=list, description="Data problems to report instead of refusing: NaN, infinite or null "
+        "feature values; validation labels outside the training labels' range; validation columns that differ "
+        "in type from training's, or that training has not.")
 
     @field_validator("train", "val")
     @classmethod

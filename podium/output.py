@@ -1,10 +1,12 @@
-"""What `podium run`, `promote` and `status` print: a human summary, or one JSON object."""
+"""What `podium run`, `promote`, `status` and `history` print: a human summary, or one JSON object."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from podium.services import ui_url
+from podium.serving.history import parse_switch
 
 
 def summary_json(summary: Any, serving: str) -> dict[str, Any]:
@@ -45,3 +47,33 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
     print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
     print(f"Serving:     {config.serving}  (load with podium.load_promoted_model)")
+
+
+def _started_by(origin: dict[str, Any]) -> str:
+    if not origin:
+        return "not recorded"
+    what = origin.get("command") or ""
+    if origin.get("flow_run"):
+        what = f"flow run {origin['flow_run']} ({origin.get('flow')}" + (
+            f", deployment {origin['deployment']})" if origin.get("deployment") else ")")
+    who = f"{origin.get('user', '?')}@{origin.get('host', '?')} pid {origin.get('pid', '?')}"
+    return f"{what}, {who}" if what else who
+
+
+def print_history(serving: str, switches: list[dict[str, Any]], current: str | None, withdrawn: set[str]) -> None:
+    """Every switch of a serving location's CURRENT, oldest first: when, what, why, and what started it."""
+    if not switches:
+        print(f"serving {serving}: nothing has been promoted")
+        return
+    print(f"serving {serving}: {len(switches)} switch(es), current {current}")
+    for s in switches:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(s.get("switched_at") or 0)))
+        switch = parse_switch(s)
+        version, value = switch.version, s.get("value")
+        what = f"run {s.get('run_name')} step {s.get('step')}" + (
+            f", {s.get('metric')}={value:.6g}" if isinstance(value, (int, float)) else "") + (
+            f"; withdrew {switch.withdrawn}" if switch.withdrawn else "")
+        marks = [m for m, on in (("current", version == current), ("withdrawn", version in withdrawn)) if on]
+        print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
+        print(f"      why: {s.get('reason') or 'not recorded'}")
+        print(f"      by:  {_started_by(dict(switch.origin))}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,6 +24,7 @@ class CheckpointRecord:
     run_name: str | None = None
     failure: str | None = None
     validated_at: float | None = None
+    withdrawn: str | None = None  # why it was withdrawn from serving (a rollback), if it was
 
 
 @dataclass(frozen=True)
@@ -50,31 +52,72 @@ def _finite(v: float | None) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def select_best(records: list[CheckpointRecord], metric: str, mode: Mode) -> tuple[CheckpointRecord | None, str]:
+def _listed(values: Mapping[str, object]) -> str:
+    return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in sorted(values.items()))
+
+
+def judge_training(metrics: Mapping[str, float], step: int) -> str | None:
+    """Why a checkpoint must not be validated or promoted on its training metrics, or None if they are fine.
+
+    A loss that went NaN or infinite means the weights have diverged (one NaN in a feature is enough);
+    the checkpoint's validation could still report a finite accuracy, so it is failed here."""
+    bad = {k: v for k, v in metrics.items() if not _finite(v)}
+    return f"training metric(s) not finite at step {step}: {_listed(bad)}" if bad else None
+
+
+def judge_validation(returned: Mapping[str, float], non_numeric: Mapping[str, str],
+                     training: Mapping[str, float], metric: str) -> str | None:
+    """The verdict on what a validation function returned: None (validated), or why the checkpoint failed.
+
+    Every value must be a finite number: a string, a NaN or an infinity fails the checkpoint (a model
+    with NaN weights can still score a finite accuracy, next to a NaN loss). The ranking `metric` must
+    be among the validation's or the training's metrics."""
+    if non_numeric:
+        return f"validation returned non-numeric metric(s): {', '.join(f'{k} = {v}' for k, v in sorted(non_numeric.items()))}"
+    bad = {k: v for k, v in returned.items() if not _finite(v)}
+    if bad:
+        return f"validation returned non-finite metric(s): {_listed(bad)}"
+    if metric not in returned and metric not in training:
+        return (f"validation returned no {metric!r} (the promotion metric); it returned {sorted(returned)}"
+                + (f", training reported {sorted(training)}" if training else ""))
+    return None
+
+
+def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
+                withdrawn: Mapping[str, str] | None = None) -> tuple[CheckpointRecord | None, str]:
     """The best validated checkpoint by `metric` and why others were skipped.
 
-    Failed and pending checkpoints, and those whose metric is missing, NaN or
-    infinite, are never chosen. Ties go to the later step (it has seen more data).
+    Failed and pending checkpoints, those whose metric is missing, NaN or infinite, and
+    withdrawn ones (`record.withdrawn`, or their URI in `withdrawn`: URI -> why) are never
+    chosen. Ties go to the later step (it has seen more data).
     """
     if mode not in ("min", "max"):
         raise ValueError(f"mode = {mode!r}: expected 'min' or 'max'")
+    withdrawn = withdrawn or {}
+    out = {r.step: r.withdrawn or withdrawn[r.uri] for r in records if r.withdrawn or r.uri in withdrawn}
     validated = [r for r in records if r.status == VALIDATED]
-    eligible = [r for r in validated if _finite(r.metrics.get(metric))]
+    eligible = [r for r in validated if _finite(r.metrics.get(metric)) and r.step not in out]
+    out_note = "".join(f"; step {step} is withdrawn ({why})" for step, why in sorted(out.items()))
     if not eligible:
         if not records:
             return None, "no checkpoints were recorded"
         if not validated:
-            return None, f"none of the {len(records)} checkpoints was validated successfully"
+            failed = [r for r in records if r.failure]
+            first = f" (step {failed[0].step}: {failed[0].failure})" if failed else ""
+            return None, f"none of the {len(records)} checkpoints was validated successfully{first}"
         missing = [r.step for r in validated if metric not in r.metrics]
         if len(missing) == len(validated):
             known = sorted({k for r in validated for k in r.metrics})
             return None, f"no checkpoint reports the metric {metric!r}; reported metrics: {known}"
+        if out:
+            return None, f"no validated checkpoint is eligible{out_note}"
         return None, f"every validated checkpoint has a missing, NaN or infinite {metric!r}"
     sign = 1.0 if mode == "min" else -1.0
     best = min(eligible, key=lambda r: (sign * r.metrics[metric], -r.step))
     skipped = len(records) - len(eligible)
-    note = f"; {skipped} checkpoint(s) not eligible (failed, pending, or no finite {metric})" if skipped else ""
-    return best, f"best of {len(eligible)} validated checkpoint(s) by {metric} ({mode}){note}"
+    note = (f"; {skipped} checkpoint(s) not eligible (failed, pending, withdrawn, or no finite {metric})"
+            if skipped else "")
+    return best, f"best of {len(eligible)} validated checkpoint(s) by {metric} ({mode}){note}{out_note}"
 
 
 def decide_promotion(

@@ -17,7 +17,7 @@ from podium.redaction import redact_uri
 from podium.storage.locations import normalize_location
 from podium.storage.preflight import check_location
 from podium.storage.s3 import StorageError
-from podium.training.data import DataSchemaError, inspect_dataset
+from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class RunPlan(BaseModel):
     train_loop: str
     loop_config: dict[str, Any]
     validate_kwargs: dict[str, Any]
+    data_warnings: list[str] = []  # data problems the config allows (data.allow): reported, not refused
 
     @property
     def run_name(self) -> str:
@@ -82,10 +83,9 @@ def plan_run(config: PipelineConfig) -> RunPlan:
             errors.append(f"{field} = {uri!r}: no such file or directory")
         except (DataSchemaError, OSError) as exc:
             errors.append(f"{field}: {exc}")
+    warnings: list[str] = []
     if not errors:
-        tr, va = infos["data.train"], infos["data.val"]
-        if tr.feature_columns != va.feature_columns:
-            errors.append(f"data.val: feature columns {va.feature_columns} differ from data.train's {tr.feature_columns}")
+        check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
     builtin = train_loop == BUILTIN_LOOP and cfg.validation.fn == BUILTIN_VALIDATE
     if builtin and cfg.promotion.metric not in BUILTIN_METRICS:
         errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
@@ -115,8 +115,41 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         **cfg.validation.kwargs,
     }
     validate_kwargs.setdefault("config", dict(validate_kwargs))  # Ray's docs: validate_fn(checkpoint, config)
+    for warning in warnings:
+        logger.warning("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
-                   loop_config=loop_config, validate_kwargs=validate_kwargs)
+                   loop_config=loop_config, validate_kwargs=validate_kwargs, data_warnings=warnings)
+
+
+def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[str], warnings: list[str]) -> None:
+    """What breaks training, found before it starts: NaN/infinite/null features, validation labels the
+    training data never has, validation columns that differ from training's. Each problem goes to
+    `errors`, naming the column, or to `warnings` where `allow` (data.allow) names its kind."""
+    def problem(kind: str, text: str) -> None:
+        if kind in allow:
+            warnings.append(text)
+        else:
+            errors.append(f"{text} (to train anyway: data.allow = [{kind!r}], or --allow-data {kind})")
+
+    for field, info in (("data.train", tr), ("data.val", va)):
+        for column, count in sorted(info.non_finite.items()):
+            problem("non_finite_features", f"{field}: feature column {column!r} has {count} NaN, infinite or "
+                                           f"null value(s) in {info.num_rows} rows: a model trained on them diverges")
+    missing = [c for c in tr.feature_columns if c not in va.types]
+    if missing:  # validation could not run at all: never allowed
+        errors.append(f"data.val has no feature column(s) {missing}, which data.train has and the model reads")
+    extra = [c for c in va.feature_columns if c not in tr.types]
+    if extra:
+        problem("schema_mismatch", f"data.val has column(s) {extra} that data.train has not (validation would "
+                                   "ignore them)")
+    for column in tr.feature_columns:
+        if column in va.types and va.types[column] != tr.types[column]:
+            problem("schema_mismatch", f"data.val: column {column!r} is {va.types[column]}, data.train has it "
+                                       f"as {tr.types[column]}")
+    if va.label_min < tr.label_min or va.label_max > tr.label_max:
+        problem("unseen_labels", f"data.val: label column {tr.label_column!r} has values {va.label_min}.."
+                                 f"{va.label_max}, outside data.train's {tr.label_min}..{tr.label_max}: the model "
+                                 "never sees those classes in training")
 
 
 @task(name="plan-run", cache_policy=NO_CACHE)

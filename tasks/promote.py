@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import math
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,10 +62,31 @@ def read_champion(serving: str) -> Champion | None:
                     value=m.get("value"), source=m.get("source"))
 
 
+def origin(command: str | None = None) -> dict[str, Any]:
+    """What started a switch of CURRENT, for its history record: the Prefect flow run (and deployment)
+    or the command, and who ran it where."""
+    from prefect.runtime import deployment, flow_run
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container user without a name
+        user = str(os.getuid())
+    out: dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
+    if command:
+        out["command"] = command
+    if flow_run.id:
+        out.update(flow=flow_run.flow_name, flow_run=flow_run.name, flow_run_id=str(flow_run.id))
+        if deployment.name:
+            out["deployment"] = deployment.name
+    return out
+
+
 def decide(plan: RunPlan, records: list[CheckpointRecord]) -> tuple[Decision, Champion | None]:
-    """Best checkpoint of `records` against the serving location's champion (no side effects)."""
+    """Best checkpoint of `records` against the serving location's champion (no side effects).
+
+    Checkpoints a rollback withdrew from this serving location are left out (its history says which)."""
     p = plan.config.promotion
-    best, why = select_best(records, p.metric, p.mode)
+    best, why = select_best(records, p.metric, p.mode, layout.withdrawn_checkpoints(plan.serving))
     champion = read_champion(plan.serving)
     return decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why), champion
 
@@ -83,7 +107,7 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.Promoted
         return
     expected = record.metrics[p.metric]
     connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
-    got = validate(plan, record, uri=version.uri).get(p.metric)
+    got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
         raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
                                f"was recorded with {expected}: not promoted")
@@ -103,7 +127,7 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     still_locked()
     layout.seal_version(plan.serving, version)
     still_locked()
-    layout.switch_current(plan.serving, version, decision.reason)
+    layout.switch_current(plan.serving, version, decision.reason, origin=origin())
     mlflow_version = register_champion(
         tracking, record, version.uri, p.registered_model, p.alias,
         tags={"podium.serving_version": version.version, "podium.step": str(record.step),
@@ -182,39 +206,3 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
 def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
     """Promote the run's best checkpoint to the serving location if it beats the champion."""
     return promote_best_checkpoint(plan, tracking)
-
-
-class RollbackOutcome(BaseModel):
-    """Which version serving went back to, and the registry version the alias now names."""
-
-    from_version: str
-    to_version: str
-    mlflow_version: str | None
-
-
-def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
-              to_version: str | None = None) -> RollbackOutcome:
-    """Point CURRENT back at the previous champion (or `to_version`) atomically; the alias follows."""
-    with promotion_lock(serving) as still_locked:
-        return _roll_back(serving, tracking_uri, registered_model, alias, to_version, still_locked)
-
-
-def _roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
-               to_version: str | None, still_locked: Callable[[], None]) -> RollbackOutcome:
-    current = layout.read_current(serving)
-    if current is None:
-        raise layout.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
-    target_name = to_version or (layout.read_pointer(serving) or {}).get("previous")
-    if not target_name:
-        raise layout.ServingError(f"{serving}: {current.version} is the first champion; there is no previous one")
-    target = layout.read_version(serving, target_name)
-    if target is None:
-        raise layout.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
-    still_locked()
-    layout.switch_current(serving, target, f"rollback from {current.version}")
-    version = registered_version_for(tracking_uri, registered_model, target.uri)
-    if version is not None:
-        set_alias(tracking_uri, registered_model, alias, version)
-    else:
-        logger.warning("no MLflow version of %s has source %s: alias %s not moved", registered_model, target.uri, alias)
-    return RollbackOutcome(from_version=current.version, to_version=target.version, mlflow_version=version)

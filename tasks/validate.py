@@ -8,16 +8,17 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.selection import CheckpointRecord
+from podium.selection import CheckpointRecord, judge_training, judge_validation
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun, TrackingUnavailable
-from podium.tracking.records import merge_validation
+from podium.tracking.records import mark_failed, merge_validation
 from podium.training import raytrain
+from podium.training.events import ValidationResult
 
 logger = logging.getLogger(__name__)
 
 
-def validate(plan: RunPlan, record: CheckpointRecord, uri: str | None = None) -> dict[str, float]:
+def validate(plan: RunPlan, record: CheckpointRecord, uri: str | None = None) -> ValidationResult:
     """Run the configured validation function on a checkpoint (by default the record's) on Ray."""
     v = plan.config.validation
     kwargs = {**plan.validate_kwargs, "step": record.step}
@@ -26,8 +27,25 @@ def validate(plan: RunPlan, record: CheckpointRecord, uri: str | None = None) ->
 
 
 def validate_and_record(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> CheckpointRecord:
-    """Validate a checkpoint and merge its metrics onto its MLflow record."""
-    return merge_validation(tracking, record, validate(plan, record))
+    """Validate a checkpoint and record the verdict with the exact metrics: validated, or failed with the
+    reason when a value is not a finite number or the promotion metric is missing (a decision, not an
+    error: it is not retried)."""
+    result = validate(plan, record)
+    failure = judge_validation(result.metrics, result.non_numeric, record.metrics, plan.config.promotion.metric)
+    if failure is not None:
+        logger.warning("checkpoint step %d failed validation: %s", record.step, failure)
+        return mark_failed(tracking, record, failure, result.metrics)
+    return merge_validation(tracking, record, result.metrics)
+
+
+def fail_if_diverged(tracking: TrackingRun, record: CheckpointRecord) -> CheckpointRecord | None:
+    """A pending checkpoint whose training metrics are not finite is failed without being validated
+    (its weights have diverged); returns the failed record, or None if the checkpoint is to be validated."""
+    failure = judge_training(record.metrics, record.step)
+    if failure is None:
+        return None
+    logger.warning("checkpoint step %d: %s", record.step, failure)
+    return mark_failed(tracking, record, failure)
 
 
 @task(name="validate-checkpoint", cache_policy=NO_CACHE)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
@@ -26,6 +27,57 @@ class DatasetInfo:
     feature_columns: list[str]
     label_column: str
     num_classes: int
+    label_min: int = 0
+    label_max: int = 0
+    types: dict[str, str] = field(default_factory=dict)  # feature column -> "integer", "floating" or "boolean"
+    non_finite: dict[str, int] = field(default_factory=dict)  # feature column -> NaN, infinite or null values
+
+
+def type_kind(t: pa.DataType) -> str | None:
+    """What a feature's arrow type is as a number ("integer", "floating", "boolean"), or None if it is not one."""
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "floating"
+    return "boolean" if pa.types.is_boolean(t) else None
+
+
+def _nulls_from_statistics(ds: pads.Dataset, columns: list[str]) -> dict[str, int] | None:
+    """Null counts of `columns` from the Parquet footers alone, or None where a row group has no statistics."""
+    counts = dict.fromkeys(columns, 0)
+    for fragment in ds.get_fragments():
+        meta = fragment.metadata  # type: ignore[attr-defined]  # a Parquet fragment: the footer, read once
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                if chunk.path_in_schema in counts:
+                    stats = chunk.statistics
+                    if stats is None or not stats.has_null_count:
+                        return None
+                    counts[chunk.path_in_schema] += stats.null_count
+    return counts
+
+
+def count_non_finite(ds: pads.Dataset, types: dict[str, str]) -> dict[str, int]:
+    """Feature column -> how many values are NaN, infinite or null (load_arrays reads a null as NaN); only
+    columns that have some.
+
+    Integer and boolean columns can only hold nulls: counted from the Parquet statistics where every row
+    group has them, without reading the data. Float columns are scanned once, in batches: Parquet
+    statistics leave NaN out of min/max and keep no NaN count, so they cannot show one NaN."""
+    exact = [c for c, kind in types.items() if kind != "floating"]
+    from_stats = _nulls_from_statistics(ds, exact) if exact else {}
+    scan = [c for c, kind in types.items() if kind == "floating" or from_stats is None]
+    counts = dict(from_stats or {})
+    for batch in ds.to_batches(columns=scan) if scan else []:
+        for c in scan:
+            values = batch.column(c)
+            bad = values.null_count
+            if types[c] == "floating":
+                bad += pc.sum(pc.invert(pc.is_finite(values))).as_py() or 0
+            counts[c] = counts.get(c, 0) + bad
+    return {c: n for c, n in counts.items() if n}
 
 
 def open_dataset(uri: str) -> pads.Dataset:
@@ -61,14 +113,17 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
     features = feature_columns if feature_columns else [n for n in names if n != label_column]
     if not features:
         raise DataSchemaError(f"dataset {uri!r} has no feature columns besides the label {label_column!r}")
+    types = {}
     for col in features:
         if col not in names:
             raise DataSchemaError(f"dataset {uri!r} has no feature column {col!r}; its columns are {names}")
         t = schema.field(col).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        kind = type_kind(t)
+        if kind is None:
             raise DataSchemaError(
                 f"dataset {uri!r}: feature column {col!r} has type {t}, expected a numeric type"
             )
+        types[col] = kind
     labels = ds.to_table(columns=[label_column]).column(label_column)
     if labels.null_count:
         raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has {labels.null_count} nulls")
@@ -78,8 +133,9 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
     hi = pa.compute.max(labels).as_py()
     if lo < 0:
         raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has negative value {lo}")
-    return DatasetInfo(uri=uri, num_rows=len(labels), feature_columns=features,
-                       label_column=label_column, num_classes=int(hi) + 1)
+    return DatasetInfo(uri=uri, num_rows=len(labels), feature_columns=features, label_column=label_column,
+                       num_classes=int(hi) + 1, label_min=int(lo), label_max=int(hi), types=types,
+                       non_finite=count_non_finite(ds, types))
 
 
 def load_arrays(
@@ -109,6 +165,10 @@ def make_classification_data(
     Classes are Gaussian blobs around random centers, partly overlapping so that
     accuracy improves over epochs without reaching 100% at once.
     """
+    for name, value, least in (("train_rows", train_rows, 1), ("val_rows", val_rows, 1),
+                               ("num_features", num_features, 1), ("num_classes", num_classes, 2)):
+        if value < least:
+            raise ValueError(f"{name} = {value}: expected at least {least}")
     rng = np.random.default_rng(seed)
     centers = rng.normal(0.0, 1.5, size=(num_classes, num_features))
 

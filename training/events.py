@@ -69,3 +69,19 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             except (TypeError, ValueError):
                 continue
     return out
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """What a validation function returned: its numbers exactly (NaN and infinities kept), and a short
+    description of every value that is not a number, so the verdict can name it."""
+
+    metrics: dict[str, float]
+    non_numeric: dict[str, str] = field(default_factory=dict)
+
+
+def read_validation_result(result: dict[str, Any]) -> ValidationResult:
+    """Split a validation function's dict into numbers and the values that are not (described by type and repr)."""
+    metrics = numeric_metrics(result)
+    non_numeric = {k: f"{v!r:.80} ({type(v).__name__})" for k, v in result.items() if k not in metrics}
+    return ValidationResult(metrics, non_numeric)

@@ -25,7 +25,14 @@ from ray.util.queue import Empty, Queue
 from podium.imports import resolve_callable
 from podium.storage.locations import arrow_filesystem, join, uri_of
 from podium.storage.s3 import s3_environment
-from podium.training.events import CheckpointEvent, EventSink, numeric_metrics, step_of
+from podium.training.events import (
+    CheckpointEvent,
+    EventSink,
+    ValidationResult,
+    numeric_metrics,
+    read_validation_result,
+    step_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -194,17 +201,14 @@ def checkpoint_at(uri: str) -> ray.train.Checkpoint:
     return ray.train.Checkpoint(path=path, filesystem=fs)
 
 
-def call_validation(fn_path: str, checkpoint_uri: str, kwargs: dict[str, Any]) -> dict[str, float]:
-    """Import the validation function, call it on the checkpoint, check it returned a dict of numbers."""
+def call_validation(fn_path: str, checkpoint_uri: str, kwargs: dict[str, Any]) -> ValidationResult:
+    """Import the validation function, call it on the checkpoint, check it returned a dict; its values
+    come back as they are (a value that is not a number is described, for the verdict to name)."""
     fn = resolve_callable(fn_path, "validation.fn")
     result = fn(checkpoint_at(checkpoint_uri), **select_kwargs(fn, kwargs))
     if not isinstance(result, dict):
         raise TypeError(f"validation function {fn_path} returned {type(result).__name__}, expected a dict")
-    metrics = numeric_metrics(result)
-    dropped = sorted(set(result) - set(metrics))
-    if dropped:
-        logger.warning("validation of %s: non-numeric metrics ignored: %s", checkpoint_uri, dropped)
-    return metrics
+    return read_validation_result({str(k): v for k, v in result.items()})
 
 
 def select_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +229,7 @@ def validate_remote(
     num_gpus: float,
     resources: dict[str, float],
     timeout_s: float,
-) -> dict[str, float]:
+) -> ValidationResult:
     """Run the validation function as a Ray task with its own resource request; cancel it on timeout."""
     task = ray.remote(call_validation).options(
         num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from podium.serving.history import Lineage, lineage_of, parse_switch
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
 
 POINTER = "CURRENT"
@@ -125,13 +126,20 @@ def write_json(uri: str, doc: dict[str, Any]) -> None:
 
 
 def read_json(uri: str) -> dict[str, Any] | None:
-    """Read a JSON document, or None if it does not exist."""
+    """Read a JSON document (an object), or None if it does not exist; ServingError if it is not one."""
     fs, path = fsspec_filesystem(uri)
     try:
         # one GET: no size from an earlier listing can cut a document another process rewrote
-        return json.loads(fs.cat_file(path))
+        data = fs.cat_file(path)
     except FileNotFoundError:
         return None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ServingError(f"{uri} is not valid JSON (truncated or corrupt?): {exc}") from None
+    if not isinstance(doc, dict):
+        raise ServingError(f"{uri} is corrupt: expected a JSON object, found a {type(doc).__name__}")
+    return doc
 
 
 def _versions(serving: str) -> list[str]:
@@ -209,19 +217,27 @@ def read_current(serving: str) -> PromotedVersion | None:
     return current
 
 
-def switch_current(serving: str, version: PromotedVersion, reason: str) -> None:
-    """Point CURRENT at a complete version (atomically) and record it in the history."""
+def switch_current(serving: str, version: PromotedVersion, reason: str, *, action: str = "promote",
+                   withdrawn: str | None = None, origin: dict[str, Any] | None = None) -> None:
+    """Point CURRENT at a complete version (atomically) and record the switch in the history.
+
+    The history record says what it was (`action`: promote or rollback), why (`reason`), which
+    version it withdrew (a rollback's), and what started it (`origin`: the flow run or command,
+    user, host); `podium.serving.history` reads the lineage of champions back from these."""
     serving = normalize_location(serving)
     if read_json(join(serving, "versions", version.version, MANIFEST)) is None:
         raise ServingError(f"{serving}: version {version.version} is incomplete (no {MANIFEST})")
     previous = read_current(serving)
     pointer = {"version": version.version, "switched_at": time.time(),
-               "previous": previous.version if previous else None, "reason": reason}
+               "previous": previous.version if previous else None, "reason": reason, "action": action}
     write_json(join(serving, POINTER), pointer)
     # names sort in the order of the switches (nanoseconds), readable thanks to the date prefix
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
+    m = version.manifest
     write_json(join(serving, "history", f"{stamp}-{version.version}-{uuid.uuid4().hex[:6]}.json"),
-               {**pointer, "step": version.manifest.get("step"), "source": version.manifest.get("source")})
+               {**pointer, "withdrawn": withdrawn, "origin": origin or {}, "step": m.get("step"),
+                "source": m.get("source"), "run_name": m.get("run_name"), "metric": m.get("metric"),
+                "value": m.get("value")})
 
 
 def read_history(serving: str) -> list[dict[str, Any]]:
@@ -232,6 +248,25 @@ def read_history(serving: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return [doc for p in paths if p.endswith(".json") and (doc := read_json(_uri_for(serving, p)))]
+
+
+def read_lineage(serving: str) -> Lineage:
+    """The champions of a serving location in promotion order, and the withdrawn ones (from its history)."""
+    return lineage_of(parse_switch(doc) for doc in read_history(serving))
+
+
+def withdrawn_checkpoints(serving: str) -> dict[str, str]:
+    """Source checkpoint URI -> why, for every version a rollback withdrew from this serving location
+    (and that was not served again since): promotion never picks these checkpoints again."""
+    out = {}
+    for version, switch in read_lineage(serving).withdrawn.items():
+        promoted = read_version(serving, version)
+        if promoted is not None and promoted.manifest.get("source"):
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.at))
+            out[str(promoted.manifest["source"])] = (
+                f"served as {version}, withdrawn by a rollback on {when} ({switch.reason}); "
+                f"`podium rollback --to {version}` serves it again")
+    return out
 
 
 def _uri_for(serving: str, path: str) -> str:

@@ -48,6 +48,19 @@ TAG_VALIDATED_AT = "podium.validated_at"
 TAG_SERVED_URI = "podium.served_uri"
 
 
+# podium's own copy of a checkpoint's metrics, JSON with NaN and infinities kept: MLflow's SQL stores
+# read a LoggedModel's NaN metric back as 0.0 and an infinite one as +-1.8e308, so podium decides from this
+TAG_METRICS = "podium.metrics"
+
+
+TAG_WITHDRAWN = "podium.withdrawn"  # on a LoggedModel and a model version: why it was rolled back
+
+
+# a run's params cannot change (MLflow refuses): a resumed run's effective value of a changed setting
+# is the run tag `podium.config.<param>`
+TAG_CONFIG_PREFIX = "podium.config."
+
+
 MAX_TAG = 4000
 
 
@@ -173,6 +186,16 @@ class TrackingRun:
     def models_url(self, ui: str) -> str:
         """Link to the experiment's model (checkpoint) comparison page."""
         return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models"
+
+
+def store_exists(tracking_uri: str) -> bool:
+    """Whether the tracking store is there to read: a SQLite file or a local folder that exists; a server
+    is assumed to be. A read-only command checks this first: MLflow's client creates a missing store."""
+    if tracking_uri.startswith("sqlite:///"):
+        return os.path.exists(tracking_uri.removeprefix("sqlite:///"))
+    if tracking_uri.startswith("file://") or "://" not in tracking_uri:
+        return os.path.exists(tracking_uri.removeprefix("file://"))
+    return True
 
 
 def resolve_tracking_uri(tracking_uri: str | None) -> str:

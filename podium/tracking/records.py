@@ -1,13 +1,18 @@
 """One MLflow LoggedModel per checkpoint: training metrics, then the verdict (validated or failed).
 
 Checkpoint status lives in the `podium.status` tag (searchable on every backend) and in the
-LoggedModel status (READY / FAILED) for the UI.
+LoggedModel status (READY / FAILED) for the UI. The metrics podium decides on are its own copy in
+the `podium.metrics` tag, written in the same request as the status: MLflow's SQL stores keep a
+LoggedModel metric of NaN as 0.0 and an infinite one as +-1.8e308 (the model's metrics table has no
+NaN flag), so the LoggedModel metrics are for the UI's comparison view only.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import sys
 import time
 from typing import Any
 
@@ -18,11 +23,13 @@ from podium.tracking.client import (
     MAX_TAG,
     TAG_CHECKPOINT,
     TAG_FAILURE,
+    TAG_METRICS,
     TAG_RUN,
     TAG_STATUS,
     TAG_STEP,
     TAG_URI,
     TAG_VALIDATED_AT,
+    TAG_WITHDRAWN,
     TrackingRun,
     tracking_call,
 )
@@ -32,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 def _metrics(values: dict[str, float], step: int, model_id: str | None = None) -> list[Metric]:
     now = int(time.time() * 1000)
-    # MLflow stores NaN/inf; keep them so the record shows what the function returned
+    # for the UI: the run's metric history keeps NaN (not infinities); a LoggedModel keeps neither (TAG_METRICS)
     return [Metric(k, float(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
 
 
@@ -43,22 +50,53 @@ def log_training_metrics(tr: TrackingRun, event: CheckpointEvent) -> None:
         tr.client().log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step))
 
 
-def _record_from_model(model: Any) -> CheckpointRecord:
+def encode_metrics(metrics: dict[str, float]) -> str:
+    """Metrics as the `podium.metrics` tag: JSON that keeps NaN, infinities and every float's exact value."""
+    return json.dumps({k: float(v) for k, v in metrics.items()}, sort_keys=True)
+
+
+# podium <= 0.2 kept no copy of its own: it tagged a verdict's non-finite metrics by name
+_OLD_NONFINITE_TAG = "podium.nonfinite_metrics"
+
+
+def _metrics_of(model: Any) -> dict[str, float]:
+    """The metrics of a checkpoint record: podium's own copy, else (records of older podium) the
+    LoggedModel's, with the values the SQL store altered turned back into NaN and infinities."""
+    tags = model.tags or {}
+    if TAG_METRICS in tags:
+        try:
+            return {str(k): float(v) for k, v in json.loads(tags[TAG_METRICS]).items()}
+        except (ValueError, TypeError, AttributeError):
+            logger.warning("record %s: tag %s is not a JSON object of numbers: %.200r", model.model_id, TAG_METRICS,
+                           tags[TAG_METRICS])
     latest: dict[str, tuple[int, int, float]] = {}
     for m in model.metrics or []:
         key = (m.timestamp, m.step)
         if m.key not in latest or key >= latest[m.key][:2]:
             latest[m.key] = (m.timestamp, m.step, m.value)
+    nonfinite = set(filter(None, tags.get(_OLD_NONFINITE_TAG, "").split(",")))
+    out = {}
+    for k, (_, _, v) in latest.items():
+        if abs(v) >= sys.float_info.max:
+            v = math.copysign(math.inf, v)
+        elif k in nonfinite:
+            v = math.nan
+        out[k] = v
+    return out
+
+
+def _record_from_model(model: Any) -> CheckpointRecord:
     tags = model.tags or {}
     return CheckpointRecord(
         step=int(tags.get(TAG_STEP, 0)),
         uri=tags.get(TAG_URI, ""),
         status=tags.get(TAG_STATUS, PENDING),
-        metrics={k: v[2] for k, v in latest.items()},
+        metrics=_metrics_of(model),
         model_id=model.model_id,
         run_name=tags.get(TAG_RUN),
         failure=tags.get(TAG_FAILURE),
         validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
+        withdrawn=tags.get(TAG_WITHDRAWN) or None,
     )
 
 
@@ -110,7 +148,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
         return _record_from_model(tr.client().get_logged_model(existing[0].model_id))
     client = tr.client()
     tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
-            TAG_STEP: str(event.step), TAG_STATUS: PENDING}
+            TAG_STEP: str(event.step), TAG_STATUS: PENDING, TAG_METRICS: encode_metrics(event.metrics)}
     created = client.create_logged_model(
         experiment_id=tr.experiment_id, name=f"{tr.run_name}-step-{event.step}", source_run_id=tr.run_id,
         tags=tags, params={"step": str(event.step), "checkpoint_uri": event.checkpoint_uri,
@@ -142,33 +180,39 @@ def _model_id(record: CheckpointRecord) -> str:
 def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float]) -> CheckpointRecord:
     """Attach validation metrics to the checkpoint's model (and the run, by step); status validated.
 
-    The status is set only once the metrics are written: a write that fails leaves the
-    checkpoint pending (validated again when the run resumes), never validated without metrics."""
+    The status is set only once the metrics are written, and in the same request as podium's exact
+    copy of them: a write that fails leaves the checkpoint pending (validated again when the run
+    resumes), never validated without metrics."""
     client = tr.client()
     model_id = _model_id(record)
     client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id))
-    bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+    merged = {**record.metrics, **metrics}
     now = time.time()
-    tags = {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now)}
-    if bad:
-        tags["podium.nonfinite_metrics"] = ",".join(bad)
-    client.set_logged_model_tags(model_id, tags)
+    client.set_logged_model_tags(model_id, {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now),
+                                            TAG_METRICS: encode_metrics(merged)})
     client.finalize_logged_model(model_id, LoggedModelStatus.READY)
-    return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED,
-                            metrics={**record.metrics, **metrics}, model_id=record.model_id,
-                            run_name=record.run_name, validated_at=now)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED, metrics=merged,
+                            model_id=record.model_id, run_name=record.run_name, validated_at=now)
 
 
 @tracking_call("recording a failed validation")
-def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str) -> CheckpointRecord:
-    """Mark a checkpoint's validation failed, with the reason; it will never be promoted."""
+def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str,
+                metrics: dict[str, float] | None = None) -> CheckpointRecord:
+    """Mark a checkpoint failed, with the reason; it will never be promoted.
+
+    `metrics`, what a validation returned that failed the checkpoint (a NaN loss), are kept with it,
+    exactly."""
     client = tr.client()
     model_id = _model_id(record)
+    merged = {**record.metrics, **(metrics or {})}
+    if metrics:
+        client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id))
+    now = time.time()
     client.set_logged_model_tags(model_id, {TAG_STATUS: FAILED, TAG_FAILURE: reason[:MAX_TAG],
-                                                   TAG_VALIDATED_AT: repr(time.time())})
+                                            TAG_VALIDATED_AT: repr(now), TAG_METRICS: encode_metrics(merged)})
     client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
-    return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=record.metrics,
-                            model_id=record.model_id, run_name=record.run_name, failure=reason)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=merged,
+                            model_id=record.model_id, run_name=record.run_name, failure=reason, validated_at=now)
 
 
 @tracking_call("listing checkpoint records")

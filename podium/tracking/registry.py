@@ -7,7 +7,14 @@ import json
 from mlflow.exceptions import MlflowException
 
 from podium.selection import CheckpointRecord
-from podium.tracking.client import TAG_SERVED_URI, TrackingRun, is_unreachable, tracking_call, tracking_client
+from podium.tracking.client import (
+    TAG_SERVED_URI,
+    TAG_WITHDRAWN,
+    TrackingRun,
+    is_unreachable,
+    tracking_call,
+    tracking_client,
+)
 
 
 @tracking_call("registering the champion")
@@ -72,3 +79,31 @@ def alias_target(tracking_uri: str, name: str, alias: str) -> str | None:
 def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
     """Move a registry alias (rollback uses this)."""
     tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)
+
+
+@tracking_call("marking a withdrawn champion")
+def mark_withdrawn(tracking_uri: str, name: str, served_uri: str, model_id: str | None, note: str | None) -> None:
+    """Tag a served version's registered model version and its checkpoint's LoggedModel `podium.withdrawn`
+    with `note` (a rollback withdrew it), or remove the tags (`note` None: it is served again).
+
+    A record that is not there (never registered, deleted) is skipped: the serving history stays the
+    source of truth."""
+    client = tracking_client(tracking_uri)
+    version = registered_version_for(tracking_uri, name, served_uri)
+    if version is not None:
+        if note is None:
+            client.delete_model_version_tag(name, version, TAG_WITHDRAWN)
+        else:
+            client.set_model_version_tag(name, version, TAG_WITHDRAWN, note)
+    if not model_id:
+        return
+    try:
+        tags = client.get_logged_model(model_id).tags or {}
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return
+    if note is not None:
+        client.set_logged_model_tags(model_id, {TAG_WITHDRAWN: note})
+    elif TAG_WITHDRAWN in tags:
+        client.delete_logged_model_tag(model_id, TAG_WITHDRAWN)

@@ -6,12 +6,12 @@ import json
 import logging
 from typing import Any
 
-from mlflow.entities import Param
+from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from podium.redaction import redact_value
-from podium.tracking.client import TAG_RUN, TrackingRun, tracking_call, tracking_client
+from podium.tracking.client import TAG_CONFIG_PREFIX, TAG_RUN, TrackingRun, tracking_call, tracking_client
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +78,21 @@ def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params:
             logger.warning("run %s: deleting duplicate MLflow run %s (a retried create)", run_name, extra.info.run_id)
             client.delete_run(extra.info.run_id)
     flat = flatten_params(params)
-    existing = client.get_run(run_id).data.params
-    changed = {k: (existing[k], v) for k, v in flat.items() if k in existing and existing[k] != v}
-    if changed:
-        logger.warning("run %s resumed with changed config (MLflow keeps the first values): %s", run_name, changed)
+    data = client.get_run(run_id).data
+    existing, tags = data.params, data.tags
     new = [(k, v) for k, v in flat.items() if k not in existing]
     for i in range(0, len(new), 100):
         client.log_batch(run_id, params=[Param(k, v) for k, v in new[i : i + 100]])
+    # MLflow keeps a param's first value: a resumed run that changed a setting records the value in effect
+    # as a tag (and keeps it current on every later resume, also when it goes back to the first value)
+    effective = {TAG_CONFIG_PREFIX + k: v for k, v in flat.items()
+                 if k in existing and (existing[k] != v or TAG_CONFIG_PREFIX + k in tags)}
+    stale = [RunTag(k, v) for k, v in effective.items() if tags.get(k) != v]
+    for i in range(0, len(stale), 100):
+        client.log_batch(run_id, tags=stale[i : i + 100])
+    if stale:
+        logger.info("run %s resumed with changed settings, recorded as tags: %s", run_name,
+                    {t.key: t.value for t in stale})
     return TrackingRun(tracking_uri, experiment_id, run_id, run_name)
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
 from podium import load_promoted_model
+from podium.config import ConfigError
 from podium.serving.layout import read_current, read_history
-from podium.tracking.client import TAG_CHECKPOINT
+from podium.tracking.client import TAG_CHECKPOINT, TAG_CONFIG_PREFIX
 from podium.training.data import load_arrays
 
 pytestmark = pytest.mark.integration
@@ -88,7 +91,7 @@ def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, da
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
 
 
-def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locations):
+def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locations, tmp_path):
     first = pipeline(_config("gate-a", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
     assert first.promotion.promoted is not None
     # a worse model (one tiny epoch at a tiny learning rate) must not replace the champion
@@ -96,6 +99,24 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
                               training={"epochs": 1, "learning_rate": 1e-5}), locations["tracking_uri"])
     assert second.promotion.promoted is None
     assert "not more than min_delta" in second.promotion.reason
+    assert read_current(locations["serving"]).version == first.promotion.promoted.version
+    assert len(read_history(locations["serving"])) == 1
+
+    # one NaN in a training feature: refused before training, unless allowed; then training diverges (loss NaN),
+    # every checkpoint is failed with the reason, and the working champion stays
+    table = pq.read_table(dataset[0])
+    column = table.column("f03").to_numpy().copy()
+    column[17] = np.nan
+    nan_train = str(tmp_path / "nan-train.parquet")
+    pq.write_table(table.set_column(table.schema.get_field_index("f03"), "f03", [column]), nan_train)
+    diverging = _config("gate-nan", dataset, locations, data={"train": nan_train}, training={"epochs": 1})
+    with pytest.raises(ConfigError, match="data.train: feature column 'f03' has 1 NaN, infinite or null value"):
+        pipeline(diverging, locations["tracking_uri"])
+    diverging["data"]["allow"] = ["non_finite_features"]
+    third = pipeline(diverging, locations["tracking_uri"])
+    assert third.checkpoints and all(r.status == "failed" for r in third.checkpoints)
+    assert all("training metric(s) not finite" in r.failure and "loss = nan" in r.failure for r in third.checkpoints)
+    assert third.promotion.promoted is None and "was validated successfully" in third.promotion.reason
     assert read_current(locations["serving"]).version == first.promotion.promoted.version
     assert len(read_history(locations["serving"])) == 1
 
@@ -131,10 +152,11 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
         assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
 
 
-def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations):
+def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations, caplog):
     first = pipeline(_config("resume", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
-    second = pipeline(_config("resume", dataset, locations, training={"epochs": 4}), locations["tracking_uri"],
-                      name_suffix="-again")
+    with caplog.at_level(logging.INFO, logger="podium.progress"):
+        second = pipeline(_config("resume", dataset, locations, training={"epochs": 4}), locations["tracking_uri"],
+                          name_suffix="-again")
     steps_first = [r.step for r in first.checkpoints]
     steps_second = [r.step for r in second.checkpoints]
     assert steps_second[:2] == steps_first and len(steps_second) == 4, "continued from the latest checkpoint"
@@ -146,3 +168,15 @@ def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations
     assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
         sorted(f"validate-step-{s}" for s in steps_second[2:])
     assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()
+    # the changed epochs took effect, were said, and the MLflow run records the value in effect
+    assert "training.epochs = 4 (was 2): takes effect" in caplog.text
+    client = MlflowClient(locations["tracking_uri"])
+    run = client.get_run(second.tracking.run_id)
+    assert (run.data.params["training.epochs"], run.data.tags[TAG_CONFIG_PREFIX + "training.epochs"]) == ("2", "4")
+
+    # a start that would change the model's shape is refused before anything trains or is recorded
+    narrower = _config("resume", dataset, locations, data={"feature_columns": ["f00", "f01", "f02"]})
+    with pytest.raises(ConfigError, match=r"data.feature_columns = \["):
+        pipeline(narrower, locations["tracking_uri"], name_suffix="-narrower")
+    assert client.get_run(second.tracking.run_id).info.status == "FINISHED"
+    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,88 @@ def test_invalid_run_fails_before_any_server_starts(tmp_path, monkeypatch, capsy
 
     assert main(["run", "--epochs", "0", "--quiet"]) == 2
     assert "training.epochs = 0" in capsys.readouterr().err
+
+
+# --- bad input: one sentence, exit code 2, nothing created ---------------------------------------
+
+@pytest.mark.parametrize("content, kind", [("[1, 2]", "list"), ('"podium"', "str")])
+def test_a_json_config_that_is_not_an_object_is_refused(tmp_path, capsys, content, kind):
+    path = tmp_path / "podium.json"
+    path.write_text(content)
+    assert main(["status", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"expected a table of settings (a JSON object), got a {kind}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--classes", "0"], "argument --classes: expected an integer of at least 2, got 0"),
+    (["--train-rows", "-5"], "argument --train-rows: expected an integer of at least 1, got -5"),
+    (["--features", "0"], "argument --features: expected an integer of at least 1, got 0"),
+    (["--val-rows", "many"], "argument --val-rows: expected an integer, got 'many'"),
+])
+def test_make_data_refuses_counts_that_make_no_dataset(tmp_path, capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_:
+        main(["make-data", "--out", str(tmp_path / "data"), *argv])
+    assert exit_.value.code == 2 and expected in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_verify_and_no_verify_together_are_refused(tmp_path):
+    with pytest.raises(CliError, match="--verify revalidate and --no-verify contradict each other"):
+        config_for(["run", "--verify", "revalidate", "--no-verify"], tmp_path)
+
+
+def test_status_in_an_empty_folder_creates_no_mlflow_store(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PODIUM_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["status"]) == 2
+    assert "no MLflow store at sqlite:///" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rollback_and_history_of_a_missing_serving_location_create_nothing(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert main(["rollback", "--serving", str(missing)]) == 2
+    assert f"nothing has been promoted to {str(missing)!r}" in capsys.readouterr().err
+    assert main(["history", "--serving", str(missing)]) == 0
+    assert "nothing has been promoted" in capsys.readouterr().out
+    assert not missing.exists()
+
+
+def test_a_truncated_pointer_is_a_sentence_not_a_traceback(tmp_path, monkeypatch, capsys):
+    serving = tmp_path / "serving"
+    serving.mkdir()
+    (serving / "CURRENT").write_text('{"version": "v0000')
+    for argv in (["rollback", "--serving", str(serving)], ["history", "--serving", str(serving)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{serving}/CURRENT is not valid JSON (truncated or corrupt?)" in err and "Traceback" not in err
+    assert sorted(p.name for p in serving.iterdir()) == ["CURRENT"]  # no lock file was created
+
+
+def test_history_says_when_why_and_what_started_each_switch(tmp_path, saved_checkpoint, capsys):
+    from podium.serving.layout import seal_version, switch_current
+    from podium.serving.staging import stage_version
+
+    serving = str(tmp_path / "serving")
+    versions = []
+    for step in (7, 9):
+        version = stage_version(serving, saved_checkpoint.directory, {"step": step, "run_name": "r1",
+                                                                      "metric": "val_loss", "value": 0.25})
+        seal_version(serving, version)
+        switch_current(serving, version, f"step {step} is better", origin={
+            "flow": "train-validate-promote", "flow_run": "r1-run", "user": "ana", "host": "gpu1", "pid": 7})
+        versions.append(version)
+    switch_current(serving, versions[0], "rollback from v000002: bad answers", action="rollback",
+                   withdrawn="v000002", origin={"command": "podium rollback", "user": "ops", "host": "h", "pid": 9})
+    assert main(["history", "--serving", serving]) == 0
+    out = capsys.readouterr().out
+    assert "3 switch(es), current v000001" in out
+    assert re.search(r"UTC  promote  v000002  run r1 step 9, val_loss=0.25  \[withdrawn\]", out)
+    assert re.search(r"UTC  rollback v000001  run r1 step 7, val_loss=0.25; withdrew v000002  \[current\]", out)
+    assert "why: rollback from v000002: bad answers" in out
+    assert "by:  flow run r1-run (train-validate-promote), ana@gpu1 pid 7" in out
+    assert "by:  podium rollback, ops@h pid 9" in out
+    assert main(["history", "--serving", serving, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["current"], doc["withdrawn"], len(doc["switches"])) == ("v000001", ["v000002"], 3)

@@ -8,7 +8,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from podium.training.data import DataSchemaError, inspect_dataset, load_arrays, make_classification_data
+from podium.training.data import (
+    DataSchemaError,
+    count_non_finite,
+    inspect_dataset,
+    load_arrays,
+    make_classification_data,
+    open_dataset,
+)
 
 
 def test_same_seed_writes_the_same_data(tmp_path):
@@ -75,3 +82,29 @@ def test_shards_partition_the_rows(write_parquet, world_size):
     assert sorted(rows.tolist()) == list(range(20))
     for x, y in shards:  # features and labels stay paired within a shard
         assert (x[:, 0].astype(int) % 3 == y).all()
+
+
+def test_non_finite_values_are_counted_per_column(tmp_path):
+    import pyarrow as pa
+
+    nan, inf = float("nan"), float("inf")
+    path = str(tmp_path / "d.parquet")
+    table = pa.table({"clean": [1.0, 2.0, 3.0, 4.0], "one_nan": pa.array([1.0, nan, 3.0, 4.0], pa.float32()),
+                      "inf_and_null": [-inf, None, 1.0, 2.0], "int_null": pa.array([1, None, 3, 4], pa.int64()),
+                      "flag": [True, False, None, True], "label": [0, 1, 0, 1]})
+    pq.write_table(table, path, row_group_size=2)  # several row groups, each with its statistics
+    types = {"clean": "floating", "one_nan": "floating", "inf_and_null": "floating", "int_null": "integer",
+             "flag": "boolean"}
+    assert count_non_finite(open_dataset(path), types) == {"one_nan": 1, "inf_and_null": 2, "int_null": 1, "flag": 1}
+    # without statistics, integer and boolean columns are read instead: the same counts
+    pq.write_table(table, path, write_statistics=False)
+    assert count_non_finite(open_dataset(path), types) == {"one_nan": 1, "inf_and_null": 2, "int_null": 1, "flag": 1}
+
+
+@pytest.mark.parametrize("kwargs, expected", [({"num_classes": 0}, "num_classes = 0: expected at least 2"),
+                                              ({"train_rows": -5}, "train_rows = -5: expected at least 1"),
+                                              ({"num_features": 0}, "num_features = 0: expected at least 1")])
+def test_make_data_refuses_counts_that_make_no_dataset(tmp_path, kwargs, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        make_classification_data(str(tmp_path / "d"), **kwargs)
+    assert not (tmp_path / "d").exists()

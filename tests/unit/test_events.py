@@ -1,10 +1,13 @@
-"""step_of and the checkpoint announcement's plain-dict form."""
+"""step_of, the checkpoint announcement's plain-dict form, and what a validation function returned."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from podium.training.events import CheckpointEvent, step_of
+from podium.training.events import CheckpointEvent, read_validation_result, step_of
 
 
 @pytest.mark.parametrize("metrics, expected", [
@@ -25,3 +28,11 @@ def test_event_round_trips_through_a_plain_dict():
     event = CheckpointEvent(run_name="r", step=3, metrics={"loss": 0.5}, checkpoint_uri="/c/3", epoch=1)
     assert CheckpointEvent.from_dict(event.to_dict()) == event
     assert event.has_checkpoint and not CheckpointEvent(run_name="r", step=4, metrics={}).has_checkpoint
+
+
+def test_a_validation_result_keeps_every_number_exactly_and_names_the_rest():
+    result = read_validation_result({"val_loss": float("nan"), "acc": np.float32(0.5), "n": 3, "big": math.inf,
+                                     "score": "high", "ok": True})
+    assert math.isnan(result.metrics["val_loss"])
+    assert {k: v for k, v in result.metrics.items() if k != "val_loss"} == {"acc": 0.5, "n": 3.0, "big": math.inf}
+    assert result.non_numeric == {"score": "'high' (str)", "ok": "True (bool)"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -72,7 +73,47 @@ def test_own_validation_may_report_any_metric(make_config):
 
 def test_val_features_must_match_train_features(make_config, write_parquet):
     val = write_parquet("other.parquet", f00=[1.0], g=[2.0], f02=[3.0], label=[0])
-    assert "data.val: feature columns ['f00', 'g', 'f02'] differ" in plan_error(make_config(data={"val": val}))
+    message = plan_error(make_config(data={"val": val}))
+    assert "data.val has no feature column(s) ['f01'], which data.train has" in message
+    assert "data.val has column(s) ['g'] that data.train has not" in message
+    # a column the model needs is never allowed to be missing; an extra one is, and is reported
+    message = plan_error(make_config(data={"val": val, "allow": ["schema_mismatch"]}))
+    assert "['f01']" in message and "'g'" not in message
+
+
+def test_val_columns_in_another_order_are_fine(make_config, write_parquet):
+    val = write_parquet("other.parquet", f02=[3.0], label=[0], f00=[1.0], f01=[2.0])
+    assert plan_run(make_config(data={"val": val})).validate_kwargs["feature_columns"] == ["f00", "f01", "f02"]
+
+
+def test_val_column_of_another_type_is_refused_or_reported(make_config, write_parquet):
+    val = write_parquet("other.parquet", f00=[1.0], f01=[2], f02=[3.0], label=[0])
+    message = plan_error(make_config(data={"val": val}))
+    assert "data.val: column 'f01' is integer, data.train has it as floating" in message
+    assert "data.allow = ['schema_mismatch']" in message
+    plan = plan_run(make_config(data={"val": val, "allow": ["schema_mismatch"]}))
+    assert plan.data_warnings == ["data.val: column 'f01' is integer, data.train has it as floating"]
+
+
+def test_nan_or_inf_in_a_feature_is_refused_naming_the_column(make_config, write_parquet):
+    nan = float("nan")
+    train = write_parquet("train.parquet", f00=[1.0, 2.0, 3.0], f01=[1.0, nan, 2.0], f02=[0.0, 1.0, float("inf")],
+                          label=[0, 1, 2])
+    message = plan_error(make_config(data={"train": train}))
+    assert "data.train: feature column 'f01' has 1 NaN, infinite or null value(s) in 3 rows" in message
+    assert "data.train: feature column 'f02' has 1 NaN" in message
+    assert "'f00'" not in message and "data.allow = ['non_finite_features']" in message
+    plan = plan_run(make_config(data={"train": train, "allow": ["non_finite_features"]}))
+    assert len(plan.data_warnings) == 2
+
+
+def test_val_labels_outside_the_training_labels_are_refused(make_config, write_parquet):
+    train = write_parquet("train.parquet", f00=[1.0, 2.0], f01=[1.0, 2.0], f02=[1.0, 2.0], label=[1, 4])
+    val = write_parquet("val.parquet", f00=[1.0, 2.0], f01=[1.0, 2.0], f02=[1.0, 2.0], label=[0, 3])
+    message = plan_error(make_config(data={"train": train, "val": val}))
+    assert "data.val: label column 'label' has values 0..3, outside data.train's 1..4" in message
+    plan = plan_run(make_config(data={"train": train, "val": val, "allow": ["unseen_labels"]}))
+    assert plan.loop_config["num_classes"] == 5 and "outside data.train's 1..4" in plan.data_warnings[0]
 
 
 def test_serving_that_cannot_be_created(make_config, tmp_path):
@@ -80,3 +121,50 @@ def test_serving_that_cannot_be_created(make_config, tmp_path):
     blocker.write_text("not a folder")
     serving = str(blocker / "serving")
     assert f"serving = {serving!r}: not writable" in plan_error(make_config(serving=serving))
+
+
+# --- resuming a run: the model's shape cannot change, the rest takes effect ----------------------
+
+def _persist_checkpoint(plan: RunPlan, step: int, epoch: int) -> None:
+    """What Ray Train leaves in storage once it has persisted a checkpoint of the run: its run snapshot."""
+    run_dir = Path(plan.storage) / plan.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoint_manager_snapshot.json").write_text(json.dumps({"checkpoint_results": [
+        {"checkpoint_dir_name": f"checkpoint_{step:08d}", "metrics": {"step": step, "epoch": epoch}}]}))
+
+
+def test_a_fresh_run_has_nothing_to_compare(make_config):
+    from podium.tasks.resume import check_resume
+
+    assert check_resume(plan_run(make_config())) is None
+
+
+def test_a_resume_that_changes_epochs_says_so(make_config):
+    from podium.tasks.resume import check_resume, record_run_settings
+
+    first = plan_run(make_config(training={"epochs": 40}))
+    record_run_settings(first)
+    _persist_checkpoint(first, step=94, epoch=2)
+    resume = check_resume(plan_run(make_config(training={"epochs": 4})))
+    assert (resume.from_step, resume.from_epoch, resume.changes) == (94, 2, {"training.epochs": ("40", "4")})
+
+
+@pytest.mark.parametrize("change, setting", [
+    ({"data": {"feature_columns": ["f00", "f01"]}}, 'data.feature_columns = ["f00", "f01"] (the run was trained '
+                                                    'with ["f00", "f01", "f02"])'),
+    ({"training": {"hidden_size": 32}}, "training.hidden_size = 32 (the run was trained with 64)"),
+    ({"training": {"train_loop": "podium_user_code:train_func"}}, "training.train_loop = "),
+])
+def test_a_resume_that_changes_the_models_shape_is_refused_naming_the_setting(make_config, change, setting,
+                                                                             monkeypatch):
+    from podium.tasks.resume import check_resume, record_run_settings
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "integration"))  # podium_user_code
+    first = plan_run(make_config())
+    record_run_settings(first)
+    _persist_checkpoint(first, step=94, epoch=2)
+    with pytest.raises(ConfigError) as err:
+        check_resume(plan_run(make_config(**change)))
+    message = str(err.value)
+    assert "resumes from its checkpoint at step 94, but this start changes settings that shape the model" in message
+    assert setting in message and "start a new run (--run-name podium-demo-2)" in message

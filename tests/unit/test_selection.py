@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from podium.selection import FAILED, PENDING, VALIDATED, Champion, CheckpointRecord, decide_promotion, select_best
+from podium.selection import (
+    FAILED,
+    PENDING,
+    VALIDATED,
+    Champion,
+    CheckpointRecord,
+    decide_promotion,
+    judge_training,
+    judge_validation,
+    select_best,
+)
 
 
 def rec(step: int, status: str = VALIDATED, **metrics: float) -> CheckpointRecord:
@@ -128,3 +138,59 @@ def test_nothing_to_promote_carries_the_selection_reason():
     decision = decide_promotion(None, champ(0.5), "val_loss", "min", why_best="no checkpoints were recorded")
     assert not decision.promote and decision.candidate is None
     assert decision.reason == "nothing to promote: no checkpoints were recorded"
+
+
+# --- verdicts: what a validation returned, what training reported --------------------------------
+
+def test_finite_numbers_with_the_metric_are_validated():
+    assert judge_validation({"val_loss": 0.3, "val_accuracy": 0.9}, {}, {"loss": 0.4}, "val_loss") is None
+    assert judge_validation({"val_accuracy": 0.9}, {}, {"loss": 0.4}, "loss") is None  # ranked by a training metric
+
+
+@pytest.mark.parametrize("value, shown", [(math.nan, "val_loss = nan"), (math.inf, "val_loss = inf"),
+                                          (-math.inf, "val_loss = -inf")])
+def test_a_non_finite_metric_fails_the_checkpoint_even_if_the_ranking_metric_is_finite(value, shown):
+    # a model with NaN weights: its accuracy is a finite number, its loss is not
+    reason = judge_validation({"val_loss": value, "val_accuracy": 0.25}, {}, {}, "val_accuracy")
+    assert reason == f"validation returned non-finite metric(s): {shown}"
+
+
+def test_a_string_metric_fails_the_checkpoint_naming_it():
+    reason = judge_validation({}, {"score": "'high' (str)"}, {}, "score")
+    assert reason == "validation returned non-numeric metric(s): score = 'high' (str)"
+
+
+def test_a_missing_ranking_metric_fails_the_checkpoint_naming_what_was_returned():
+    reason = judge_validation({"val_accuracy": 0.9}, {}, {"loss": 0.3}, "f1")
+    assert reason == "validation returned no 'f1' (the promotion metric); it returned ['val_accuracy'], " \
+                     "training reported ['loss']"
+
+
+def test_a_diverged_training_loss_fails_the_checkpoint():
+    assert judge_training({"loss": math.nan, "accuracy": 0.25, "epoch": 1.0}, 94) == \
+        "training metric(s) not finite at step 94: loss = nan"
+    assert judge_training({"loss": 0.3}, 94) is None
+
+
+# --- withdrawn checkpoints -----------------------------------------------------------------------
+
+def test_withdrawn_checkpoints_are_never_selected_and_the_reason_says_why():
+    records = [rec(1, val_loss=0.5), rec(2, val_loss=0.1), rec(3, val_loss=0.3)]
+    best, why = select_best(records, "val_loss", "min", withdrawn={"/ckpt/2": "served as v000003, rolled back"})
+    assert best.step == 3
+    assert "step 2 is withdrawn (served as v000003, rolled back)" in why
+    tagged = [*records[:2], CheckpointRecord(step=3, uri="/ckpt/3", status=VALIDATED, metrics={"val_loss": 0.3},
+                                             withdrawn="withdrawn from /srv (v000002)")]
+    best, why = select_best(tagged, "val_loss", "min", withdrawn={"/ckpt/2": "rolled back"})
+    assert best.step == 1 and "step 3 is withdrawn (withdrawn from /srv (v000002))" in why
+
+
+def test_only_withdrawn_checkpoints_leave_nothing_to_promote():
+    best, why = select_best([rec(2, val_loss=0.1)], "val_loss", "min", withdrawn={"/ckpt/2": "rolled back"})
+    assert best is None and why == "no validated checkpoint is eligible; step 2 is withdrawn (rolled back)"
+
+
+def test_nothing_validated_quotes_a_failure_reason():
+    failed = CheckpointRecord(step=94, uri="/ckpt/94", status=FAILED, failure="training metric(s) not finite")
+    best, why = select_best([failed], "val_loss", "min")
+    assert best is None and why.endswith("(step 94: training metric(s) not finite)")

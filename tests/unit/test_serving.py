@@ -17,9 +17,11 @@ from podium.serving.layout import (
     ServingError,
     read_current,
     read_history,
+    read_lineage,
     safe_relpath,
     seal_version,
     switch_current,
+    withdrawn_checkpoints,
     write_json,
 )
 from podium.serving.load import check_loadable, fetch_version, load_promoted_model
@@ -97,6 +99,30 @@ def test_history_keeps_order_of_switches_within_one_second(serving, saved_checkp
     promote(serving, saved_checkpoint.directory, reason="second")
     switch_current(serving, first, "rollback")
     assert [h["reason"] for h in read_history(serving)] == ["first", "second", "rollback"]
+
+
+@pytest.mark.parametrize("content, expected", [('{"version": "v0000', "is not valid JSON (truncated or corrupt?)"),
+                                               ("[1, 2]", "is corrupt: expected a JSON object, found a list")])
+def test_a_truncated_or_corrupt_pointer_is_a_serving_error(serving, content, expected):
+    Path(serving).mkdir(parents=True)
+    (Path(serving) / "CURRENT").write_text(content)
+    with pytest.raises(ServingError, match=re.escape(f"{serving}/CURRENT {expected}")):
+        read_current(serving)
+
+
+def test_a_rollback_record_names_what_it_withdrew_and_what_started_it(serving, saved_checkpoint, tmp_path):
+    other = shutil.copytree(saved_checkpoint.directory, tmp_path / "other")
+    first = promote(serving, saved_checkpoint.directory, reason="first")
+    promote(serving, str(other), reason="better")
+    switch_current(serving, first, "rollback from v000002", action="rollback", withdrawn="v000002",
+                   origin={"command": "podium rollback", "user": "ops"})
+    record = read_history(serving)[-1]
+    assert (record["action"], record["withdrawn"], record["origin"]["command"]) == ("rollback", "v000002",
+                                                                                    "podium rollback")
+    assert read_lineage(serving).champions == ("v000001", "v000002")
+    # promotion reads which checkpoints were withdrawn, by their source
+    (source, why), = withdrawn_checkpoints(serving).items()
+    assert source == str(other) and "served as v000002" in why and "podium rollback --to v000002" in why
 
 
 # --- checking files against the manifest ---------------------------------------------------------
