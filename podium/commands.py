@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podium.cli import CliError, ServerUnreachable, config_from_args, tracking_outage_message
+from podium.cli import CliError, RunFailed, ServerUnreachable, config_from_args, tracking_outage_message
 from podium.output import print_summary, summary_json
 from podium.settings import PodiumSettings
 
@@ -99,6 +99,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
     from podium.tasks.plan import RunInProgress
+    from podium.tasks.train import NoCheckpointReported
     from podium.tracking.client import TrackingUnavailable, apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
@@ -120,6 +121,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
         except RunInProgress as exc:
             raise CliError(str(exc)) from None
+        except NoCheckpointReported as exc:
+            raise RunFailed(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
         out = summary_json(summary, config.serving)

@@ -9,6 +9,7 @@ from typing import Literal
 Mode = Literal["min", "max"]
 
 PENDING, VALIDATED, FAILED = "pending", "validated", "failed"
+SKIPPED = "skipped"  # recorded, not validated: the loop's report said validation=False
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class CheckpointRecord:
     run_name: str | None = None
     failure: str | None = None
     validated_at: float | None = None
+    note: str | None = None  # why a checkpoint was not validated (a skipped one)
 
 
 @dataclass(frozen=True)
