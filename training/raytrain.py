@@ -66,9 +66,6 @@ class _NotStated:
     def __bool__(self) -> bool:
         return False
 
-    def __repr__(self) -> str:
-        return "<validation not stated>"
-
 
 NOT_STATED = _NotStated()
 
@@ -148,9 +145,8 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     the worker group, to its sinks (on the controller).
 
     A report's step is the first step-like metric it carries (`step_of`), else its index in the
-    run: Ray Train's own count of reports, which continues across worker-group restarts and reruns
-    of the run. `step_base` is where the count of a report without a checkpoint starts (the run's
-    last recorded step), for a job whose workers run without podium's ReportCapture.
+    run: Ray Train's count of reports, which goes on across worker-group restarts and reruns.
+    `step_base` (the run's last recorded step) starts the count where that index is not known.
     """
 
     def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0):

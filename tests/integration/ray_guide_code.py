@@ -19,14 +19,13 @@ import os
 import tempfile
 
 import numpy as np
-import torch
-import torch.nn as nn
-from torch.optim import Adam
-
 import ray.train
 import ray.train.torch
+import torch
+import torch.nn as nn
 from ray import train
 from ray.train import Checkpoint, ValidationTaskConfig
+from torch.optim import Adam
 
 IMAGE_SHAPE = (1, 8, 8)
 
