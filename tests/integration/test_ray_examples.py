@@ -71,7 +71,7 @@ def test_torch_linear_example_with_its_own_defaults(pipeline, locations, tmp_pat
 @pytest.fixture
 def image_data(tmp_path) -> str:
     """A small synthetic image dataset in Parquet, images as Ray's tensor column."""
-    from ray.air.util.tensor_extensions.arrow import ArrowTensorArray
+    from ray.data.extensions import ArrowTensorArray
 
     images, labels = synthetic_images(96, seed=2)
     path = str(tmp_path / "val-images.parquet")
@@ -82,12 +82,12 @@ def image_data(tmp_path) -> str:
 def test_async_validation_guide_with_a_dataset_in_each_reports_fn_kwargs(pipeline, locations, tmp_path, image_data):
     calls = tmp_path / "calls.jsonl"
     config = _config("ray-async-guide", locations, "ray_guide_code:train_func", "ray_guide_code:validate_fn", calls,
-                     training={"train_loop_config": {"epochs": 3}, "loop_datasets": {"validation_dataset": image_data}},
+                     training={"train_loop_config": {"epochs": 2}, "loop_datasets": {"validation_dataset": image_data}},
                      # the function reads a Ray Dataset: its read tasks get a CPU of their own
                      validation={"inner_cpus": 1})
     summary = pipeline(config, locations["tracking_uri"])
     records = summary.checkpoints
-    assert [r.status for r in records] == ["validated"] * 3
+    assert [r.status for r in records] == ["validated"] * 2
     by_name = _validated_once_each(records, _calls(calls))
     for r in records:  # each validation got its own report's fn_kwargs, merged over validation.kwargs
         call = by_name[os.path.basename(r.uri.rstrip("/"))]
@@ -105,16 +105,16 @@ def test_checkpoint_guide_loop_run_twice_under_one_name(pipeline, locations, tmp
     calls = tmp_path / "calls.jsonl"
     config = _config("ray-ckpt-guide", locations, "ray_guide_code:checkpoint_guide_train_func",
                      "ray_example_checks:validate_guide_checkpoint", calls,
-                     training={"train_loop_config": {"num_epochs": 3}})
+                     training={"train_loop_config": {"num_epochs": 2}})
     first = pipeline(config, locations["tracking_uri"])
-    assert [r.step for r in first.checkpoints] == [1, 2, 3]
+    assert [r.step for r in first.checkpoints] == [1, 2]
     assert first.promotion.promoted is not None
-    # the loop reports only {"loss"} and does not resume: the same run again trains 3 more checkpoints,
-    # numbered on from the first attempt's instead of 1, 2, 3 again
+    # the loop reports only {"loss"} and does not resume: the same run again trains 2 more checkpoints,
+    # numbered on from the first attempt's instead of 1, 2 again
     second = pipeline(config, locations["tracking_uri"], "-again")
     records = second.checkpoints
-    assert [(r.step, r.status) for r in records] == [(s, "validated") for s in range(1, 7)]
-    assert len({r.uri for r in records}) == 6
+    assert [(r.step, r.status) for r in records] == [(s, "validated") for s in range(1, 5)]
+    assert len({r.uri for r in records}) == 4
     _validated_once_each(records, _calls(calls))
     assert read_champion(locations["serving"]).step == _best(records, "score").step
 
