@@ -88,3 +88,22 @@ def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(cli_env, 
     # once the first is done, the same name runs again (a resume of a finished run)
     again = json.loads(podium(["run", "--json", "--epochs", "3", *common], cli_env).stdout.strip().splitlines()[-1])
     assert again["mlflow_run_id"] == summary["mlflow_run_id"]
+
+
+def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
+    """Ray's FashionMNIST example reports metrics only: the run fails, saying how to report a checkpoint."""
+    from mlflow.tracking import MlflowClient
+    from prefect_queries import flow_run_state
+
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    proc = podium(["run", "--run-name", "no-ckpt", "--train-loop", "ray_example_checks:never_checkpoints",
+                   "--validate-fn", "ray_example_checks:validate_tagged", "--num-workers", "1",
+                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
+                  cli_env, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "reported metrics 2 time(s) but never with a checkpoint" in proc.stderr
+    assert "ray.train.Checkpoint.from_directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert flow_run_state("no-ckpt-run").is_failed()
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
+    assert run.info.status == "FAILED"
