@@ -19,10 +19,11 @@ from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
 from podium.tasks.resume import Resume, check_resume_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
-from podium.tasks.train import connect_ray_task, train_model
+from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
 from podium.tracking.client import TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run
+from podium.training.events import TrainingRestart
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
@@ -65,11 +66,19 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)
     seen: set[str] = set()
+    reports = announced = restarts = 0
     try:
         validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
-        training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink))  # the flow's thread pool
+        training = cast(PrefectConcurrentFuture,  # the flow's thread pool
+                        train_model.submit(plan, stream.sink, validations.last_step))
         for events in stream.follow(training):
             for event in events:
+                if isinstance(event, TrainingRestart):
+                    restarts += 1
+                    say("training restarted its workers (%d of at most %s): %s", event.restart,
+                        config.scaling.max_failures if config.scaling.max_failures >= 0 else "unlimited", event.cause)
+                    continue
+                reports += 1
                 if event.checkpoint_name is None:  # a report without a checkpoint
                     log_training_metrics(tracking, event)
                     continue
@@ -77,7 +86,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                     continue
                 say("checkpoint step %d saved: %s", event.step, event.checkpoint_uri)
                 seen.add(event.checkpoint_name)
-                validations.add(record_checkpoint_task(tracking, event))
+                announced += 1
+                validations.add(record_checkpoint_task(tracking, event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()
             progress.update(validated=validations.validated)
@@ -85,8 +95,9 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
         progress.update(validated=validations.validated)
-        say("training done; %d checkpoints, %d validated, %d failed", len(records),
-            sum(r.status == "validated" for r in records), sum(r.status == "failed" for r in records))
+        require_checkpoints(plan, len(records), reports)
+        say("training done: %d checkpoint(s) in the run, %d new in this attempt%s; %s", len(records),
+            announced, f", {restarts} worker restart(s)" if restarts else "", validations.tally())
         outcome = promote_best_checkpoint_task(plan, tracking)
     except BaseException as exc:
         tracking_down = isinstance(exc, TrackingUnavailable)

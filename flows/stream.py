@@ -9,7 +9,7 @@ from prefect.futures import PrefectConcurrentFuture
 
 from podium.tasks.events import emit_checkpoint_event
 from podium.training import raytrain
-from podium.training.events import CheckpointEvent
+from podium.training.events import CheckpointEvent, TrainingRestart
 
 logger = logging.getLogger(__name__)
 
@@ -20,14 +20,15 @@ class CheckpointStream:
         self.queue = raytrain.open_event_queue()
         self.sink = raytrain.RayQueueSink(self.queue)
 
-    def follow(self, training: PrefectConcurrentFuture, poll_s: float = 0.2) -> Iterator[list[CheckpointEvent]]:
-        """Yield the announcements that arrived (possibly none) every `poll_s` seconds at most,
-        until training has ended and the queue is empty."""
+    def follow(self, training: PrefectConcurrentFuture,
+               poll_s: float = 0.2) -> Iterator[list[CheckpointEvent | TrainingRestart]]:
+        """Yield the announcements (reports, and restarts of the worker group) that arrived, possibly
+        none, every `poll_s` seconds at most, until training has ended and the queue is empty."""
         while True:
             done = training.wrapped_future.done()  # in-process: no API round trip per poll
             events = raytrain.drain(self.queue, timeout=poll_s)
             for event in events:
-                if event.has_checkpoint:
+                if isinstance(event, CheckpointEvent) and event.has_checkpoint:
                     try:
                         emit_checkpoint_event(event)
                     except Exception:  # the Prefect event is a mirror; the flow has the event already

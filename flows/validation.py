@@ -9,13 +9,20 @@ from typing import cast
 
 from prefect.futures import PrefectConcurrentFuture
 
-from podium.selection import PENDING, CheckpointRecord
+from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.tasks.plan import RunPlan
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
-from podium.tasks.validate import fail_if_diverged, validation_task
+from podium.tasks.validate import (
+    ReportArguments,
+    fail_if_diverged,
+    report_arguments,
+    unfilled_arguments,
+    validation_task,
+)
 from podium.tracking.client import TrackingRun, TrackingUnavailable
-from podium.tracking.records import mark_failed
+from podium.tracking.records import mark_failed, mark_skipped
+from podium.training.events import ValidationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -31,27 +38,45 @@ class ValidationQueue:
     MLflow, is never marked failed for it, and is validated again when the run
     resumes. `pump` raises that `TrackingUnavailable` once every finished
     validation has been collected.
+
+    Checkpoints are told apart by their URI, never by step: two checkpoints of one
+    run can carry the same step (a loop that restarts its epoch count).
     """
 
     def __init__(self, plan: RunPlan, tracking: TrackingRun):
         self.plan, self.tracking = plan, tracking
         self.concurrency = plan.config.validation.concurrency
-        self.pending: deque[CheckpointRecord] = deque()
-        self.running: dict[int, tuple[CheckpointRecord, PrefectConcurrentFuture]] = {}
-        self.done: dict[int, CheckpointRecord] = {}
-        self.unrecorded: dict[int, CheckpointRecord] = {}  # validated, but the verdict could not be written
+        self.pending: deque[tuple[CheckpointRecord, ReportArguments | None]] = deque()
+        self.running: dict[str, tuple[CheckpointRecord, PrefectConcurrentFuture]] = {}
+        self.done: dict[str, CheckpointRecord] = {}
+        self.unrecorded: dict[str, CheckpointRecord] = {}  # validated, but the verdict could not be written
 
-    def add(self, record: CheckpointRecord) -> None:
-        """Queue a checkpoint; one already validated or failed (a resumed run) is not validated again, and
-        one whose training metrics are not finite is failed at once."""
-        if record.step in self.done or record.step in self.running or any(r.step == record.step for r in self.pending):
+    def add(self, record: CheckpointRecord, request: ValidationRequest | None = None) -> None:
+        """Queue a checkpoint as its report asked (`request`; None: validate with validation.kwargs).
+
+        One that already has a verdict (a resumed run) is not validated again; one whose training
+        metrics are not finite is failed at once; one whose report said `validation=False` is recorded
+        as skipped; one whose report left a required argument of the validation function unfilled is
+        failed at once, naming it."""
+        key = record.uri
+        if key in self.done or key in self.running or any(r.uri == key for r, _ in self.pending):
             return
         if record.status != PENDING:
-            self.done[record.step] = record
+            self.done[key] = record
         elif (failed := fail_if_diverged(self.tracking, record)) is not None:
-            self.done[record.step] = failed
+            self.done[key] = failed
+        elif request is not None and not request.requested:
+            self.done[key] = mark_skipped(self.tracking, record, f"not validated: {request.describe()}")
         else:
-            self.pending.append(record)
+            arguments = report_arguments(self.plan, request)
+            missing = unfilled_arguments(self.plan, arguments)
+            if missing:
+                given = sorted(arguments.names) if arguments else sorted(self.plan.config.validation.kwargs)
+                self.done[key] = mark_failed(self.tracking, record, (
+                    f"not validated: {self.plan.config.validation.fn} requires {', '.join(missing)}, which "
+                    f"neither podium nor the arguments given for this checkpoint ({given}) fill"))
+            else:
+                self.pending.append((record, arguments))
         self.pump()
 
     def catch_up(self, seen: set[str]) -> list[CheckpointRecord]:
@@ -69,35 +94,41 @@ class ValidationQueue:
         """Collect finished validations and (unless `start` is false) start queued ones up to the
         concurrency. Raises TrackingUnavailable if a verdict could not be written."""
         unreachable: TrackingUnavailable | None = None
-        for step, (record, future) in list(self.running.items()):
+        for key, (record, future) in list(self.running.items()):
             if not future.wrapped_future.done():
                 continue
-            del self.running[step]
+            del self.running[key]
             try:
                 try:
-                    self.done[step] = future.result()
+                    self.done[key] = future.result()
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries
                     reason = f"{type(exc).__name__}: {exc}"
-                    logger.warning("validation of step %d failed: %s", step, reason)
-                    self.done[step] = mark_failed(self.tracking, record, reason)
+                    logger.warning("validation of step %d (%s) failed: %s", record.step, key, reason)
+                    self.done[key] = mark_failed(self.tracking, record, reason)
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
-                self.unrecorded[step] = record
+                self.unrecorded[key] = record
         if unreachable is not None:
             logger.warning("%s; %d checkpoint(s) stay pending: %s", unreachable, len(self.unrecorded),
-                           sorted(self.unrecorded))
+                           sorted(r.step for r in self.unrecorded.values()))
             raise unreachable
         while start and self.pending and len(self.running) < self.concurrency:
-            record = self.pending.popleft()
-            future = validation_task(self.plan, record).submit(self.plan, self.tracking, record)
-            self.running[record.step] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
+            record, arguments = self.pending.popleft()
+            future = validation_task(self.plan, record).submit(self.plan, self.tracking, record, arguments)
+            self.running[record.uri] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
 
     @property
     def validated(self) -> int:
-        """How many checkpoints have a verdict (validated or failed)."""
+        """How many checkpoints have a verdict (validated, failed or skipped)."""
         return len(self.done)
+
+    @property
+    def last_step(self) -> int:
+        """The largest step of the checkpoints this queue knows (0 if none)."""
+        return max((r.step for r in [*self.done.values(), *(r for r, _ in self.pending),
+                                     *(r for r, _ in self.running.values())]), default=0)
 
     def finish(self, poll_s: float = 0.1) -> list[CheckpointRecord]:
         """Wait for every queued and running validation; returns all records by step."""
@@ -105,7 +136,16 @@ class ValidationQueue:
             self.pump()
             if self.running:
                 wait([f.wrapped_future for _, f in self.running.values()], timeout=poll_s, return_when="FIRST_COMPLETED")
-        return [self.done[s] for s in sorted(self.done)]
+        return sorted(self.done.values(), key=lambda r: (r.step, r.uri))
+
+    def tally(self) -> str:
+        """The verdicts so far in words, for the progress line."""
+        counts = {status: sum(r.status == status for r in self.done.values())
+                  for status in (VALIDATED, FAILED, SKIPPED)}
+        words = [f"{counts[VALIDATED]} validated", f"{counts[FAILED]} failed"]
+        if counts[SKIPPED]:
+            words.append(f"{counts[SKIPPED]} not validated (the loop said validation=False)")
+        return ", ".join(words)
 
     def abandon(self, poll_s: float = 0.1) -> None:
         """The run is failing: start nothing more, wait for the validations already running and

@@ -47,6 +47,12 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "Checkpoint every N steps instead of every epoch."),
     ("--train-loop", "training.train_loop", str,
      "Your own train_loop_per_worker as 'package.module:function' (plain Ray Train APIs)."),
+    ("--loop-config-file", "training.train_loop_config", None,
+     "A JSON or TOML file whose table is your loop's train_loop_config (--loop-config overrides keys)."),
+    ("--loop-config", "training.train_loop_config", None,
+     "KEY=VALUE in your loop's train_loop_config (repeatable; VALUE is read as JSON, else a string)."),
+    ("--loop-dataset", "training.loop_datasets", None,
+     "KEY=PARQUET: a Ray Dataset read from PARQUET, put in your loop's config under KEY (repeatable)."),
     ("--num-workers", "scaling.num_workers", int, "Ray Train workers."),
     ("--use-gpu", "scaling.use_gpu", None, "One GPU per training worker."),
     ("--validate-fn", "validation.fn", str,
@@ -55,6 +61,8 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--concurrency", "validation.concurrency", int, "Validations running at once."),
     ("--validation-cpus", "validation.num_cpus", float, "CPUs per validation task."),
     ("--validation-gpus", "validation.num_gpus", float, "GPUs per validation task."),
+    ("--validation-inner-cpus", "validation.inner_cpus", float,
+     "CPUs the validation function's own Ray work takes (a TorchTrainer, map_batches), per validation."),
     ("--validation-retries", "validation.retries", int, "Retries of a failed validation."),
     ("--validation-timeout", "validation.timeout_s", float, "Seconds before a validation attempt is cancelled."),
     ("--metric", "promotion.metric", str, "Metric that ranks checkpoints."),
@@ -81,6 +89,13 @@ class ServerUnreachable(CliError):
     exit_code = 3
 
 
+class RunFailed(CliError):
+    """The run ended without anything to promote for a reason podium can state (its loop never
+    reported a checkpoint): printed without a traceback, exit code 1."""
+
+    exit_code = 1
+
+
 def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:
     """What to tell someone whose run stopped because the MLflow tracking server did not answer."""
     return (f"{exc}.\n"
@@ -97,6 +112,10 @@ def _set(tree: dict[str, Any], path: str, value: Any) -> None:
     tree[leaf] = value
 
 
+# options that take a KEY=VALUE or a file and build a table (see _table_overrides)
+TABLE_OPTIONS = ("--loop-config-file", "--loop-config", "--loop-dataset")
+
+
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config values the command line sets (nested by config path); flags left out are absent."""
     if getattr(args, "verify", None) is not None and getattr(args, "no_verify", None):
@@ -104,12 +123,32 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     flags: dict[str, Any] = {}
     for flag, path, _, _ in OPTIONS:
         value = getattr(args, flag[2:].replace("-", "_"), None)
-        if value is None:
+        if value is None or flag in TABLE_OPTIONS:
             continue
         if flag == "--no-verify":
             value = "hashes"
         _set(flags, path, value)
+    for path, table in _table_overrides(args).items():
+        _set(flags, path, table)
     return flags
+
+
+def _table_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The loop's config from --loop-config-file, then each --loop-config KEY=VALUE; the loop's
+    datasets from --loop-dataset KEY=LOCATION. Laid over the config file's tables key by key."""
+    from podium.config import load_table_file, parse_assignment
+
+    loop: dict[str, Any] = {}
+    if getattr(args, "loop_config_file", None):
+        loop.update(load_table_file(args.loop_config_file, "--loop-config-file"))
+    loop.update(parse_assignment(a, "--loop-config") for a in getattr(args, "loop_config", None) or [])
+    datasets = dict(parse_assignment(a, "--loop-dataset") for a in getattr(args, "loop_dataset", None) or [])
+    out = {}
+    if loop:
+        out["training.train_loop_config"] = loop
+    if datasets:
+        out["training.loop_datasets"] = {k: str(v) for k, v in datasets.items()}
+    return out
 
 
 def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> PipelineConfig:
@@ -153,7 +192,11 @@ def _help(path: str, text: str) -> str:
 def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML or JSON file with the run's configuration (flags override it).")
     for flag, path, typ, help_ in OPTIONS:
-        if typ is None:
+        if flag in ("--loop-config", "--loop-dataset"):
+            p.add_argument(flag, action="append", metavar="KEY=VALUE", help=help_)
+        elif flag == "--loop-config-file":
+            p.add_argument(flag, metavar="FILE", help=help_)
+        elif typ is None:
             p.add_argument(flag, action="store_true", default=None, help=help_)
         else:
             p.add_argument(flag, type=typ, default=None, help=_help(path, help_))

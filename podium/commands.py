@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podium.cli import CliError, ServerUnreachable, config_from_args, tracking_outage_message
+from podium.cli import CliError, RunFailed, ServerUnreachable, config_from_args, tracking_outage_message
 from podium.output import print_summary, summary_json
 from podium.settings import PodiumSettings
 
@@ -105,6 +105,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     from podium.config import ConfigError
     from podium.serving.layout import ServingError
     from podium.tasks.plan import RunInProgress
+    from podium.tasks.train import NoCheckpointReported
     from podium.tracking.client import TrackingUnavailable, apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
@@ -128,6 +129,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             # refused inside the flow: a run in progress, a resume that changes the model's shape, a serving
             # location that is corrupt, a run to promote that does not exist
             raise CliError(str(exc)) from None
+        except NoCheckpointReported as exc:
+            raise RunFailed(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
         out = summary_json(summary, config.serving)

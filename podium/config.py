@@ -31,6 +31,10 @@ OLD_IMPORT_PATHS = {"training.loop:train_loop_per_worker": BUILTIN_LOOP,
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
+# the one key podium adds to a user loop's config (podium's facts); refused in train_loop_config
+LOOP_CONFIG_PODIUM_KEY = "podium"
+# settings of the built-in loop only: a user loop gets its own from train_loop_config
+BUILTIN_LOOP_SETTINGS = ("epochs", "batch_size", "learning_rate", "hidden_size", "checkpoint_every_steps", "seed")
 
 
 def expand_run_name(template: str, when: datetime) -> str:
@@ -99,13 +103,25 @@ class TrainingConfig(_Strict):
         None, description="Your own train_loop_per_worker as 'package.module:function'."
     )
     train_loop_config: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keys passed to the train loop's config dict."
+        default_factory=dict, description="Your loop's train_loop_config: it gets exactly these keys, plus "
+        f"'{LOOP_CONFIG_PODIUM_KEY}' (podium's facts: run name, data locations)."
+    )
+    loop_datasets: dict[str, str] = Field(
+        default_factory=dict, description="Keys of your loop's config whose value is a Ray Dataset read from "
+        "this Parquet location (ray.data.read_parquet), as Ray's guides pass a validation dataset."
     )
 
     @field_validator("train_loop")
     @classmethod
     def _check_train_loop(cls, v: str | None) -> str | None:
         return _check_import_path(v)
+
+    @field_validator("loop_datasets")
+    @classmethod
+    def _check_datasets(cls, v: dict[str, str]) -> dict[str, str]:
+        for location in v.values():
+            _check_location(location)
+        return v
 
 
 class ScalingConfig(_Strict):
@@ -130,6 +146,9 @@ class ValidationConfig(_Strict):
     concurrency: int = Field(2, ge=1, description="Validations running at once.")
     num_cpus: float = Field(1, ge=0, description="CPUs per validation task (Ray resource request).")
     num_gpus: float = Field(0, ge=0, description="GPUs per validation task (Ray resource request).")
+    inner_cpus: float = Field(0, ge=0, description="CPUs the validation function's own Ray work takes while it "
+                              "runs (a TorchTrainer's workers, map_batches actors and read tasks), on top of "
+                              "num_cpus: reserved for every concurrent validation.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
     retries: int = Field(1, ge=0, description="Retries of a failed validation.")
     retry_delay_s: float = Field(2.0, ge=0, description="Delay between retries.")
@@ -250,15 +269,45 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str | None, overrides: dict[str, Any], settings: PodiumSettings) -> PipelineConfig:
     """The run's configuration: the file (if any), then `overrides` (nested, e.g. from flags), then
-    podium's home for the locations left empty; validated (ConfigError names every bad field)."""
+    podium's home for the locations left empty; validated (ConfigError names every bad field).
+
+    The demo data fills `data` only where a built-in needs it: a run of your own loop and
+    validation function has no data unless you give it."""
     data = merge(load_config_file(path) if path else {}, overrides)
     data.setdefault("storage", settings.default_location("storage"))
     data.setdefault("serving", settings.default_location("serving"))
     data["data"] = dict(data.get("data") or {}) if isinstance(data.get("data", {}), dict) else data["data"]
+    training, validation = data.get("training"), data.get("validation")
+    builtins = (None, BUILTIN_LOOP, BUILTIN_VALIDATE, *OLD_IMPORT_PATHS)
+    own_loop = isinstance(training, dict) and training.get("train_loop") not in builtins
+    own_fn = isinstance(validation, dict) and validation.get("fn") not in builtins
     if isinstance(data["data"], dict):
-        data["data"].setdefault("train", str(settings.home_dir / "data" / "train.parquet"))
-        data["data"].setdefault("val", str(settings.home_dir / "data" / "val.parquet"))
+        if not own_loop:
+            data["data"].setdefault("train", str(settings.home_dir / "data" / "train.parquet"))
+        if not (own_loop and own_fn):
+            data["data"].setdefault("val", str(settings.home_dir / "data" / "val.parquet"))
     return build_config(data)
+
+
+def parse_assignment(text: str, field: str) -> tuple[str, Any]:
+    """`KEY=VALUE` from the command line: VALUE is read as JSON (4, 0.1, true, [1, 2], "4"), else kept
+    as a string. ConfigError names `field` when there is no key."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{field} = {text!r}: expected KEY=VALUE")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.strip(), value
+
+
+def load_table_file(path: str, field: str) -> dict[str, Any]:
+    """A JSON or TOML file holding one table (e.g. a loop config); ConfigError names `field`."""
+    try:
+        return load_config_file(path)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("--config", field, 1)) from None
 
 
 def field_default(path: str) -> Any:

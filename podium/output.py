@@ -17,7 +17,8 @@ def summary_json(summary: Any, serving: str) -> dict[str, Any]:
         "mlflow_run_id": summary.tracking.run_id,
         "tracking_uri": summary.tracking.tracking_uri,
         "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
-                         "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {})}
+                         "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {}),
+                         **({"note": r.note} if r.note else {})}
                         for r in summary.checkpoints],
         "training_ended_at": summary.training_ended_at,
         "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
@@ -34,7 +35,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     print(f"run {summary.run_name}: {len(summary.checkpoints)} checkpoints in {elapsed:.1f} s")
     for r in summary.checkpoints:
         m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
-        print(f"  step {r.step:>7}  {r.status:<9} {m}" + (f"  ({r.failure})" if r.failure else ""))
+        why = r.failure or r.note
+        print(f"  step {r.step:>7}  {r.status:<9} {m}" + (f"  ({why})" if why else ""))
     p = summary.promotion.promoted
     if p:
         print(f"promoted step {p.step} ({p.metric}={p.value:.4g}) as {p.version}: {p.uri}")
@@ -46,7 +48,7 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
     print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
     print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
-    print(f"Serving:     {config.serving}  (load with podium.load_promoted_model)")
+    print(f"Serving:     {config.serving}  ({serving_hint(config.serving)})")
 
 
 def _started_by(origin: dict[str, Any]) -> str:
@@ -77,3 +79,16 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
         print(f"      why: {s.get('reason') or 'not recorded'}")
         print(f"      by:  {_started_by(dict(switch.origin))}")
+
+
+def serving_hint(serving: str) -> str:
+    """How to load what the serving location holds: podium's loader for podium's checkpoint format,
+    else the function that fetches the checkpoint for your own loader."""
+    from podium.serving.layout import read_current
+    from podium.training.checkpoint import META_FILE
+
+    current = read_current(serving)
+    if current is None or META_FILE in current.manifest.get("files", {}):
+        return "load with podium.load_promoted_model"
+    return ("not podium's checkpoint format: podium.serving.load.fetch_version(podium.serving.layout."
+            f"read_current({serving!r}), local_dir) downloads and checks it; load it as your loop saved it")

@@ -10,6 +10,7 @@ from typing import Literal
 Mode = Literal["min", "max"]
 
 PENDING, VALIDATED, FAILED = "pending", "validated", "failed"
+SKIPPED = "skipped"  # recorded, not validated: the loop's report said validation=False
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class CheckpointRecord:
     failure: str | None = None
     validated_at: float | None = None
     withdrawn: str | None = None  # why it was withdrawn from serving (a rollback), if it was
+    note: str | None = None  # why a checkpoint was not validated (a skipped one)
 
 
 @dataclass(frozen=True)

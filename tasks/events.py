@@ -10,7 +10,7 @@ from prefect.events import Event, emit_event
 from prefect.events.clients import get_events_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from podium.training.events import CheckpointEvent
+from podium.training.events import CheckpointEvent, TrainingRestart
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ class PrefectEventSink:
         return Event(event=EVENT_PERSISTED, resource=checkpoint_resource(event, **self.labels),
                      payload=event.to_dict())
 
-    def put(self, event: CheckpointEvent) -> None:
-        """Emit the event of a persisted checkpoint; reports without a checkpoint are not events."""
-        if not event.has_checkpoint:
+    def put(self, event: CheckpointEvent | TrainingRestart) -> None:
+        """Emit the event of a persisted checkpoint; reports without a checkpoint, and restarts of the
+        worker group (logged by Ray Train itself), are not events."""
+        if not isinstance(event, CheckpointEvent) or not event.has_checkpoint:
             return
         # the controller calls this from inside its event loop: send from a thread of our own
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-event")

@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
-from podium.config import ConfigError, PipelineConfig
+from podium.config import (
+    BUILTIN_LOOP,
+    BUILTIN_LOOP_SETTINGS,
+    BUILTIN_VALIDATE,
+    LOOP_CONFIG_PODIUM_KEY,
+    ConfigError,
+    PipelineConfig,
+    field_default,
+)
 from podium.imports import ImportPathError, resolve_callable
 from podium.redaction import redact_uri
 from podium.storage.locations import normalize_location
 from podium.storage.preflight import check_location
 from podium.storage.s3 import StorageError
 from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
+from podium.training.validation_call import may_send_report_kwargs, missing_arguments, signature_problem
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_LOOP = "podium.training.loop:train_loop_per_worker"
-BUILTIN_VALIDATE = "podium.training.validate:validate_checkpoint"
 BUILTIN_METRICS = {"val_loss", "val_accuracy", "loss", "accuracy"}
 
 
@@ -35,8 +43,8 @@ class RunPlan(BaseModel):
     storage: str
     serving: str
     train_loop: str
-    loop_config: dict[str, Any]
-    validate_kwargs: dict[str, Any]
+    loop_config: dict[str, Any]  # what the training loop's config holds (Ray Datasets are added at the Ray boundary)
+    validate_kwargs: dict[str, Any]  # podium's facts, offered to the validation function by parameter name
     data_warnings: list[str] = []  # data problems the config allows (data.allow): reported, not refused
 
     @property
@@ -59,24 +67,32 @@ def check_writable(uri: str, field: str) -> str:
 
 
 def plan_run(config: PipelineConfig) -> RunPlan:
-    """Check data, import paths and locations; raise ConfigError naming the field before any training."""
+    """Check data, import paths, the validation function's arguments and locations; raise ConfigError
+    naming the field before any training."""
     cfg = config
+    train_loop = cfg.training.train_loop or BUILTIN_LOOP
+    builtin_loop, builtin_fn = train_loop == BUILTIN_LOOP, cfg.validation.fn == BUILTIN_VALIDATE
+    # the built-ins read podium's Parquet data; a loop and function of your own get it only if given
+    needs = {"data.train": builtin_loop, "data.val": builtin_loop or builtin_fn}
     errors: list[str] = []
     for field, value in (("data.train", cfg.data.train), ("data.val", cfg.data.val),
                          ("storage", cfg.storage), ("serving", cfg.serving)):
-        if not value:
+        if not value and needs.get(field, True):
             errors.append(f"{field} is empty: expected a path or URI")
-    train_loop = cfg.training.train_loop or BUILTIN_LOOP
+    functions: dict[str, Callable[..., Any]] = {}
     for field, path in (("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)):
         try:
-            resolve_callable(path, field)
+            functions[field] = resolve_callable(path, field)
         except ImportPathError as exc:
             errors.append(str(exc))
+    errors += loop_config_errors(cfg, builtin_loop)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
 
     infos = {}
     for field, uri in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
+        if not needs[field]:
+            continue
         try:
             infos[field] = inspect_dataset(normalize_location(uri), cfg.data.label_column, cfg.data.feature_columns)
         except FileNotFoundError:
@@ -84,41 +100,36 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         except (DataSchemaError, OSError) as exc:
             errors.append(f"{field}: {exc}")
     warnings: list[str] = []
-    if not errors:
+    if not errors and len(infos) == 2:
         check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
-    builtin = train_loop == BUILTIN_LOOP and cfg.validation.fn == BUILTIN_VALIDATE
-    if builtin and cfg.promotion.metric not in BUILTIN_METRICS:
+    if builtin_loop and builtin_fn and cfg.promotion.metric not in BUILTIN_METRICS:
         errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
                       f"{sorted(BUILTIN_METRICS)}")
+    feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
+    facts = validation_facts(cfg, feature_columns)
+    errors += validation_fn_errors(cfg, functions["validation.fn"], functions["training.train_loop"], facts)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     storage = check_writable(cfg.storage, "storage")
     serving = check_writable(cfg.serving, "serving")
 
-    tr = infos["data.train"]
-    num_classes = max(tr.num_classes, infos["data.val"].num_classes)
-    loop_config = {
-        **cfg.training.model_dump(exclude={"train_loop", "train_loop_config"}),
-        "train_data": normalize_location(cfg.data.train),
-        "val_data": normalize_location(cfg.data.val),
-        "label_column": cfg.data.label_column,
-        "feature_columns": tr.feature_columns,
-        "num_classes": num_classes,
-        **cfg.training.train_loop_config,
-    }
-    validate_kwargs = {
-        "val_data": normalize_location(cfg.data.val),
-        "label_column": cfg.data.label_column,
-        "feature_columns": tr.feature_columns,
-        "torch_threads": cfg.training.torch_threads,
-        "run_name": cfg.run_name,
-        **cfg.validation.kwargs,
-    }
-    validate_kwargs.setdefault("config", dict(validate_kwargs))  # Ray's docs: validate_fn(checkpoint, config)
+    data_facts: dict[str, Any] = {key: value for key, value in (
+        ("train_data", normalize_location(cfg.data.train) if cfg.data.train else None),
+        ("val_data", normalize_location(cfg.data.val) if cfg.data.val else None),
+        ("label_column", cfg.data.label_column),
+        ("feature_columns", feature_columns),
+        ("num_classes", max((i.num_classes for i in infos.values()), default=None)),
+    ) if value is not None}
+    if builtin_loop:  # podium's own loop: its typed settings and the data facts, by name
+        loop_config = {**cfg.training.model_dump(exclude={"train_loop", "train_loop_config", "loop_datasets"}),
+                       **data_facts}
+    else:  # your loop: exactly your config, and podium's facts under one key of their own
+        loop_config = {**cfg.training.train_loop_config,
+                       LOOP_CONFIG_PODIUM_KEY: {"run_name": cfg.run_name, **data_facts}}
     for warning in warnings:
         logger.warning("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
-                   loop_config=loop_config, validate_kwargs=validate_kwargs, data_warnings=warnings)
+                   loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings)
 
 
 def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[str], warnings: list[str]) -> None:
@@ -150,6 +161,51 @@ def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[s
         problem("unseen_labels", f"data.val: label column {tr.label_column!r} has values {va.label_min}.."
                                  f"{va.label_max}, outside data.train's {tr.label_min}..{tr.label_max}: the model "
                                  "never sees those classes in training")
+
+
+def loop_config_errors(cfg: PipelineConfig, builtin_loop: bool) -> list[str]:
+    """Settings that would not reach the loop that runs: the built-in loop's own settings with a
+    loop of your own, your loop's config with the built-in loop, podium's reserved key."""
+    t = cfg.training
+    if builtin_loop:
+        given = [f for f in ("train_loop_config", "loop_datasets") if getattr(t, f)]
+        return [f"training.{f} = {{...}}: it is for a loop of your own (training.train_loop); the built-in loop "
+                f"takes training.{', training.'.join(BUILTIN_LOOP_SETTINGS)}" for f in given]
+    errors = [f"training.{f} = {getattr(t, f)!r}: a setting of the built-in loop; your loop "
+              f"{t.train_loop!r} gets its settings from training.train_loop_config (e.g. --loop-config "
+              f"{f}={json.dumps(getattr(t, f))})"
+              for f in BUILTIN_LOOP_SETTINGS if getattr(t, f) != field_default(f"training.{f}")]
+    clash = sorted({LOOP_CONFIG_PODIUM_KEY} & (set(t.train_loop_config) | set(t.loop_datasets)))
+    clash += sorted(set(t.train_loop_config) & set(t.loop_datasets))
+    errors += [f"training.train_loop_config: key {k!r} is given twice (podium's facts arrive under "
+               f"{LOOP_CONFIG_PODIUM_KEY!r}; loop_datasets add keys of their own)" for k in clash]
+    return errors
+
+
+def validation_facts(cfg: PipelineConfig, feature_columns: list[str] | None) -> dict[str, Any]:
+    """What podium offers a validation function by parameter name (the `step` is added per checkpoint)."""
+    return {key: value for key, value in (
+        ("val_data", normalize_location(cfg.data.val) if cfg.data.val else None),
+        ("label_column", cfg.data.label_column),
+        ("feature_columns", feature_columns),
+        ("torch_threads", cfg.training.torch_threads),
+        ("run_name", cfg.run_name),
+    ) if value is not None}
+
+
+def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop: Callable[..., Any],
+                         facts: dict[str, Any]) -> list[str]:
+    """A validation function that can never be called as podium calls it, naming what is missing."""
+    field = f"validation.fn = {cfg.validation.fn!r}"
+    problem = signature_problem(fn)
+    if problem:
+        return [f"{field}: {problem}"]
+    missing = missing_arguments(fn, [*facts, "step", *cfg.validation.kwargs])
+    if not missing or may_send_report_kwargs(train_loop):
+        return []  # the loop may send them with each report (ValidationTaskConfig(fn_kwargs=...))
+    return [f"{field} requires {', '.join(missing)}, which nothing fills: give them in validation.kwargs "
+            "(--validate-kwargs), or send them from your loop with each report: ray.train.report(..., "
+            "validation=ray.train.ValidationTaskConfig(fn_kwargs={...}))"]
 
 
 @task(name="plan-run", cache_policy=NO_CACHE)

@@ -9,15 +9,16 @@ from prefect.cache_policies import NO_CACHE
 
 from podium.imports import resolve_callable
 from podium.tasks.plan import RunPlan
-from podium.training import raytrain
+from podium.training import raytrain, validation_call
 from podium.training.events import CheckpointEvent, EventSink
 
 
 def required_cpus(plan: RunPlan) -> float:
-    """Logical CPUs a local Ray needs: every training worker plus the validation concurrency."""
+    """Logical CPUs a local Ray needs: every training worker plus the validation concurrency, each
+    validation with the CPUs its own Ray work takes (inner_cpus), so none ever waits on another's."""
     cfg = plan.config
     return (cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
-            + cfg.validation.concurrency * cfg.validation.num_cpus)
+            + cfg.validation.concurrency * (cfg.validation.num_cpus + cfg.validation.inner_cpus))
 
 
 def check_resources(plan: RunPlan) -> None:
@@ -34,31 +35,56 @@ def check_resources(plan: RunPlan) -> None:
             if amount and total.get(res, 0) < amount:
                 raise ValueError(f"{what} asks for {amount:g} {res} but the Ray cluster has "
                                  f"{total.get(res, 0):g} {res} in all")
+    inner = cfg.validation.concurrency * (cfg.validation.num_cpus + cfg.validation.inner_cpus)
+    if cfg.validation.inner_cpus and total.get("CPU", 0) < need_train["CPU"] + inner:
+        # a validation whose own Ray work waits on CPUs held by training and the other validations
+        # would hang until its timeout
+        raise ValueError(f"validation.inner_cpus = {cfg.validation.inner_cpus:g}: training ({need_train['CPU']:g}) "
+                         f"and {cfg.validation.concurrency} validations with their own Ray work ({inner:g}) need "
+                         f"{need_train['CPU'] + inner:g} CPU at once, the Ray cluster has {total.get('CPU', 0):g}")
 
 
-def train(plan: RunPlan, sink: EventSink) -> float:
-    """Train to completion (or resume the run of the same name), announcing each report to `sink`.
+def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
+    """Train to completion (or resume the run of the same name), announcing each report to `sink`;
+    `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer).
 
     Returns the time training ended (epoch seconds)."""
     cfg = plan.config
     raytrain.fit(
         train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
         loop_config=plan.loop_config,
+        loop_datasets=cfg.training.loop_datasets,
         run_name=cfg.run_name,
         storage=plan.storage,
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
-        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink])],
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base)],
         max_failures=cfg.scaling.max_failures,
     )
     return time.time()
 
 
 @task(name="train-model", cache_policy=NO_CACHE)
-def train_model(plan: RunPlan, sink: EventSink) -> float:
+def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
-    return train(plan, sink)
+    return train(plan, sink, step_base)
+
+
+class NoCheckpointReported(RuntimeError):
+    """Training ended and the run has no checkpoint: nothing to validate or promote."""
+
+
+def require_checkpoints(plan: RunPlan, checkpoints: int, reports: int) -> None:
+    """Fail the run when its loop never reported a checkpoint, saying how to report one."""
+    if checkpoints:
+        return
+    said = f"reported metrics {reports} time(s)" if reports else "never called ray.train.report"
+    raise NoCheckpointReported(
+        f"run {plan.run_name!r}: the training loop {plan.train_loop} {said} but never with a checkpoint, so "
+        "there is nothing to validate or promote. Report one from rank 0, e.g. save the model into a "
+        "temporary folder d, then ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d)) "
+        "(README: Bring your own loop)")
 
 
 PREWARM_WAIT_S = 15.0
@@ -72,7 +98,7 @@ def connect_ray(plan: RunPlan) -> None:
     raytrain.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
     check_resources(plan)
     v = plan.config.validation
-    warm = raytrain.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
+    warm = validation_call.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
                                                resources=v.resources)
     # wait for them (a few seconds), so that the warm-up does not compete with the start of training
     # for CPU where the two share a machine; a cluster still scaling up is not waited for longer

@@ -3,8 +3,32 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ValidationRequest:
+    """What one report asked of validation, through `ray.train.report(..., validation=...)`.
+
+    `stated` is False when the report said nothing (podium then validates, as it does every
+    checkpoint); `requested` is False for `validation=False`. `fn_kwargs` are the report's
+    keyword arguments for the validation function (Ray's `ValidationTaskConfig.fn_kwargs`): they
+    may hold anything, a Ray Dataset included, so they never go into an event payload or a record.
+    """
+
+    requested: bool = True
+    stated: bool = False
+    fn_kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+    def describe(self) -> str:
+        """In words, for logs and records: what the report asked."""
+        if not self.stated:
+            return "validation not stated (validated by default)"
+        if not self.requested:
+            return "the loop reported validation=False"
+        return "validation requested" + (f" with fn_kwargs {sorted(self.fn_kwargs)}" if self.fn_kwargs else "")
 
 
 @dataclass(frozen=True)
@@ -18,6 +42,7 @@ class CheckpointEvent:
     checkpoint_name: str | None = None
     epoch: int | None = None
     persisted_at: float = field(default_factory=time.time)
+    validation: ValidationRequest | None = None  # None: not known (a catch-up from storage, an outside job)
 
     @property
     def has_checkpoint(self) -> bool:
@@ -25,19 +50,37 @@ class CheckpointEvent:
         return self.checkpoint_uri is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serializable) for queues and event payloads."""
-        return asdict(self)
+        """Plain dict (JSON-serializable) for event payloads: the validation request's `fn_kwargs`
+        stay out (they may hold a dataset); whether validation was requested goes in."""
+        out = asdict(replace(self, validation=None))
+        del out["validation"]
+        if self.validation is not None:
+            out["validation_requested"] = self.validation.requested
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointEvent:
-        """Inverse of to_dict."""
-        return cls(**data)
+        """Inverse of to_dict (without the request's `fn_kwargs`)."""
+        data = dict(data)
+        requested = data.pop("validation_requested", None)
+        request = None if requested is None else ValidationRequest(requested=requested, stated=True)
+        return cls(**data, validation=request)
+
+
+@dataclass(frozen=True)
+class TrainingRestart:
+    """Ray Train restarted the worker group after a failure (`restart` counts them in this run)."""
+
+    run_name: str
+    restart: int
+    cause: str
+    at: float = field(default_factory=time.time)
 
 
 class EventSink(Protocol):
     """Anything that takes announcements: a Ray queue, a Prefect event emitter, a list in a test."""
 
-    def put(self, event: CheckpointEvent) -> None: ...
+    def put(self, event: CheckpointEvent | TrainingRestart) -> None: ...
 
 
 STEP_KEYS = ("step", "global_step", "training_iteration", "epoch")

@@ -1,8 +1,10 @@
 """Every direct use of Ray Train's V2 APIs (marked alpha) lives here.
 
-Tested with ray 2.60.0: `ray.train.UserCallback.after_report` runs on the
-controller once all workers have reported and the checkpoint is persisted,
-which is the moment podium announces it.
+Tested with ray 2.60.0. On the controller, a `ReportCallback`'s `after_report` runs once all
+workers have reported and the checkpoint is persisted: the moment podium announces it. On each
+worker, a `WorkerCallback` installs podium's `TrainFnUtils` (Ray's documented seam for changing
+what the user-facing `ray.train.report` does) so that the `validation=` of every report reaches
+podium instead of Ray's own validation manager (see `ReportCapture`).
 """
 
 from __future__ import annotations
@@ -13,24 +15,26 @@ import json
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import ray
 import ray.train
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, UserCallback
+from ray.train import CheckpointConfig, CheckpointUploadMode, FailureConfig, RunConfig, ValidationTaskConfig
+from ray.train.v2._internal.execution.callback import ControllerCallback, ReportCallback, WorkerCallback
+from ray.train.v2._internal.execution.context import get_train_context
+from ray.train.v2._internal.execution.train_fn_utils import DistributedTrainFnUtils, set_train_fn_utils
 from ray.util.queue import Empty, Queue
 
-from podium.imports import resolve_callable
-from podium.storage.locations import arrow_filesystem, join, uri_of
+from podium.failures import describe_failure
+from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
 from podium.storage.s3 import s3_environment
 from podium.training.events import (
     CheckpointEvent,
     EventSink,
-    ValidationResult,
+    TrainingRestart,
+    ValidationRequest,
     numeric_metrics,
-    read_validation_result,
     step_of,
 )
 
@@ -49,36 +53,143 @@ class RayQueueSink:
     def __init__(self, queue: Queue):
         self.queue = queue
 
-    def put(self, event: CheckpointEvent) -> None:
-        """Enqueue without blocking the controller."""
-        self.queue.put_nowait(event.to_dict())
+    def put(self, event: CheckpointEvent | TrainingRestart) -> None:
+        """Enqueue without blocking the controller. The event goes as it is (pickled by Ray): its
+        validation request may hold a Ray Dataset, which travels by reference."""
+        self.queue.put_nowait(event)
 
 
-class CheckpointAnnouncer(UserCallback):
-    """Ray Train callback: announces every report, and each persisted checkpoint, to its sinks."""
+class _NotStated:
+    """The default of `ray.train.report`'s `validation` in podium's workers: falsy like Ray's own
+    default `False`, but tells "the report said nothing" from `validation=False`."""
 
-    def __init__(self, run_name: str, sinks: list[EventSink]):
+    def __bool__(self) -> bool:
+        return False
+
+
+NOT_STATED = _NotStated()
+
+
+class _ReportedValidation:
+    """What a report asked of validation, as Ray Train carries it from the worker to the controller.
+
+    Falsy, so that Ray's own machinery (the "validation_config was not set" check, the checkpoint
+    manager's pending validations and its JSON snapshot) sees a report that asks for no validation
+    of its own; podium's `CheckpointAnnouncer` reads the request on the controller."""
+
+    def __init__(self, request: ValidationRequest, report_index: int):
+        self.request, self.report_index = request, report_index
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:  # Ray logs every report: keep fn_kwargs (a dataset) out of its lines
+        return f"<podium: {self.request.describe()}>"
+
+
+def validation_request(validation: Any) -> ValidationRequest:
+    """What `ray.train.report(..., validation=...)` asked, as podium's request."""
+    if isinstance(validation, ValidationTaskConfig):
+        return ValidationRequest(requested=True, stated=True, fn_kwargs=dict(validation.fn_kwargs or {}),
+                                 timeout_s=validation.timeout_s)
+    if validation is NOT_STATED:
+        return ValidationRequest()
+    return ValidationRequest(requested=bool(validation), stated=True)
+
+
+class PodiumTrainFnUtils(DistributedTrainFnUtils):
+    """`ray.train.report` in podium's workers: Ray's own report, with `validation=` handed to podium."""
+
+    def report(self, metrics: dict[str, Any], checkpoint: Any = None, checkpoint_dir_name: str | None = None,
+               checkpoint_upload_mode: Any = CheckpointUploadMode.SYNC,
+               delete_local_checkpoint_after_upload: bool | None = None,
+               checkpoint_upload_fn: Callable[..., Any] | None = None, validation: Any = False) -> None:
+        """Report as Ray does; a checkpoint's validation request rides along, for podium's controller hook."""
+        carried: Any = False
+        if checkpoint is not None:
+            # the index this report gets in the run: Ray Train counts reports across worker-group
+            # restarts and reruns (its run snapshot keeps the count), so it names the report uniquely
+            carried = _ReportedValidation(validation_request(validation), get_train_context().report_call_index + 1)
+        super().report(metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode,
+                       delete_local_checkpoint_after_upload, checkpoint_upload_fn, carried)
+
+
+def _default_validation_to_not_stated() -> None:
+    """Make `ray.train.report`'s `validation` default NOT_STATED in this (worker) process.
+
+    Ray passes `validation=` on to TrainFnUtils explicitly, so its default is the only way to tell
+    a report that said nothing from one that said `validation=False`. Left alone (and so read as
+    not stated, i.e. validated) if Ray's signature is not the one podium was tested with."""
+    fn = inspect.unwrap(ray.train.report)
+    names = list(inspect.signature(fn).parameters)
+    defaults = list(fn.__defaults__ or ())
+    if "validation" not in names:
+        return
+    i = names.index("validation") - (len(names) - len(defaults))
+    if 0 <= i < len(defaults) and defaults[i] is False:
+        defaults[i] = NOT_STATED
+        fn.__defaults__ = tuple(defaults)
+
+
+class ReportCapture(WorkerCallback):
+    """Runs in every training worker before the user's loop: installs PodiumTrainFnUtils."""
+
+    def after_init_train_context(self) -> None:
+        """Called by Ray Train once the worker's train context is set."""
+        _default_validation_to_not_stated()
+        set_train_fn_utils(PodiumTrainFnUtils())
+
+
+class CheckpointAnnouncer(ReportCallback, ControllerCallback):
+    """Ray Train callback: announces every report, each persisted checkpoint, and every restart of
+    the worker group, to its sinks (on the controller).
+
+    A report's step is the first step-like metric it carries (`step_of`), else its index in the
+    run: Ray Train's count of reports, which goes on across worker-group restarts and reruns.
+    `step_base` (the run's last recorded step) starts the count where that index is not known.
+    """
+
+    def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0):
         self.run_name = run_name
         self.sinks = sinks
-        self._reports = 0
+        self._index = step_base
+        self._restarts = 0
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+    def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         """Called on the controller after a report; rank 0's metrics go with the checkpoint."""
-        self._reports += 1
+        checkpoint, validation = training_report.checkpoint, training_report.validation
+        if isinstance(validation, _ReportedValidation):
+            self._index = validation.report_index
+            request: ValidationRequest | None = validation.request
+        else:  # a job of its own, without ReportCapture: Ray's own value, if any
+            self._index += 1
+            request = validation_request(validation) if checkpoint is not None and validation else None
         rank0 = metrics[0] if metrics else {}
         event = CheckpointEvent(
             run_name=self.run_name,
-            step=step_of(rank0, self._reports),
+            step=step_of(rank0, self._index),
             epoch=int(rank0["epoch"]) if isinstance(rank0.get("epoch"), (int, float)) else None,
             metrics=numeric_metrics(rank0),
             checkpoint_uri=uri_of(checkpoint.filesystem, checkpoint.path) if checkpoint else None,
             checkpoint_name=os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else None,
+            validation=request,
         )
+        self._announce(event)
+
+    def after_controller_state_update(self, previous_state: Any, current_state: Any) -> None:
+        """Announce a restart of the worker group after a failure, with its cause."""
+        if type(current_state).__name__ not in ("RestartingState", "ReschedulingState"):
+            return
+        self._restarts += 1
+        self._announce(TrainingRestart(run_name=self.run_name, restart=self._restarts,
+                                       cause=describe_failure(getattr(current_state, "training_failed_error", None))))
+
+    def _announce(self, event: CheckpointEvent | TrainingRestart) -> None:
         for sink in self.sinks:
             try:
                 sink.put(event)
             except Exception:  # an announcement must never stop training
-                logger.exception("checkpoint sink %r failed for step %d", sink, event.step)
+                logger.exception("checkpoint sink %r failed for %r", sink, event)
 
 
 def code_roots(import_paths: list[str]) -> list[str]:
@@ -145,7 +256,7 @@ def open_event_queue() -> Queue:
     return Queue(actor_options={"num_cpus": 0})
 
 
-def drain(queue: Queue, timeout: float) -> list[CheckpointEvent]:
+def drain(queue: Queue, timeout: float) -> list[CheckpointEvent | TrainingRestart]:
     """Wait up to `timeout` for one announcement, then take every other one already there."""
     try:
         first = queue.get(block=True, timeout=timeout)
@@ -157,7 +268,7 @@ def drain(queue: Queue, timeout: float) -> list[CheckpointEvent]:
             items.append(queue.get_nowait())
         except Empty:
             break
-    return [CheckpointEvent.from_dict(i) for i in items]
+    return items
 
 
 def fit(
@@ -171,14 +282,20 @@ def fit(
     cpus_per_worker: float,
     callbacks: list[Any],
     max_failures: int = 0,
+    loop_datasets: dict[str, str] | None = None,
 ) -> None:
-    """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint."""
+    """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint.
+
+    `loop_datasets` ({key: Parquet location}) become Ray Datasets in the loop's config under their
+    keys, read here, in the process that trains: the config and every record hold only locations.
+    Every worker runs podium's ReportCapture, so reports' `validation=` reach the announcer."""
     from ray.train.torch import TorchTrainer  # torch loads here, in the process that trains, not on import
 
     fs, path = arrow_filesystem(storage)
+    datasets = {key: read_parquet_dataset(uri) for key, uri in (loop_datasets or {}).items()}
     trainer = TorchTrainer(
         train_loop_per_worker=train_loop,
-        train_loop_config=loop_config,
+        train_loop_config={**loop_config, **datasets},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
         ),
@@ -186,7 +303,7 @@ def fit(
             name=run_name,
             storage_path=path,
             storage_filesystem=fs,
-            callbacks=callbacks,
+            callbacks=[cast(Any, ReportCapture()), *callbacks],
             failure_config=FailureConfig(max_failures=max_failures),
             # keep every checkpoint: promotion may pick any of them
             checkpoint_config=CheckpointConfig(num_to_keep=None),
@@ -195,78 +312,18 @@ def fit(
     trainer.fit()
 
 
+def read_parquet_dataset(uri: str) -> Any:
+    """A Ray Dataset over a Parquet file or folder (local or s3://, with podium's S3 settings)."""
+    import ray.data
+
+    fs, path = arrow_filesystem(normalize_location(uri))
+    return ray.data.read_parquet(path, filesystem=fs)
+
+
 def checkpoint_at(uri: str) -> ray.train.Checkpoint:
     """A Ray Checkpoint for a path or URI (downloaded lazily by `as_directory`)."""
     fs, path = arrow_filesystem(uri)
     return ray.train.Checkpoint(path=path, filesystem=fs)
-
-
-def call_validation(fn_path: str, checkpoint_uri: str, kwargs: dict[str, Any]) -> ValidationResult:
-    """Import the validation function, call it on the checkpoint, check it returned a dict; its values
-    come back as they are (a value that is not a number is described, for the verdict to name)."""
-    fn = resolve_callable(fn_path, "validation.fn")
-    result = fn(checkpoint_at(checkpoint_uri), **select_kwargs(fn, kwargs))
-    if not isinstance(result, dict):
-        raise TypeError(f"validation function {fn_path} returned {type(result).__name__}, expected a dict")
-    return read_validation_result({str(k): v for k, v in result.items()})
-
-
-def select_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
-    """The offered kwargs that `fn` accepts by name (all of them if it takes **kwargs)."""
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return dict(offered)
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return {k: v for k, v in offered.items() if k in names}
-
-
-def validate_remote(
-    fn_path: str,
-    checkpoint_uri: str,
-    kwargs: dict[str, Any],
-    *,
-    num_cpus: float,
-    num_gpus: float,
-    resources: dict[str, float],
-    timeout_s: float,
-) -> ValidationResult:
-    """Run the validation function as a Ray task with its own resource request; cancel it on timeout."""
-    task = ray.remote(call_validation).options(
-        num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,
-        name=f"podium-validate:{os.path.basename(checkpoint_uri)}",
-    )
-    ref = task.remote(fn_path, checkpoint_uri, kwargs)
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.cancel(ref, force=True)
-        raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s") from None
-    except ray.exceptions.RayTaskError as exc:
-        # re-raise the user's own exception, not Ray's wrapper
-        raise exc.as_instanceof_cause() from None
-
-
-def _warm_up(fn_path: str, hold_s: float) -> None:
-    resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
-    time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
-
-
-def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
-                               resources: dict[str, float]) -> list[ray.ObjectRef]:
-    """Start `count` worker processes with the validation function imported; returns their refs.
-
-    A validation task needs its own worker process; a cold one spends seconds
-    starting Python and importing torch, which would delay the first checkpoints'
-    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
-    before training starts (tasks.train.connect_ray), so the warm-up does not
-    compete with the start of training for CPU.
-    """
-    task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
-                                        name="podium-validate-warmup", max_retries=0)
-    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
-    # one returns at once, freeing its CPU for the first validation
-    hold_s = 0.5 if count > 1 else 0.0
-    return [task.remote(fn_path, hold_s) for _ in range(count)]
 
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
@@ -286,12 +343,15 @@ def persisted_checkpoints(storage: str, run_name: str) -> list[CheckpointEvent]:
     except (FileNotFoundError, OSError):
         return []
     events = []
-    for i, result in enumerate(snapshot.get("checkpoint_results", []), start=1):
+    results = snapshot.get("checkpoint_results", [])
+    # a report's index in the run, as the announcer numbers step-less reports (0-based in the snapshot)
+    indices = snapshot.get("checkpoint_report_indices") or range(len(results))
+    for index, result in zip(indices, results):
         name = result["checkpoint_dir_name"]
         metrics = result.get("metrics", {})
         epoch = metrics.get("epoch")
         events.append(CheckpointEvent(
-            run_name=run_name, step=step_of(metrics, i), metrics=numeric_metrics(metrics),
+            run_name=run_name, step=step_of(metrics, int(index) + 1), metrics=numeric_metrics(metrics),
             epoch=int(epoch) if isinstance(epoch, (int, float)) else None,
             checkpoint_uri=uri_of(fs, f"{path}/{name}"), checkpoint_name=name))
     return events

@@ -40,6 +40,7 @@ TAG_STATUS = "podium.status"
 
 
 TAG_FAILURE = "podium.failure"
+TAG_NOTE = "podium.note"
 
 
 TAG_VALIDATED_AT = "podium.validated_at"

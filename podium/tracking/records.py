@@ -18,12 +18,14 @@ from typing import Any
 
 from mlflow.entities import LoggedModelStatus, Metric
 
-from podium.selection import FAILED, PENDING, VALIDATED, CheckpointRecord
+from podium.failures import plain_text
+from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.tracking.client import (
     MAX_TAG,
     TAG_CHECKPOINT,
     TAG_FAILURE,
     TAG_METRICS,
+    TAG_NOTE,
     TAG_RUN,
     TAG_STATUS,
     TAG_STEP,
@@ -95,6 +97,7 @@ def _record_from_model(model: Any) -> CheckpointRecord:
         model_id=model.model_id,
         run_name=tags.get(TAG_RUN),
         failure=tags.get(TAG_FAILURE),
+        note=tags.get(TAG_NOTE),
         validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
         withdrawn=tags.get(TAG_WITHDRAWN) or None,
     )
@@ -195,13 +198,26 @@ def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[st
                             model_id=record.model_id, run_name=record.run_name, validated_at=now)
 
 
+@tracking_call("recording a skipped validation")
+def mark_skipped(tr: TrackingRun, record: CheckpointRecord, note: str) -> CheckpointRecord:
+    """Record that a checkpoint is not validated, and why (its report said validation=False); it is
+    never promoted. The LoggedModel itself is complete (READY); `podium.status` says skipped."""
+    client = tr.client()
+    model_id = _model_id(record)
+    client.set_logged_model_tags(model_id, {TAG_STATUS: SKIPPED, TAG_NOTE: note[:MAX_TAG]})
+    client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+    return CheckpointRecord(step=record.step, uri=record.uri, status=SKIPPED, metrics=record.metrics,
+                            model_id=record.model_id, run_name=record.run_name, note=note)
+
+
 @tracking_call("recording a failed validation")
 def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str,
                 metrics: dict[str, float] | None = None) -> CheckpointRecord:
-    """Mark a checkpoint failed, with the reason; it will never be promoted.
+    """Mark a checkpoint failed, with the reason (as plain text); it will never be promoted.
 
     `metrics`, what a validation returned that failed the checkpoint (a NaN loss), are kept with it,
     exactly."""
+    reason = plain_text(reason)  # Ray's errors carry terminal colour codes
     client = tr.client()
     model_id = _model_id(record)
     merged = {**record.metrics, **(metrics or {})}

@@ -56,3 +56,15 @@ def artifact_keys(flow_run_name: str) -> set[str]:
     with get_client(sync_client=True) as c:
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fid])))
     return {a.key for a in arts if a.key}
+
+
+def flow_run_state(name: str, timeout: float = 30.0):
+    """The final state of the flow run named `name` (waiting for it to be final)."""
+    fid = flow_run_id(name)
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as c:
+            state = c.read_flow_run(fid).state
+        if (state and state.is_final()) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)

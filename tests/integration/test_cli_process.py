@@ -117,3 +117,20 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
     assert all("score" in c["metrics"] for c in out["checkpoints"])
     assert out["promoted"] is not None
+def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
+    """Ray's FashionMNIST example reports metrics only: the run fails, saying how to report a checkpoint."""
+    from mlflow.tracking import MlflowClient
+    from prefect_queries import flow_run_state
+
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    proc = podium(["run", "--run-name", "no-ckpt", "--train-loop", "ray_example_checks:never_checkpoints",
+                   "--validate-fn", "ray_example_checks:validate_tagged", "--num-workers", "1",
+                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
+                  cli_env, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "reported metrics 2 time(s) but never with a checkpoint" in proc.stderr
+    assert "ray.train.Checkpoint.from_directory" in proc.stderr and "Traceback" not in proc.stderr
+    assert flow_run_state("no-ckpt-run").is_failed()
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
+    assert run.info.status == "FAILED"

@@ -24,8 +24,8 @@ def _user_config(run_name, dataset, locations, loop_extra=None, validate_extra=N
     return {
         "run_name": run_name, "storage": locations["storage"], "serving": locations["serving"],
         "data": {"train": dataset[0], "val": dataset[1]},
-        "training": {"train_loop": "podium_user_code:train_func", "epochs": epochs,
-                     "train_loop_config": loop_extra or {}},
+        "training": {"train_loop": "podium_user_code:train_func",
+                     "train_loop_config": {"epochs": epochs, **(loop_extra or {})}},
         "validation": {"fn": "podium_user_code:validate_fn", "kwargs": validate_extra or {}},
         "promotion": {"metric": "score", "mode": "max"},
     }

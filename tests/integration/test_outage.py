@@ -118,7 +118,7 @@ def _config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
     config = {
         "run_name": run_name, "storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"),
         "data": {"train": dataset[0], "val": dataset[1]},
-        "training": {"train_loop": "podium_user_code:train_func", "epochs": 6},
+        "training": {"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 6}},
         # one validation at a time, 2 s each: verdicts are being written for the whole outage
         "validation": {"fn": "podium_user_code:validate_fn", "concurrency": 1,
                        "kwargs": {"calls_log": str(calls), "sleep_s": 2}},

@@ -124,11 +124,12 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
 def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
     paths_log = tmp_path / "validated-paths.txt"
     cfg = _config("byo", dataset, locations,
-                  training={"train_loop": "podium_user_code:train_func", "epochs": 4},
+                  training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 4}},
                   validation={"fn": "podium_user_code:validate_fn",
                               "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "paths_log": str(paths_log)},
                               "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
                   promotion={"metric": "score", "mode": "max", "verify": "revalidate"})
+    del cfg["training"]["epochs"]  # the built-in loop's setting: the user's loop has its own, in train_loop_config
     summary = pipeline(cfg, locations["tracking_uri"])
     by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
     assert sorted(by_epoch) == [0, 1, 2, 3]

@@ -165,3 +165,25 @@ def test_history_says_when_why_and_what_started_each_switch(tmp_path, saved_chec
     assert main(["history", "--serving", serving, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["current"], doc["withdrawn"], len(doc["switches"])) == ("v000001", ["v000002"], 3)
+def test_a_loops_config_from_a_file_and_key_value_flags(tmp_path):
+    (tmp_path / "loop.toml").write_text('num_epochs = 3\nname = "a"\n[nested]\nx = 1\n')
+    (tmp_path / "run.json").write_text(json.dumps({"training": {"train_loop_config": {"num_epochs": 9, "lr": 0.5}}}))
+    config = config_for(["run", "--config", str(tmp_path / "run.json"), "--loop-config-file", str(tmp_path / "loop.toml"),
+                         "--loop-config", "name=b", "--loop-config", "sizes=[1, 2]", "--loop-config", 'label="4"',
+                         "--loop-dataset", "validation_dataset=/data/val.parquet"], tmp_path)
+    assert config.training.train_loop_config == {"num_epochs": 3, "lr": 0.5, "name": "b", "nested": {"x": 1},
+                                                 "sizes": [1, 2], "label": "4"}
+    assert config.training.loop_datasets == {"validation_dataset": "/data/val.parquet"}
+
+
+def test_a_loop_config_flag_without_a_key_names_the_flag(tmp_path):
+    with pytest.raises(CliError, match="--loop-config = '=3': expected KEY=VALUE"):
+        config_for(["run", "--loop-config", "=3"], tmp_path)
+    with pytest.raises(CliError, match="--loop-config-file = .*no such file"):
+        config_for(["run", "--loop-config-file", str(tmp_path / "missing.json")], tmp_path)
+
+
+def test_demo_data_fills_only_what_a_builtin_needs(tmp_path):
+    own = config_for(["run", "--train-loop", "mypkg.train:loop", "--validate-fn", "mypkg.train:validate"], tmp_path)
+    assert (own.data.train, own.data.val) == ("", "")
+    assert config_for(["run", "--train-loop", "mypkg.train:loop"], tmp_path).data.val.endswith("val.parquet")

@@ -168,3 +168,37 @@ def test_a_resume_that_changes_the_models_shape_is_refused_naming_the_setting(ma
     message = str(err.value)
     assert "resumes from its checkpoint at step 94, but this start changes settings that shape the model" in message
     assert setting in message and "start a new run (--run-name podium-demo-2)" in message
+LINEAR = "ray.train.examples.pytorch.torch_linear_example:train_func"
+
+
+def test_a_users_loop_gets_exactly_its_config_and_podiums_facts_under_one_key(make_config):
+    plan = plan_run(make_config(training={"train_loop": LINEAR, "train_loop_config": {"lr": 0.1, "epochs": 2}},
+                                validation={"fn": "podium.training.checkpoint:load_model"}))
+    podium_facts = plan.loop_config.pop("podium")
+    assert plan.loop_config == {"lr": 0.1, "epochs": 2}  # no hidden_size, batch_size, seed... of the built-in loop
+    assert podium_facts["run_name"] == "podium-demo" and podium_facts["train_data"].endswith("train.parquet")
+
+
+def test_a_users_loop_and_function_need_no_data(make_config):
+    plan = plan_run(make_config(data={"train": "", "val": ""}, training={"train_loop": LINEAR},
+                                validation={"fn": "podium.training.checkpoint:load_model"}))
+    assert plan.loop_config == {"podium": {"run_name": "podium-demo", "label_column": "label"}}
+
+
+def test_settings_that_would_not_reach_the_loop_are_refused(make_config):
+    message = plan_error(make_config(training={"train_loop": LINEAR, "epochs": 7, "train_loop_config": {"podium": 1}}))
+    assert "training.epochs = 7: a setting of the built-in loop" in message and "--loop-config epochs=7" in message
+    assert "key 'podium' is given twice" in message
+    assert "training.train_loop_config = {...}: it is for a loop of your own" in plan_error(
+        make_config(training={"train_loop_config": {"lr": 0.1}}))
+
+
+def test_a_validation_function_whose_arguments_nothing_fills_is_refused_naming_them(make_config):
+    # torch_linear_example's loop never sends fn_kwargs: train_run_name and epoch can come from nowhere
+    message = plan_error(make_config(training={"train_loop": LINEAR},
+                                     validation={"fn": "podium_validation_fns:needs_run_and_epoch"}))
+    assert "requires train_run_name, epoch, which nothing fills" in message
+    ok = make_config(training={"train_loop": LINEAR}, validation={
+        "fn": "podium_validation_fns:needs_run_and_epoch", "kwargs": {"train_run_name": "a", "epoch": 1}})
+    assert plan_run(ok).validate_kwargs["run_name"] == "podium-demo"
+    assert "first positional argument" in plan_error(make_config(validation={"fn": "podium_validation_fns:no_checkpoint"}))

@@ -1,0 +1,166 @@
+"""Calling a validation function the way Ray's documentation writes it, as a Ray task of its own.
+
+The convention (`validation_arguments`), stated once and checked before training:
+
+- the checkpoint is the first argument, positionally (as Ray passes it);
+- a parameter named like one of the user's keyword arguments (`validation.kwargs`, overridden by
+  the report's `ValidationTaskConfig.fn_kwargs`, as Ray merges them) gets that value;
+- `config`, when the user's arguments have no such key, gets them all as one dict (the guide's
+  `validate_fn(checkpoint, config)`);
+- a parameter named like one of podium's facts (`val_data`, `label_column`, `feature_columns`,
+  `torch_threads`, `run_name`, `step`) gets podium's value;
+- `**kwargs` gets all of the user's arguments, and never podium's facts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from podium.imports import resolve_callable
+from podium.training.events import ValidationResult, read_validation_result
+
+if TYPE_CHECKING:
+    import ray
+
+logger = logging.getLogger(__name__)
+
+CONFIG = "config"
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _after_checkpoint(fn: Callable[..., Any]) -> list[inspect.Parameter]:
+    params = list(inspect.signature(fn).parameters.values())
+    return params[1:] if params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD) \
+        else params
+
+
+def validation_arguments(fn: Callable[..., Any], facts: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments `fn(checkpoint, **kwargs)` is called with (the module's convention)."""
+    params = _after_checkpoint(fn)
+    out: dict[str, Any] = {}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        out.update(user)
+    for p in params:
+        if p.kind not in _NAMED:
+            continue
+        if p.name in user:
+            out[p.name] = user[p.name]
+        elif p.name == CONFIG:
+            out[p.name] = dict(user)
+        elif p.name in facts:
+            out[p.name] = facts[p.name]
+    return out
+
+
+def signature_problem(fn: Callable[..., Any]) -> str | None:
+    """Why `fn` can never be called as `fn(checkpoint, **kwargs)`, or None."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD,
+                                            params[0].VAR_POSITIONAL):
+        return "it must take the checkpoint as its first positional argument"
+    required_positional = [p.name for p in params[1:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if required_positional:
+        return f"its positional-only parameters {required_positional} cannot be passed by name"
+    return None
+
+
+def missing_arguments(fn: Callable[..., Any], available: Iterable[str]) -> list[str]:
+    """Required parameters of `fn` (after the checkpoint) that no argument named in `available` fills."""
+    names = {*available, CONFIG}
+    return [p.name for p in _after_checkpoint(fn)
+            if p.kind in _NAMED and p.default is p.empty and p.name not in names]
+
+
+def may_send_report_kwargs(train_loop: Callable[..., Any]) -> bool:
+    """Whether the loop's module can send per-report kwargs (`ValidationTaskConfig(fn_kwargs=...)`).
+
+    Read from its source: a loop that never names them cannot send them. A module whose source
+    cannot be read is given the benefit of the doubt."""
+    module = inspect.getmodule(train_loop)
+    try:
+        source = inspect.getsource(module) if module else inspect.getsource(train_loop)
+    except (OSError, TypeError):
+        return True
+    return "ValidationTaskConfig" in source or "fn_kwargs" in source
+
+
+def call_validation(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
+                    user: dict[str, Any]) -> ValidationResult:
+    """Import the validation function, call it on the checkpoint, check it returned a dict; its values
+    come back as they are (a value that is not a number is described, for the verdict to name)."""
+    from podium.training.raytrain import checkpoint_at  # in the Ray task: Ray is loaded
+
+    fn = resolve_callable(fn_path, "validation.fn")
+    result = fn(checkpoint_at(checkpoint_uri), **validation_arguments(fn, facts, user))
+    if not isinstance(result, dict):
+        raise TypeError(f"validation function {fn_path} returned {type(result).__name__}, expected a dict")
+    return read_validation_result({str(k): v for k, v in result.items()})
+
+
+def keep_arguments(user: dict[str, Any]) -> ray.ObjectRef:
+    """Put a report's validation arguments in Ray's object store, owned by this (driver) process, so
+    that they outlive the training run that sent them and are serialised once for every attempt."""
+    import ray
+
+    return ray.put(user)
+
+
+def validate_remote(
+    fn_path: str,
+    checkpoint_uri: str,
+    facts: dict[str, Any],
+    user: dict[str, Any] | ray.ObjectRef,
+    *,
+    num_cpus: float,
+    num_gpus: float,
+    resources: dict[str, float],
+    timeout_s: float,
+) -> ValidationResult:
+    """Run the validation function as a Ray task with its own resource request; cancel it on timeout.
+
+    `user` may be an ObjectRef (see keep_arguments): Ray resolves it in the task."""
+    import ray  # the calling convention above is read before training, without Ray
+
+    task = ray.remote(call_validation).options(
+        num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,
+        name=f"podium-validate:{os.path.basename(checkpoint_uri)}",
+    )
+    ref = task.remote(fn_path, checkpoint_uri, facts, user)
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s") from None
+    except ray.exceptions.RayTaskError as exc:
+        # re-raise the user's own exception, not Ray's wrapper
+        raise exc.as_instanceof_cause() from None
+
+
+def _warm_up(fn_path: str, hold_s: float) -> None:
+    resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
+    time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
+
+
+def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
+                               resources: dict[str, float]) -> list[ray.ObjectRef]:
+    """Start `count` worker processes with the validation function imported; returns their refs.
+
+    A validation task needs its own worker process; a cold one spends seconds
+    starting Python and importing torch, which would delay the first checkpoints'
+    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
+    before training starts (tasks.train.connect_ray), so the warm-up does not
+    compete with the start of training for CPU.
+    """
+    import ray
+
+    task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
+                                        name="podium-validate-warmup", max_retries=0)
+    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
+    # one returns at once, freeing its CPU for the first validation
+    hold_s = 0.5 if count > 1 else 0.0
+    return [task.remote(fn_path, hold_s) for _ in range(count)]
