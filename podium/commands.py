@@ -174,12 +174,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     """Point the serving location back at the previous champion; the MLflow alias follows."""
     settings = PodiumSettings()
+    from podium.config import MODEL_NAME_RE, default_serving
     from podium.serving.layout import ServingError
     from podium.tasks.promote import roll_back
 
-    serving = args.serving or settings.default_location("serving")
+    if not MODEL_NAME_RE.match(args.model):
+        raise CliError(f"--model = {args.model!r}: expected letters, digits, '_', '.', '-' (it names a folder)")
+    serving = args.serving or default_serving(settings, args.model)
     try:
-        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model, args.alias, args.to)
+        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model or args.model, args.alias,
+                        args.to)
     except ServingError as exc:
         raise CliError(str(exc)) from None
     if args.json:

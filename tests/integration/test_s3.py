@@ -127,11 +127,14 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
     # serving on S3: versioned prefix, manifest, pointer, history; the champion loads and predicts as recorded
     promoted = summary.promotion.promoted
     best = min(records, key=lambda r: r.metrics["val_loss"])
-    assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/checkpoint"
+    assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/model"
     assert read_current(serving).version == "v000001" and len(read_history(serving)) == 1
     layout = set(s3.keys(BUCKET, "serving/"))
-    assert {"serving/CURRENT", "serving/versions/v000001/MANIFEST.json",
-            "serving/versions/v000001/checkpoint/model.pt"} <= layout
+    assert {"serving/CURRENT", "serving/versions/v000001/MANIFEST.json", "serving/versions/v000001/model/MLmodel",
+            "serving/versions/v000001/model/data/model/model.pt2"} <= layout
+    assert not [k for k in layout if k.endswith("optimizer.pt")]  # the served model, not the checkpoint
+    # the same MLflow model was logged into the checkpoint's LoggedModel, in the experiment's S3 location
+    assert any(k.endswith(f"models/{best.model_id}/artifacts/MLmodel") for k in s3.keys(BUCKET, "mlflow/"))
     model = load_promoted_model(serving)
     x, y = load_arrays(val, "label", [f"f{i:02d}" for i in range(16)])
     with torch.no_grad():
