@@ -122,7 +122,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             raise CliError(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
-        out = summary_json(summary, config.serving)
+        out = summary_json(summary, config.serving, config)
         out["wall_time_s"] = round(elapsed, 1)
         out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         print(json.dumps(out))
@@ -135,7 +135,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Checkpoints and champion of a run, from MLflow and the serving location."""
     settings = PodiumSettings()
     config = config_from_args(args, settings)
-    from podium.tasks.promote import read_champion
     from podium.tracking.client import TrackingUnavailable
     from podium.tracking.records import list_records
     from podium.tracking.runs import find_tracking_run
@@ -148,26 +147,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
-    champion = read_champion(config.serving)
-    if args.json:
-        from podium.serving.layout import read_current
+    from podium.output import champion_json
+    from podium.serving.layout import promoted_by
 
-        current = read_current(config.serving)
+    champion = champion_json(config)
+    mine = promoted_by(config.serving, tracking.run_id)
+    if args.json:
         print(json.dumps({
-            "run_name": config.run_name, "mlflow_run_id": tracking.run_id, "tracking_uri": tracking_uri,
+            "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
+            "tracking_uri": tracking_uri,
             "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics}
                             for r in records],
-            "promoted": ({"version": champion.version, "uri": current.uri, "step": champion.step,
-                          "metric": champion.metric, "value": champion.value,
-                          "run_name": current.manifest.get("run_name")} if champion and current else None),
+            # what this run promoted (its newest version at the serving location), as `podium run --json` says
+            "promoted": ({"version": mine.version, "uri": mine.uri, "step": mine.manifest.get("step"),
+                          "metric": mine.manifest.get("metric"), "value": mine.manifest.get("value"),
+                          "current": bool(champion and champion["version"] == mine.version)} if mine else None),
+            "champion": champion,
         }))
         return 0
     print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
     for r in records:
         m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
         print(f"  step {r.step:>7}  {r.status:<9} {m}")
-    print(f"champion at {config.serving}: " + (f"{champion.version} (step {champion.step}, "
-                                               f"{champion.metric}={champion.value})" if champion else "none"))
+    print("this run promoted: " + (f"{mine.version} (step {mine.manifest.get('step')})" if mine else "nothing"))
+    print(f"champion of model {config.model} at {config.serving}: " + (
+        f"{champion['version']} (step {champion['step']}, {champion['metric']}={champion['value']}, "
+        f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
     return 0
 
 

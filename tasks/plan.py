@@ -66,7 +66,10 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         if not value:
             errors.append(f"{field} is empty: expected a path or URI")
     train_loop = cfg.training.train_loop or BUILTIN_LOOP
-    for field, path in (("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)):
+    imports = [("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)]
+    if cfg.promotion.model_loader:
+        imports.append(("promotion.model_loader", cfg.promotion.model_loader))
+    for field, path in imports:
         try:
             resolve_callable(path, field)
         except ImportPathError as exc:

@@ -210,6 +210,15 @@ def content_of(manifest: dict[str, Any]) -> str:
     return str(content)
 
 
+def promoted_by(serving: str, mlflow_run_id: str) -> PromotedVersion | None:
+    """The newest complete version a given run promoted (its manifest names the MLflow run), or None."""
+    for name in reversed(_versions(normalize_location(serving))):
+        version = read_version(serving, name)
+        if version is not None and version.manifest.get("mlflow_run_id") == mlflow_run_id:
+            return version
+    return None
+
+
 def read_current(serving: str) -> PromotedVersion | None:
     """The version CURRENT points at (with its manifest), or None before the first promotion."""
     pointer = read_pointer(serving)

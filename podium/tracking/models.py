@@ -87,8 +87,14 @@ def package_model(model_folder: str, out_dir: str, *, example: pd.DataFrame, mod
 def package_python_model(loaded: Any, out_dir: str, *, features: list[dict[str, str]], example: pd.DataFrame,
                          model_id: str | None, run_id: str | None, metadata: dict[str, Any]) -> str:
     """An object with `predict(DataFrame)` as an MLflow pyfunc model (its `predict` is called as it is)."""
+
+    # the argument name pyfunc expects, and no type hints (pyfunc would read them as a schema); the
+    # function is pickled by value, with `loaded` inside
+    def predict(model_input):  # type: ignore[no-untyped-def]
+        return loaded.predict(model_input)
+
     mlflow.pyfunc.save_model(
-        out_dir, python_model=loaded.predict, signature=signature_for(features, None, with_probabilities=False),
+        out_dir, python_model=predict, signature=signature_for(features, None, with_probabilities=False),
         input_example=example, pip_requirements=requirements(None), metadata=metadata,
         mlflow_model=Model(model_id=model_id, run_id=run_id))
     return out_dir
