@@ -80,7 +80,7 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     out = os.path.join(workdir, "mlflow-model")
     if facts["kind"] == "torch":  # exported, with podium's pyfunc around it
         num_classes = int(facts.get("num_classes") or plan.loop_config["num_classes"])
-        spec = {"features": features, "label_column": plan.config.data.label_column,
+        spec: dict[str, Any] = {"features": features, "label_column": plan.config.data.label_column,
                 "classes": list(range(num_classes)), "model": plan.config.model,
                 "source": {"checkpoint": record.uri, "step": record.step, "run_name": tracking.run_name,
                            "mlflow_run_id": tracking.run_id, "model_id": record.model_id}}

@@ -31,6 +31,9 @@ class Standardize(nn.Module):
     a resumed run, the validation and the exported serving graph use the same numbers), and the
     optimizer never touches them."""
 
+    mean: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, in_features: int, mean: list[float] | None = None, scale: list[float] | None = None):
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean if mean is not None else [0.0] * in_features,

@@ -50,8 +50,10 @@ def signature_for(features: list[dict[str, str]], label_column: str | None,
     """Inputs: the feature columns in order; output: the class label; param: `probabilities`."""
     inputs = Schema([ColSpec(column_type(f["type"]), f["name"]) for f in features])
     outputs = Schema([ColSpec("long", label_column)]) if label_column else None
-    params = ParamSchema([ParamSpec(tabular.PROBABILITIES, "boolean", False)]) if with_probabilities else None
-    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+    if not with_probabilities:
+        return ModelSignature(inputs=inputs, outputs=outputs)
+    return ModelSignature(inputs=inputs, outputs=outputs,
+                          params=ParamSchema([ParamSpec(tabular.PROBABILITIES, "boolean", False)]))
 
 
 def requirements(torch_version: str | None) -> list[str]:
