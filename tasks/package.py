@@ -52,12 +52,23 @@ def _folder_size(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, names in os.walk(folder) for f in names)
 
 
-def _features(plan: RunPlan) -> tuple[list[dict[str, str]], Any]:
-    """The feature columns with their Parquet types, in order, and the first validation rows of them."""
-    columns = list(plan.loop_config["feature_columns"])
-    dataset = open_dataset(plan.loop_config["val_data"])
-    features = [{"name": c, "type": str(dataset.schema.field(c).type)} for c in columns]
-    return features, dataset.head(EXAMPLE_ROWS, columns=columns).to_pandas()
+def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]], Any]:
+    """The feature columns with their Parquet types, in order, and the first validation rows of them.
+
+    Without readable validation data (a plan built by hand) the checkpoint's own feature list is used,
+    typed `double`, with rows of zeros as the example."""
+    import pandas as pd
+
+    columns = list(plan.loop_config.get("feature_columns") or facts.get("feature_columns") or [])
+    if not columns:
+        raise ValueError("the served model needs the feature columns: neither the plan nor the checkpoint names them")
+    try:
+        dataset = open_dataset(plan.loop_config["val_data"])
+        features = [{"name": c, "type": str(dataset.schema.field(c).type)} for c in columns]
+        return features, dataset.head(EXAMPLE_ROWS, columns=columns).to_pandas()
+    except (KeyError, OSError, ValueError) as exc:
+        logger.warning("no validation rows for the served model's input example (%s): zeros instead", exc)
+        return [{"name": c, "type": "double"} for c in columns], pd.DataFrame({c: [0.0, 0.0] for c in columns})
 
 
 def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, workdir: str) -> ServedModel:
@@ -74,13 +85,14 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     if loaded is None:
         return ServedModel(record.uri, local, "checkpoint", {**sizes, "served_as": "files",
                                                            "load": load_hint(plan, "checkpoint")})
-    features, example = _features(plan)
+    features, example = _features(plan, facts)
     metadata = {"podium": {"model": plan.config.model, "checkpoint": record.uri, "step": record.step,
                            "run_name": tracking.run_name, "checkpoint_format": facts.get("format")}}
     out = os.path.join(workdir, "mlflow-model")
     if facts["kind"] == "torch":  # exported, with podium's pyfunc around it
         num_classes = int(facts.get("num_classes") or plan.loop_config["num_classes"])
-        spec: dict[str, Any] = {"features": features, "label_column": plan.config.data.label_column,
+        label = facts.get("label_column") or plan.config.data.label_column
+        spec: dict[str, Any] = {"features": features, "label_column": label,
                 "classes": list(range(num_classes)), "model": plan.config.model,
                 "source": {"checkpoint": record.uri, "step": record.step, "run_name": tracking.run_name,
                            "mlflow_run_id": tracking.run_id, "model_id": record.model_id}}

@@ -251,17 +251,17 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     plan, tracking = promotion_setup
     serving = plan.serving
     with monkeypatch.context() as m:
-        if die_at == "mid-copy":  # one file copied, then the process is gone
+        if die_at == "mid-copy":  # one file of the served model uploaded, then the process is gone
             calls = []
-            copy = podium.serving.staging.copy_s3_object
+            open_write = podium.serving.staging._open_write
 
-            def copy_then_die(*args, **kwargs):
+            def write_then_die(*args, **kwargs):
                 calls.append(1)
                 if len(calls) > 1:
                     raise Died()
-                return copy(*args, **kwargs)
+                return open_write(*args, **kwargs)
 
-            m.setattr(podium.serving.staging, "copy_s3_object", copy_then_die)
+            m.setattr(podium.serving.staging, "_open_write", write_then_die)
             m.setattr(podium.serving.layout, "PARALLEL_FILES", 1)
         else:
             target = {"before-manifest": (podium.serving.layout, "seal_version"),
@@ -286,7 +286,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     assert [h["version"] for h in read_history(serving)] == ["v000001", current.version]
     client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     model_name = plan.config.promotion.registered_model
-    assert client.get_model_version_by_alias(model_name, "champion").source == current.uri
+    assert client.get_model_version_by_alias(model_name, "champion").tags["podium.served_uri"] == current.uri
     assert again.promoted is None or again.promoted.version == current.version
 
 
@@ -303,13 +303,13 @@ def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tm
         from podium.tasks.promote import promote_best_checkpoint
         from podium.tasks.tracking import TrackingRun
 
-        copy, calls = staging.copy_s3_object, []
-        def copy_then_die(*args, **kwargs):
+        open_write, calls = staging._open_write, []
+        def write_then_die(*args, **kwargs):
             calls.append(1)
             if len(calls) > 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return copy(*args, **kwargs)
-        staging.copy_s3_object, layout.PARALLEL_FILES = copy_then_die, 1
+            return open_write(*args, **kwargs)
+        staging._open_write, layout.PARALLEL_FILES = write_then_die, 1
         plan = RunPlan.model_validate_json({plan.model_dump_json()!r})
         promote_best_checkpoint(plan, TrackingRun(**{dataclasses.asdict(tracking)!r}))
     """))
@@ -545,7 +545,8 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
     assert current.version == "v000002" and current.manifest["step"] == 2
     assert [h["version"] for h in read_history(plan.serving)] == ["v000001", "v000002"]
     client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
-    assert client.get_model_version_by_alias(plan.config.promotion.registered_model, "champion").source == current.uri
+    champion = client.get_model_version_by_alias(plan.config.promotion.registered_model, "champion")
+    assert champion.tags["podium.served_uri"] == current.uri
     fs = s3_filesystem()
     attempts = fs.ls(f"{plan.serving}/attempts")
     assert len(attempts) == 3  # the setup's first promotion and both of these
