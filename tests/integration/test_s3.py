@@ -141,14 +141,17 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
         accuracy = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
     assert accuracy == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
 
-    # MLflow: the alias names the served copy; the run's artifacts went to the bucket
+    # MLflow: the alias names the champion's LoggedModel, whose artifacts (the served model) are in the bucket,
+    # and the served copy by its tag; the run's artifacts went to the bucket too
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
-    assert client.get_model_version_by_alias("podium", "champion").source == promoted.uri
+    champion = client.get_model_version_by_alias("podium", "champion")
+    assert champion.source.startswith(f"s3://{BUCKET}/mlflow/") and champion.source.endswith(f"{best.model_id}/artifacts")
+    assert champion.tags["podium.served_uri"] == promoted.uri
     run_id = summary.tracking.run_id
     assert any(k.endswith(f"{run_id}/artifacts/podium/promotion_report.md") for k in s3.keys(BUCKET, "mlflow/"))
 
-    # validation downloaded each checkpoint once (the promoted one is read once more, to hash it for the
-    # manifest) and left no temporary copy behind
+    # validation downloaded each checkpoint once (the promoted one is read once more, to build the served
+    # model from it) and left no temporary copy behind
     for r in records:
         gets = s3.requests("GET", f"{BUCKET}/storage/s3-e2e/{r.uri.rsplit('/', 1)[1]}/model.pt")
         assert len(gets) == 1 + (r.step == promoted.step), gets
