@@ -17,6 +17,7 @@ from podium.storage.locations import fsspec_filesystem, is_remote
 logger = logging.getLogger(__name__)
 
 MLMODEL = "MLmodel"
+CHECKPOINT_META = "podium.json"  # podium.training.checkpoint.META_FILE, named here without loading torch
 
 
 class PromotedModel:
@@ -87,10 +88,13 @@ def _load_local(version: PromotedVersion, path: str) -> Any:
     if MLMODEL in files:
         import mlflow.pyfunc  # MLflow loads only here: the folder is an MLflow model
 
-        return mlflow.pyfunc.load_model(path)
-    from podium.training.checkpoint import META_FILE, CheckpointFormatError, load_model  # torch loads only here
+        try:
+            return mlflow.pyfunc.load_model(path)
+        except Exception as exc:  # MLflow, torch and the loader raise many kinds for a broken model
+            raise ServingError(f"{version.uri} does not load as an MLflow model: {exc}") from exc
+    from podium.training.checkpoint import CheckpointFormatError, load_model  # torch loads only here
 
-    if META_FILE not in files:
+    if CHECKPOINT_META not in files:
         raise ServingError(f"{version.uri} holds the files of a checkpoint that is not in podium's format: fetch "
                            "them with podium.serving.load.fetch_version, or from MLflow with "
                            "mlflow.artifacts.download_artifacts('models:/<model>@champion'); promote with "
@@ -123,7 +127,7 @@ def check_loadable(version: PromotedVersion) -> None:
     """A staged version must load, and a served model must answer its input example as it did when it
     was built (`example_predictions` in the manifest); files of another format are left to their hashes."""
     files = version.manifest["files"]
-    if MLMODEL not in files and "podium.json" not in files:
+    if MLMODEL not in files and CHECKPOINT_META not in files:
         logger.info("%s is not a model podium can load: checked by its hashes only", version.uri)
         return
 

@@ -141,12 +141,16 @@ def test_served_model_predicts_like_the_checkpoint_through_podium_and_mlflow(tmp
     assert np.allclose(spec["preprocessing"]["standardize"]["mean"], model[0].mean.numpy())
 
 
-def test_a_copy_that_answers_its_example_differently_is_refused(tmp_path, data, checkpoint):
+def test_a_copy_that_answers_its_example_differently_or_does_not_load_is_refused(tmp_path, data, checkpoint):
     plan, served = _served(tmp_path, data, checkpoint[0])
     version = stage_version(plan.serving, served.files_uri, {"step": 5, **served.info}, served.content)
     wrong = [(p + 1) % 3 for p in served.info["example_predictions"]]
     with pytest.raises(ServingError, match="input example"):
         check_loadable(type(version)(version.version, version.uri, {**version.manifest, "example_predictions": wrong}))
+    program = Path(version.uri) / "data" / "model" / "model.pt2"
+    program.write_bytes(program.read_bytes()[:200])  # the hashes are checked elsewhere: loading must fail too
+    with pytest.raises(ServingError, match="does not load as an MLflow model"):
+        check_loadable(version)
 
 
 class _Linear(nn.Module):
