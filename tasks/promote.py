@@ -19,7 +19,7 @@ from podium.selection import Champion, CheckpointRecord, Decision, decide_promot
 from podium.serving import layout, load, staging
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
-from podium.tasks.package import ServedModel, build_served_model, load_hint
+from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
@@ -132,7 +132,7 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     layout.seal_version(plan.serving, version)
     still_locked()
     layout.switch_current(plan.serving, version, decision.reason)
-    mlflow_version = _register(plan, tracking, record, version, served, decision.value)
+    mlflow_version = _register(plan, tracking, record, version, decision.value)
     logger.info("promoted step %d as %s (MLflow %s v%s @%s)", record.step, version.version,
                 p.registered_model, mlflow_version, p.alias)
     return Promoted(version=version.version, uri=version.uri, step=record.step, metric=p.metric,
@@ -142,10 +142,10 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
 
 
 def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
-              served: ServedModel | None, value: float | None) -> str:
+              value: float | None) -> str:
+    """A registry version for a serving version (its tags and description say what it is and how to load it)."""
     p = plan.config.promotion
-    content = served.content if served else layout.content_of(version.manifest)
-    how = version.manifest.get("load") or load_hint(plan, content)
+    how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
     tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
             "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how}
@@ -167,7 +167,7 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
         return None
     version = registered_version_for(tracking.tracking_uri, p.registered_model, current.uri)
     if version is None:
-        version = _register(plan, tracking, record, current, None, current.manifest.get("value"))
+        version = _register(plan, tracking, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
     elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
         set_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
