@@ -29,9 +29,12 @@ def comma_list(text: str) -> list[str]:
 OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--run-name", "run_name", str, "Run name: Ray Train's RunConfig name and the MLflow run name. "
                                     "Running the same name again resumes it."),
-    ("--experiment", "experiment", str, "MLflow experiment name."),
+    ("--model", "model", str, "The model this run trains: names the MLflow experiment, the registered model "
+                              "and the default serving location (.podium/serving/<model>)."),
+    ("--experiment", "experiment", str, "MLflow experiment name (default: the model name)."),
     ("--storage", "storage", str, "Where Ray Train persists checkpoints (path or URI; default: .podium/storage)."),
-    ("--serving", "serving", str, "Serving location for promoted models (path or URI; default: .podium/serving)."),
+    ("--serving", "serving", str,
+     "Serving location for promoted models (path or URI; default: .podium/serving/<model>)."),
     ("--train-data", "data.train", str, "Training Parquet file or directory (default: generated demo data)."),
     ("--val-data", "data.val", str, "Validation Parquet file or directory (default: generated demo data)."),
     ("--label-column", "data.label_column", str, "Integer label column."),
@@ -43,6 +46,8 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--epochs", "training.epochs", int, "Epochs to train."),
     ("--batch-size", "training.batch_size", int, "Per-worker batch size."),
     ("--learning-rate", "training.learning_rate", float, "Adam learning rate."),
+    ("--no-standardize", "training.standardize", None,
+     "Feed the built-in model raw features (default: standardised with the training data's statistics)."),
     ("--checkpoint-every-steps", "training.checkpoint_every_steps", int,
      "Checkpoint every N steps instead of every epoch."),
     ("--train-loop", "training.train_loop", str,
@@ -72,7 +77,10 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--verify", "promotion.verify", str,
      "How the promoted copy is checked: hashes, load or revalidate (runs the validation again)."),
     ("--no-verify", "promotion.verify", None, "Check only the copy's sha256 hashes (same as --verify hashes)."),
-    ("--registered-model", "promotion.registered_model", str, "MLflow registered model name."),
+    ("--registered-model", "promotion.registered_model", str, "MLflow registered model name (default: the model name)."),
+    ("--model-loader", "promotion.model_loader", str,
+     "For checkpoints not in podium's format: 'package.module:function' from the checkpoint folder to a torch "
+     "module or an object with predict(DataFrame); podium serves and registers the MLflow model built from it."),
 ]
 
 
@@ -127,6 +135,8 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if flag == "--no-verify":
             value = "hashes"
+        elif flag == "--no-standardize":
+            value = False
         _set(flags, path, value)
     for path, table in _table_overrides(args).items():
         _set(flags, path, table)
@@ -246,12 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
                                           "history (or --to) and move the MLflow alias with it. The version left "
                                           "is withdrawn: never promoted again unless named with --to. Each "
                                           "rollback goes one champion further back.")
-    rollback.add_argument("--serving", help="Serving location (default: .podium/serving).")
+    rollback.add_argument("--model", default=_default("model"),
+                          help=_help("model", "The model whose champion to restore."))
+    rollback.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
     rollback.add_argument("--to", help="Version to restore, e.g. v000002 (default: the previous champion); a "
                                        "withdrawn version named here is served again.")
     rollback.add_argument("--reason", help="Why, in words: kept in the serving history and on the MLflow records.")
-    rollback.add_argument("--registered-model", default=_default("promotion.registered_model"),
-                          help=_help("promotion.registered_model", "MLflow registered model."))
+    rollback.add_argument("--registered-model", help="MLflow registered model (default: the model name).")
     rollback.add_argument("--alias", default=_default("promotion.alias"),
                           help=_help("promotion.alias", "Alias to move."))
     rollback.add_argument("--json", action="store_true", help="Print the outcome as JSON.")

@@ -133,7 +133,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             raise RunFailed(str(exc)) from None
     elapsed = time.monotonic() - start
     if args.json:
-        out = summary_json(summary, config.serving)
+        out = summary_json(summary, config.serving, config)
         out["wall_time_s"] = round(elapsed, 1)
         out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         print(json.dumps(out))
@@ -143,11 +143,12 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Checkpoints and champion of a run, from MLflow and the serving location (read-only)."""
+    """Checkpoints of a run, what it promoted, and its model's champion, from MLflow and the serving
+    location (read-only)."""
     settings = PodiumSettings()
     config = config_from_args(args, settings)
-    from podium.serving.layout import ServingError, read_current
-    from podium.tasks.promote import read_champion
+    from podium.output import champion_json
+    from podium.serving.layout import ServingError, promoted_by
     from podium.tracking.client import TrackingUnavailable, store_exists
     from podium.tracking.records import list_records
     from podium.tracking.runs import find_tracking_run
@@ -159,21 +160,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         tracking = find_tracking_run(tracking_uri, config.experiment, config.run_name)
         records = list_records(tracking)
-        champion = read_champion(config.serving)
-        current = read_current(config.serving)
+        champion = champion_json(config)
+        mine = promoted_by(config.serving, tracking.run_id)
     except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
     if args.json:
         print(json.dumps({
-            "run_name": config.run_name, "mlflow_run_id": tracking.run_id, "tracking_uri": tracking_uri,
+            "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
+            "tracking_uri": tracking_uri,
             "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
                              **({"failure": r.failure} if r.failure else {}),
                              **({"withdrawn": r.withdrawn} if r.withdrawn else {})} for r in records],
-            "promoted": ({"version": champion.version, "uri": current.uri, "step": champion.step,
-                          "metric": champion.metric, "value": champion.value,
-                          "run_name": current.manifest.get("run_name")} if champion and current else None),
+            # what this run promoted (its newest version at the serving location), as `podium run --json` says
+            "promoted": ({"version": mine.version, "uri": mine.uri, "step": mine.manifest.get("step"),
+                          "metric": mine.manifest.get("metric"), "value": mine.manifest.get("value"),
+                          "current": bool(champion and champion["version"] == mine.version)} if mine else None),
+            "champion": champion,
         }))
         return 0
     print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
@@ -181,22 +185,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
         note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
         print(f"  step {r.step:>7}  {r.status:<9} {m}{note}")
-    print(f"champion at {config.serving}: " + (f"{champion.version} (step {champion.step}, "
-                                               f"{champion.metric}={champion.value})" if champion else "none"))
+    print("this run promoted: " + (f"{mine.version} (step {mine.manifest.get('step')})" if mine else "nothing"))
+    print(f"champion of model {config.model} at {config.serving}: " + (
+        f"{champion['version']} (step {champion['step']}, {champion['metric']}={champion['value']}, "
+        f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     """Point the serving location back one champion along its history; the MLflow alias follows."""
     settings = PodiumSettings()
+    from podium.config import MODEL_NAME_RE, default_serving
     from podium.serving.layout import ServingError, read_pointer
     from podium.tasks.rollback import roll_back
     from podium.tracking.client import TrackingUnavailable
 
-    serving = args.serving or settings.default_location("serving")
+    if not MODEL_NAME_RE.match(args.model):
+        raise CliError(f"--model = {args.model!r}: expected letters, digits, '_', '.', '-' (it names a folder)")
+    serving = args.serving or default_serving(settings, args.model)
     try:
-        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model, args.alias, args.to,
-                        args.reason)
+        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model or args.model, args.alias,
+                        args.to, args.reason)
     except ServingError as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
@@ -219,11 +228,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     """The champions of a serving location: every switch, when, why and what started it (read-only)."""
     settings = PodiumSettings()
+    from podium.config import default_serving
     from podium.output import print_history
     from podium.serving.history import lineage_of, parse_switch
     from podium.serving.layout import ServingError, read_history, read_pointer
 
-    serving = args.serving or settings.default_location("serving")
+    serving = args.serving or default_serving(settings, getattr(args, "model", None))
     try:
         history, pointer = read_history(serving), read_pointer(serving)
     except ServingError as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from podium.redaction import has_password, redact_uri
 
@@ -30,6 +30,9 @@ OLD_IMPORT_PATHS = {"training.loop:train_loop_per_worker": BUILTIN_LOOP,
                     "training.validate:validate_checkpoint": BUILTIN_VALIDATE}
 IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# a model name is also a folder name under <home>/serving and an MLflow registered model name
+MODEL_NAME_RE = RUN_NAME_RE
+DEFAULT_MODEL = "podium"
 RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
 # the one key podium adds to a user loop's config (podium's facts); refused in train_loop_config
 LOOP_CONFIG_PODIUM_KEY = "podium"
@@ -99,6 +102,8 @@ class TrainingConfig(_Strict):
     )
     seed: int = Field(0, description="Random seed.")
     torch_threads: int = Field(1, ge=1, description="torch threads per training/validation process.")
+    standardize: bool = Field(True, description="Standardise every feature with the training data's mean and "
+                              "standard deviation (built-in loop); kept in the checkpoint and the served model.")
     train_loop: str | None = Field(
         None, description="Your own train_loop_per_worker as 'package.module:function'."
     )
@@ -172,8 +177,17 @@ class PromotionConfig(_Strict):
         "sha256 against the source, always done), 'load' (also load the model from the copy, when it is podium's "
         "checkpoint format) or 'revalidate' (also run the validation function on the copy and compare the metric).")
     verify_tolerance: float = Field(1e-4, ge=0, description="Relative tolerance of the 'revalidate' comparison.")
-    registered_model: str = Field("podium", min_length=1, description="MLflow registered model name.")
+    registered_model: str = Field("", description="MLflow registered model name (default: the model name).")
     alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version.")
+    model_loader: str | None = Field(
+        None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
+        "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "
+        "podium builds the served MLflow model from it. Without one such checkpoints are served as files.")
+
+    @field_validator("model_loader")
+    @classmethod
+    def _check_loader(cls, v: str | None) -> str | None:
+        return _check_import_path(v)
 
 
     @field_validator("verify", mode="before")
@@ -189,7 +203,9 @@ class PipelineConfig(_Strict):
     """Everything one podium run needs. Locations left empty are filled from settings."""
 
     run_name: str = Field("podium-demo", description="Run name (Ray RunConfig name, MLflow run name).")
-    experiment: str = Field("podium", min_length=1, description="MLflow experiment name.")
+    model: str = Field(DEFAULT_MODEL, description="The model this run trains: names the MLflow experiment, the "
+                       "registered model and the default serving location (<home>/serving/<model>).")
+    experiment: str = Field("", description="MLflow experiment name (default: the model name).")
     storage: str = Field("", description="Ray Train storage_path (path or URI).")
     serving: str = Field("", description="Serving location: promoted versions and the CURRENT pointer.")
     data: DataConfig = Field(default_factory=DataConfig)
@@ -198,10 +214,34 @@ class PipelineConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _scope_to_model(cls, data: Any) -> Any:
+        # what belongs to one model is named after it unless the config names it: experiment and
+        # registered model (the serving location's default is filled by load_config, with the home)
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model") or DEFAULT_MODEL
+        data = {**data, "experiment": data.get("experiment") or model}
+        promotion = data.get("promotion", {})
+        if isinstance(promotion, dict) and not promotion.get("registered_model"):
+            data["promotion"] = {**promotion, "registered_model": model}
+        elif isinstance(promotion, PromotionConfig) and not promotion.registered_model:
+            data["promotion"] = promotion.model_copy(update={"registered_model": model})
+        return data
+
     @field_validator("storage", "serving")
     @classmethod
     def _check_uri(cls, v: str) -> str:
         return _check_location(v)
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        if not MODEL_NAME_RE.match(v):
+            raise ValueError("expected 1-100 characters of letters, digits, '_', '.', '-', starting with a letter "
+                             "or digit (it names a folder and an MLflow registered model)")
+        return v
 
     @field_validator("run_name")
     @classmethod
@@ -275,7 +315,7 @@ def load_config(path: str | None, overrides: dict[str, Any], settings: PodiumSet
     validation function has no data unless you give it."""
     data = merge(load_config_file(path) if path else {}, overrides)
     data.setdefault("storage", settings.default_location("storage"))
-    data.setdefault("serving", settings.default_location("serving"))
+    data.setdefault("serving", default_serving(settings, data.get("model")))
     data["data"] = dict(data.get("data") or {}) if isinstance(data.get("data", {}), dict) else data["data"]
     training, validation = data.get("training"), data.get("validation")
     builtins = (None, BUILTIN_LOOP, BUILTIN_VALIDATE, *OLD_IMPORT_PATHS)
@@ -308,6 +348,12 @@ def load_table_file(path: str, field: str) -> dict[str, Any]:
         return load_config_file(path)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("--config", field, 1)) from None
+
+
+def default_serving(settings: PodiumSettings, model: Any = None) -> str:
+    """The serving location of a model under podium's home: <home>/serving/<model>."""
+    name = model if isinstance(model, str) and MODEL_NAME_RE.match(model) else DEFAULT_MODEL
+    return str(Path(settings.default_location("serving")) / name)
 
 
 def field_default(path: str) -> Any:

@@ -9,11 +9,28 @@ from podium.services import ui_url
 from podium.serving.history import parse_switch
 
 
-def summary_json(summary: Any, serving: str) -> dict[str, Any]:
-    """The outcome of a run as the JSON object `--json` prints."""
+def champion_json(config: Any) -> dict[str, Any] | None:
+    """The model's champion (the serving location's current version), as `--json` names it."""
+    from podium.serving.layout import read_current
+
+    current = read_current(config.serving)
+    if current is None:
+        return None
+    m, p = current.manifest, config.promotion
+    return {"model": m.get("model", config.model), "version": current.version, "uri": current.uri,
+            "step": m.get("step"), "metric": m.get("metric"), "mode": m.get("mode"), "value": m.get("value"),
+            "run_name": m.get("run_name"), "mlflow_run_id": m.get("mlflow_run_id"),
+            "checkpoint": m.get("checkpoint", m.get("source")), "served_as": m.get("served_as", "files"),
+            "mlflow_model": f"models:/{p.registered_model}@{p.alias}", "load": m.get("load")}
+
+
+def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, Any]:
+    """The outcome of a run as the JSON object `--json` prints: `promoted` is what this run promoted
+    (null when it promoted nothing), `champion` the model's champion now."""
     promoted = summary.promotion.promoted
     return {
         "run_name": summary.run_name,
+        **({"model": config.model, "champion": champion_json(config)} if config is not None else {}),
         "mlflow_run_id": summary.tracking.run_id,
         "tracking_uri": summary.tracking.tracking_uri,
         "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
@@ -23,7 +40,8 @@ def summary_json(summary: Any, serving: str) -> dict[str, Any]:
         "training_ended_at": summary.training_ended_at,
         "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
                       "metric": promoted.metric, "value": promoted.value,
-                      "mlflow_version": promoted.mlflow_version} if promoted else None),
+                      "mlflow_version": promoted.mlflow_version, "served_as": promoted.served_as,
+                      "load": promoted.load} if promoted else None),
         "promotion_reason": summary.promotion.reason,
         "serving": serving,
     }
@@ -43,12 +61,18 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     else:
         print("nothing promoted")
     print(f"  why: {summary.promotion.reason}")
+    registered = config.promotion
+    if p and p.mlflow_version:
+        print(f"  MLflow: models:/{registered.registered_model}@{registered.alias} = version {p.mlflow_version}")
+    if p and p.load:
+        print(f"  load:  {p.load}")
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
           "promotion report, chart)")
     print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
     print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
     print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
-    print(f"Serving:     {config.serving}  ({serving_hint(config.serving)})")
+    print(f"Serving:     {config.serving}  (model {config.model}; load with podium.load_promoted_model, or serve "
+          f"with: mlflow models serve -m models:/{registered.registered_model}@{registered.alias} --env-manager local)")
 
 
 def _started_by(origin: dict[str, Any]) -> str:
@@ -79,16 +103,3 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
         print(f"      why: {s.get('reason') or 'not recorded'}")
         print(f"      by:  {_started_by(dict(switch.origin))}")
-
-
-def serving_hint(serving: str) -> str:
-    """How to load what the serving location holds: podium's loader for podium's checkpoint format,
-    else the function that fetches the checkpoint for your own loader."""
-    from podium.serving.layout import read_current
-    from podium.training.checkpoint import META_FILE
-
-    current = read_current(serving)
-    if current is None or META_FILE in current.manifest.get("files", {}):
-        return "load with podium.load_promoted_model"
-    return ("not podium's checkpoint format: podium.serving.load.fetch_version(podium.serving.layout."
-            f"read_current({serving!r}), local_dir) downloads and checks it; load it as your loop saved it")

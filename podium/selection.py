@@ -38,6 +38,7 @@ class Champion:
     metric: str
     value: float | None
     source: str | None = None
+    mode: str | None = None  # None: a champion promoted before podium recorded the direction
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,11 @@ def decide_promotion(
     if always:
         return Decision(True, f"{head}; promotion forced (always), champion {champion.version} "
                               f"had {champion.value}", best, value)
-    if champion.metric != metric:
-        return Decision(False, f"{head}; champion {champion.version} was ranked by {champion.metric!r}, "
-                               f"not {metric!r}: not comparable (set always to replace it)", best, value)
+    if champion.metric != metric or (champion.mode is not None and champion.mode != mode):
+        # another model, or another yardstick: the two numbers say nothing about each other
+        return Decision(False, f"{head} ({mode}); champion {champion.version} was ranked by {champion.metric!r} "
+                               f"({champion.mode or 'direction not recorded'}): not comparable, not promoted "
+                               "(--always-promote, promotion.always, replaces it)", best, value)
     if champion.value is None or not _finite(champion.value):
         return Decision(True, f"{head}; champion {champion.version} has no finite {metric}", best, value)
     gain = (champion.value - value) if mode == "min" else (value - champion.value)

@@ -80,7 +80,10 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         if not value and needs.get(field, True):
             errors.append(f"{field} is empty: expected a path or URI")
     functions: dict[str, Callable[..., Any]] = {}
-    for field, path in (("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)):
+    imports = [("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)]
+    if cfg.promotion.model_loader:
+        imports.append(("promotion.model_loader", cfg.promotion.model_loader))
+    for field, path in imports:
         try:
             functions[field] = resolve_callable(path, field)
         except ImportPathError as exc:

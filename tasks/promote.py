@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,10 +22,12 @@ from podium.selection import Champion, CheckpointRecord, Decision, decide_promot
 from podium.serving import layout, load, staging
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
+from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
+from podium.tracking.models import log_model_files
 from podium.tracking.records import list_records
 from podium.tracking.registry import alias_target, register_champion, registered_version_for, set_alias
 
@@ -41,6 +44,9 @@ class Promoted(BaseModel):
     value: float
     mlflow_version: str | None = None
     checkpoint_uri: str
+    model: str | None = None  # the model name: registered model `model`, alias, serving location
+    served_as: str | None = None  # "mlflow-model", or "files" for a checkpoint podium cannot load
+    load: str | None = None  # how to load it, in one line
 
 
 class PromotionOutcome(BaseModel):
@@ -59,7 +65,7 @@ def read_champion(serving: str) -> Champion | None:
         return None
     m = current.manifest
     return Champion(version=current.version, step=m.get("step"), metric=m.get("metric", ""),
-                    value=m.get("value"), source=m.get("source"))
+                    value=m.get("value"), source=m.get("source"), mode=m.get("mode"))
 
 
 def origin(command: str | None = None) -> dict[str, Any]:
@@ -94,55 +100,90 @@ def decide(plan: RunPlan, records: list[CheckpointRecord]) -> tuple[Decision, Ch
 def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
     """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
 
-    'load': the model loads from the copy, in this process, with the safe loader serving uses
-    (checkpoints in podium's format; other formats have only their hashes checked).
-    'revalidate': the validation function runs on the copy (a Ray task) and must give
-    back the recorded metric.
+    'load': the copy loads, in this process, the way `load_promoted_model` loads it, and a served
+    model answers its input example as the checkpoint did (other formats: hashes only).
+    'revalidate': a served model is evaluated on the validation data as the built-in validation
+    does; a checkpoint served as files goes through the validation function again (a Ray task).
+    Either must give back the recorded metric.
     """
     p = plan.config.promotion
-    if p.verify == "load":
-        load.check_loadable(version)
+    if p.verify == "hashes":
         return
+    load.check_loadable(version)
     if p.verify != "revalidate":
         return
     expected = record.metrics[p.metric]
-    connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
-    got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
+    if layout.content_of(version.manifest) == "model":
+        got = evaluate_served(plan, version).get(p.metric)
+    else:
+        connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
+        got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
         raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
-                               f"was recorded with {expected}: not promoted")
+                                  f"was recorded with {expected}: not promoted")
+
+
+def evaluate_served(plan: RunPlan, version: layout.PromotedVersion) -> dict[str, float]:
+    """val_loss and val_accuracy of a served model's torch module on the validation data."""
+    from podium.training.validate import evaluate_module  # torch loads here
+
+    module = load.load_version(version).module
+    if module is None:
+        return {}
+    return evaluate_module(module, plan.validate_kwargs["val_data"], plan.config.data.label_column,
+                           list(plan.loop_config["feature_columns"]))
 
 
 def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
             still_locked: Callable[[], None] = lambda: None) -> Promoted:
-    """Copy the chosen checkpoint into a new serving version, verify it, make it current, register it."""
+    """Build the chosen checkpoint's served model, stage it as a new serving version, verify it, log it
+    into the checkpoint's LoggedModel, make it current, register it and move the alias."""
     p = plan.config.promotion
     record = decision.candidate
     assert record is not None and decision.value is not None
-    info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
-                            "metric": p.metric, "mode": p.mode, "value": decision.value,
-                            "metrics": record.metrics, "model_id": record.model_id}
-    version = staging.stage_version(plan.serving, record.uri, info)
-    check_copy(plan, record, version)
+    with tempfile.TemporaryDirectory(prefix="podium-promote-") as workdir:
+        served = build_served_model(plan, tracking, record, workdir)
+        info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
+                                "metric": p.metric, "mode": p.mode, "value": decision.value,
+                                "metrics": record.metrics, "model_id": record.model_id, "model": plan.config.model,
+                                "source": record.uri, "checkpoint": record.uri, **served.info}
+        version = staging.stage_version(plan.serving, served.files_uri, info, served.content)
+        check_copy(plan, record, version)
+        if record.model_id:  # before the switch: a champion is never current without its MLflow model
+            still_locked()
+            log_model_files(tracking, record.model_id, served.local_folder)
     still_locked()
     layout.seal_version(plan.serving, version)
     still_locked()
     layout.switch_current(plan.serving, version, decision.reason, origin=origin())
-    mlflow_version = register_champion(
-        tracking, record, version.uri, p.registered_model, p.alias,
-        tags={"podium.serving_version": version.version, "podium.step": str(record.step),
-              "podium.metric": p.metric, "podium.value": repr(decision.value)})
+    mlflow_version = _register(plan, tracking, record, version, decision.value)
     logger.info("promoted step %d as %s (MLflow %s v%s @%s)", record.step, version.version,
                 p.registered_model, mlflow_version, p.alias)
     return Promoted(version=version.version, uri=version.uri, step=record.step, metric=p.metric,
-                    value=decision.value, mlflow_version=mlflow_version, checkpoint_uri=record.uri)
+                    value=decision.value, mlflow_version=mlflow_version, checkpoint_uri=record.uri,
+                    model=plan.config.model, served_as=version.manifest.get("served_as"),
+                    load=version.manifest.get("load"))
+
+
+def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
+              value: float | None) -> str:
+    """A registry version for a serving version (its tags and description say what it is and how to load it)."""
+    p = plan.config.promotion
+    how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
+    tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
+            "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
+            "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how}
+    description = (f"{tracking.run_name} step {record.step}, {p.metric} = {value} ({p.mode}), promoted by podium "
+                   f"as serving {version.version}. Load: {how}. Checkpoint (to resume): {record.uri}")
+    return register_champion(tracking, record, version.uri, p.registered_model, p.alias, tags=tags,
+                             description=description)
 
 
 def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
     """The champion is already current in serving; make sure the registry says so too.
 
     A promotion interrupted after the pointer switch but before the alias moved
-    is finished here, when promotion runs again.
+    is finished here, when promotion runs again (its MLflow model was logged before the switch).
     """
     p = plan.config.promotion
     current = layout.read_current(plan.serving)
@@ -150,9 +191,7 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
         return None
     version = registered_version_for(tracking.tracking_uri, p.registered_model, current.uri)
     if version is None:
-        version = register_champion(tracking, record, current.uri, p.registered_model, p.alias,
-                                    tags={"podium.serving_version": current.version,
-                                          "podium.step": str(record.step), "podium.metric": p.metric})
+        version = _register(plan, tracking, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
     elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
         set_alias(tracking.tracking_uri, p.registered_model, p.alias, version)

@@ -79,8 +79,10 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
         p = outcome.promoted
         lines += [f"**Promoted** step {p.step} as serving version `{p.version}` "
                   f"({p.metric} = {p.value:.6g}).", "",
-                  f"- serving copy: `{p.uri}`", f"- source checkpoint: `{p.checkpoint_uri}`",
-                  f"- MLflow registered version: {p.mlflow_version}",
+                  f"- serving copy: `{p.uri}` ({p.served_as or 'files'})",
+                  f"- source checkpoint (kept for resuming): `{p.checkpoint_uri}`",
+                  f"- MLflow registered version: {p.model or ''} {p.mlflow_version}",
+                  *([f"- load: `{p.load}`"] if p.load else []),
                   f"- previous champion: {outcome.champion_before or 'none'}"]
     else:
         lines += ["**Nothing promoted.**", ""]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.imports import resolve_callable
-from podium.tasks.plan import RunPlan
+from podium.tasks.plan import BUILTIN_LOOP, RunPlan
 from podium.training import raytrain, validation_call
 from podium.training.events import CheckpointEvent, EventSink
 
@@ -44,6 +46,27 @@ def check_resources(plan: RunPlan) -> None:
                          f"{need_train['CPU'] + inner:g} CPU at once, the Ray cluster has {total.get('CPU', 0):g}")
 
 
+logger = logging.getLogger(__name__)
+
+
+def loop_config_with_feature_stats(plan: RunPlan) -> dict[str, Any]:
+    """The loop config, with the training data's feature statistics when the built-in loop standardises.
+
+    Computed here, once per training, in one streaming pass: not in every worker, and not in the
+    preflight (which `podium promote` runs too)."""
+    config = dict(plan.loop_config)
+    if plan.train_loop != BUILTIN_LOOP or not config.get("standardize") or config.get("feature_stats"):
+        return config
+    from podium.training.data import open_dataset
+    from podium.training.preprocessing import compute_feature_stats
+
+    start = time.monotonic()
+    stats = compute_feature_stats(open_dataset(config["train_data"]), list(config["feature_columns"]))
+    logger.info("feature statistics of %d training rows in %.1f s", stats.count, time.monotonic() - start)
+    config["feature_stats"] = stats.to_dict()
+    return config
+
+
 def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     """Train to completion (or resume the run of the same name), announcing each report to `sink`;
     `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer).
@@ -52,7 +75,7 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     cfg = plan.config
     raytrain.fit(
         train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
-        loop_config=plan.loop_config,
+        loop_config=loop_config_with_feature_stats(plan),
         loop_datasets=cfg.training.loop_datasets,
         run_name=cfg.run_name,
         storage=plan.storage,

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from podium.training.checkpoint import CheckpointMeta, load_training_state, save_checkpoint
-from podium.training.data import load_arrays
+from podium.training.data import load_arrays, open_dataset
 from podium.training.model import ModelSpec, build_model
+from podium.training.preprocessing import FeatureStats, compute_feature_stats
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train the built-in MLP; `config` is PipelineConfig's training section plus data facts.
 
     Keys: train_data, label_column, feature_columns, num_classes, epochs, batch_size,
-    learning_rate, hidden_size, checkpoint_every_steps, seed, torch_threads.
+    learning_rate, hidden_size, checkpoint_every_steps, seed, torch_threads, standardize and
+    feature_stats (podium computes them once, before training; a loop started without them
+    computes them itself).
     """
     torch.set_num_threads(int(config.get("torch_threads", 1)))
     ctx = ray.train.get_context()
@@ -50,8 +53,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     x_np, y_np = load_arrays(config["train_data"], config["label_column"], config["feature_columns"], rank, world)
     x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
     spec = ModelSpec(in_features=x.shape[1], num_classes=int(config["num_classes"]),
-                     hidden_size=int(config["hidden_size"]))
-    model = build_model(spec)
+                     hidden_size=int(config["hidden_size"]), standardize=bool(config.get("standardize", False)))
+    stats = _feature_stats(config) if spec.standardize else None
+    model = build_model(spec, *((stats.mean, stats.scale) if stats else ()))
     optimizer = torch.optim.Adam(model.parameters(), lr=float(config["learning_rate"]))
 
     epochs, batch_size = int(config["epochs"]), int(config["batch_size"])
@@ -96,6 +100,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 _report_checkpoint(model, optimizer, spec, metrics, config, rank)
                 last_saved = step
                 loss_sum = correct = seen = 0.0
+
+
+def _feature_stats(config: dict[str, Any]) -> FeatureStats:
+    """The training data's feature statistics: from the config, else computed here (every worker
+    reads the same data, so every worker gets the same numbers)."""
+    if config.get("feature_stats"):
+        stats = FeatureStats.from_dict(config["feature_stats"])
+        if stats.columns != list(config["feature_columns"]):
+            raise ValueError(f"feature_stats are for columns {stats.columns}, the loop trains on "
+                             f"{config['feature_columns']}")
+        return stats
+    return compute_feature_stats(open_dataset(config["train_data"]), list(config["feature_columns"]))
 
 
 def _report_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, spec: ModelSpec,

@@ -16,17 +16,44 @@ class ModelSpec:
     num_classes: int
     hidden_size: int = 64
     kind: str = "mlp"
+    # a Standardize layer first (mean/scale buffers); False for checkpoints written before it existed
+    standardize: bool = False
 
     def to_dict(self) -> dict:
         """Plain dict for the checkpoint's metadata file."""
         return asdict(self)
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """Build the MLP described by `spec`."""
+class Standardize(nn.Module):
+    """(x - mean) / scale per feature, with the training data's statistics kept as buffers.
+
+    Buffers, not parameters: they are saved in the state dict (so a checkpoint carries them and
+    a resumed run, the validation and the exported serving graph use the same numbers), and the
+    optimizer never touches them."""
+
+    mean: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, in_features: int, mean: list[float] | None = None, scale: list[float] | None = None):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean if mean is not None else [0.0] * in_features,
+                                                  dtype=torch.float32))
+        self.register_buffer("scale", torch.tensor(scale if scale is not None else [1.0] * in_features,
+                                                   dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Standardised features."""
+        return (x - self.mean) / self.scale
+
+
+def build_model(spec: ModelSpec, mean: list[float] | None = None, scale: list[float] | None = None) -> nn.Module:
+    """Build the MLP described by `spec`; with `spec.standardize`, its first layer standardises the
+    features with `mean` and `scale` (left at 0 and 1 when the weights are loaded from a checkpoint)."""
     if spec.kind != "mlp":
         raise ValueError(f"model kind {spec.kind!r} is not known; expected 'mlp'")
+    scaler = [Standardize(spec.in_features, mean, scale)] if spec.standardize else []
     return nn.Sequential(
+        *scaler,
         nn.Linear(spec.in_features, spec.hidden_size),
         nn.ReLU(),
         nn.Linear(spec.hidden_size, spec.hidden_size),
@@ -37,7 +64,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
     """Mean cross-entropy loss and accuracy of `model` on (x, y)."""
-    model.eval()
+    try:
+        model.eval()
+    except NotImplementedError:  # a torch.export program (a served model) has no train mode to leave
+        pass
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(x), batch_size):

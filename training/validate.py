@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ray.train
 import torch
+from torch import nn
 
 from podium.training.checkpoint import load_model
 from podium.training.data import load_arrays
@@ -21,7 +22,12 @@ def validate_checkpoint(
     torch.set_num_threads(torch_threads)
     with checkpoint.as_directory() as d:
         model, meta = load_model(d)
-    columns = feature_columns or meta.feature_columns
-    x, y = load_arrays(val_data, label_column, columns)
-    m = evaluate(model, torch.from_numpy(x), torch.from_numpy(y))
+    return evaluate_module(model, val_data, label_column, feature_columns or meta.feature_columns)
+
+
+def evaluate_module(module: nn.Module, val_data: str, label_column: str, feature_columns: list[str]) -> dict[str, float]:
+    """val_loss and val_accuracy of a module (raw float32 features in, logits out) on a Parquet dataset;
+    also how promotion re-checks a served model (`promotion.verify = "revalidate"`)."""
+    x, y = load_arrays(val_data, label_column, feature_columns)
+    m = evaluate(module, torch.from_numpy(x), torch.from_numpy(y))
     return {"val_loss": m["loss"], "val_accuracy": m["accuracy"]}

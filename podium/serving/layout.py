@@ -4,7 +4,8 @@ Layout (local path or URI):
 
     <serving>/CURRENT                          {"version": "v000003", ...}  written last, atomically
     <serving>/versions/v000003/MANIFEST.json   files with sha256 and size, source run, step, metrics
-    <serving>/versions/v000003/checkpoint/...  the promoted checkpoint's files
+    <serving>/versions/v000003/model/...       the served model (an MLflow model folder), or
+    <serving>/versions/v000003/checkpoint/...  the promoted checkpoint's files, where podium cannot build one
     <serving>/versions/v000003/CLAIM           object stores only: who took the number (conditional PUT)
     <serving>/history/<time>-v000003.json      one record per promotion or rollback
 
@@ -55,6 +56,11 @@ CLAIM = "CLAIM"
 
 
 VERSION_RE = re.compile(r"^v(\d{6,})$")
+
+
+# what a version folder holds: the served MLflow model, or a checkpoint's files (also every version
+# written before podium built served models, whose manifests do not say)
+CONTENTS = ("model", "checkpoint")
 
 
 CHUNK = 8 << 20
@@ -200,7 +206,25 @@ def read_version(serving: str, version: str) -> PromotedVersion | None:
     manifest = read_json(join(serving, "versions", version, MANIFEST))
     if manifest is None:
         return None
-    return PromotedVersion(version=version, uri=join(serving, "versions", version, "checkpoint"), manifest=manifest)
+    return PromotedVersion(version=version, uri=join(serving, "versions", version, content_of(manifest)),
+                           manifest=manifest)
+
+
+def content_of(manifest: dict[str, Any]) -> str:
+    """The folder of a version that holds its files: 'model' or 'checkpoint'."""
+    content = manifest.get("content", "checkpoint")
+    if content not in CONTENTS:
+        raise ServingError(f"manifest of {manifest.get('version')}: content {content!r}, expected one of {CONTENTS}")
+    return str(content)
+
+
+def promoted_by(serving: str, mlflow_run_id: str) -> PromotedVersion | None:
+    """The newest complete version a given run promoted (its manifest names the MLflow run), or None."""
+    for name in reversed(_versions(normalize_location(serving))):
+        version = read_version(serving, name)
+        if version is not None and version.manifest.get("mlflow_run_id") == mlflow_run_id:
+            return version
+    return None
 
 
 def read_current(serving: str) -> PromotedVersion | None:

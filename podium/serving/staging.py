@@ -28,6 +28,7 @@ from podium.serving.layout import (
     PromotedVersion,
     ServingError,
     claim_version,
+    content_of,
     parallel,
     safe_relpath,
 )
@@ -239,7 +240,7 @@ def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
 
 def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str] | None = None) -> None:
     """Check the version's files (default: all) against the manifest (size and sha256); raise ServingError if not."""
-    fs, root = fsspec_filesystem(join(version_dir, "checkpoint"))
+    fs, root = fsspec_filesystem(join(version_dir, content_of(manifest)))
     names = sorted(manifest["files"] if files is None else files)
 
     def check(rel: str) -> None:
@@ -254,18 +255,20 @@ def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str
     parallel(check, names)
 
 
-def stage_version(serving: str, checkpoint_uri: str, info: dict[str, Any]) -> PromotedVersion:
-    """Copy a checkpoint into a new version and check every file's sha256 against the source.
+def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: str = "checkpoint") -> PromotedVersion:
+    """Copy the folder `files_uri` (a checkpoint, or the served model built from one) into a new
+    version's `content` folder and check every file's sha256 against the source.
 
+    `info` lands in the manifest (its `source` names the checkpoint, wherever the files came from).
     The version is not complete until `seal_version` writes its manifest; nothing
     that reads CURRENT sees it before `switch_current`.
     """
     serving = normalize_location(serving)
-    objects = list_objects(checkpoint_uri)
-    manifest = build_manifest(checkpoint_uri, info, objects)
+    objects = list_objects(files_uri)
+    manifest = build_manifest(files_uri, info, objects)
     version, version_dir = claim_version(serving)
-    manifest = {**manifest, "version": version, "created_at": time.time()}
-    verified = copy_checkpoint(checkpoint_uri, join(version_dir, "checkpoint"), manifest["files"],
-                               {rel: o["etag"] for rel, o in objects.items()})
+    manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
+    target = join(version_dir, content_of(manifest))
+    verified = copy_checkpoint(files_uri, target, manifest["files"], {rel: o["etag"] for rel, o in objects.items()})
     verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
-    return PromotedVersion(version=version, uri=join(version_dir, "checkpoint"), manifest=manifest)
+    return PromotedVersion(version=version, uri=target, manifest=manifest)

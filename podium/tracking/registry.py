@@ -17,33 +17,44 @@ from podium.tracking.client import (
 )
 
 
+def version_source(tr: TrackingRun, model_id: str) -> str:
+    """Where a registered version of this LoggedModel points.
+
+    MLflow's own convention is `models:/<model_id>`, which links the version to the LoggedModel.
+    A direct database store (sqlite:, postgresql:) resolves that URI with the process-wide tracking
+    URI, not the client's (mlflow 3.17's SqlAlchemyStore.create_model_version), so there the version
+    names the LoggedModel's artifact location itself; a tracking server resolves it on its side."""
+    if tr.tracking_uri.startswith(("http://", "https://")):
+        return f"models:/{model_id}"
+    return tr.client().get_logged_model(model_id).artifact_location
+
+
 @tracking_call("registering the champion")
 def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: str, alias: str,
-                      tags: dict[str, str]) -> str:
-    """Register the promoted copy as a new model version and move `alias` to it; returns the version."""
+                      tags: dict[str, str], description: str = "") -> str:
+    """Register the champion's LoggedModel (its artifacts are the served model) as a new version of
+    `name`, and move `alias` to it; returns the version."""
     client = tr.client()
     try:
-        client.create_registered_model(name, description="Checkpoints promoted by podium.")
+        client.create_registered_model(name, description="Champions promoted by podium.")
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
     tags = {**tags, TAG_SERVED_URI: served_uri}
-    description = f"{tr.run_name} step {record.step}"
-    try:
+    description = description or f"{tr.run_name} step {record.step}"
+    if record.model_id:
+        mv = client.create_model_version(name, source=version_source(tr, record.model_id), run_id=tr.run_id,
+                                         model_id=record.model_id, tags=tags, description=description)
+    else:
         mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
                                          description=description)
-    except MlflowException as exc:
-        # an MLflow server accepts a local path as a source only inside the run's own artifacts: a
-        # serving folder on local or shared disk is registered as the checkpoint's LoggedModel, and
-        # the served copy is named by the tag
-        if not record.model_id or "Invalid model version source" not in str(exc):
-            raise
-        mv = client.create_model_version(name, source=f"models:/{record.model_id}", run_id=tr.run_id,
-                                         model_id=record.model_id, tags=tags, description=description)
     client.set_registered_model_alias(name, alias, mv.version)
     if record.model_id:
+        # the LoggedModel lists the versions made from it (as mlflow.register_model does): appended
+        model = client.get_logged_model(record.model_id)
+        listed = json.loads((model.tags or {}).get("mlflow.modelVersions") or "[]")
         client.set_logged_model_tags(record.model_id, {
-            "mlflow.modelVersions": json.dumps([{"name": name, "version": mv.version}]),
+            "mlflow.modelVersions": json.dumps([*listed, {"name": name, "version": str(mv.version)}]),
             "podium.promoted": "true"})
     return str(mv.version)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Param, RunTag
@@ -41,12 +42,21 @@ def _find_runs(client: MlflowClient, experiment_id: str, run_name: str) -> list[
     return sorted(runs, key=lambda r: (not r.data.params, r.info.start_time or 0, r.info.run_id))
 
 
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a `sqlite:///` store's file (MLflow's default
+    for a database store is `./mlruns` in whatever directory the process runs in), else the store's
+    or the server's own default (None)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return str(Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts")
+
+
 def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp:
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
     except MlflowException as exc:
         # a create retried after a timeout may have landed the first time
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":

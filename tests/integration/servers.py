@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -22,3 +27,37 @@ def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float, 
             pass
         time.sleep(poll_s)
     raise RuntimeError(f"{url} not healthy after {timeout_s:g} s:\n{log.read_text()[-3000:]}")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def model_server(model_uri: str, env: dict[str, str], log: Path, timeout_s: float = 300) -> Iterator[str]:
+    """A real `mlflow models serve -m <model_uri> --env-manager local` process; yields its base URL.
+
+    It runs uvicorn from PATH: the test interpreter's bin folder goes first."""
+    port = free_port()
+    bin_dir = str(Path(sys.executable).parent)
+    proc = subprocess.Popen(
+        [str(Path(bin_dir) / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env={**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http_ok(f"{url}/ping", proc, log, timeout_s=timeout_s)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)

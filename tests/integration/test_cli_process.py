@@ -29,25 +29,53 @@ def cli_env(prefect_api, tmp_path):
     return env
 
 
-def test_run_status_promote_json(cli_env, dataset, tmp_path):
-    common = ["--run-name", "cli", "--train-data", dataset[0], "--val-data", dataset[1],
-              "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")]
+def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env, dataset, tmp_path, monkeypatch):
+    """`podium run --model alpha`, then `--model beta` (another metric and direction) in the same project
+    folder: each keeps its champion, its serving location, its registered model; alpha's champion loads and
+    serves the MLflow way."""
+    from served_checks import check_served_champion
+
+    home = tmp_path / "home"
+    data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(tmp_path / "storage")]
+    common = ["--run-name", "cli", "--model", "alpha", *data]
     out = json.loads(podium(["run", "--json", "--epochs", "2", *common], cli_env).stdout.strip().splitlines()[-1])
-    assert {"run_name", "mlflow_run_id", "tracking_uri", "checkpoints", "promoted"} <= set(out)
+    assert {"run_name", "mlflow_run_id", "tracking_uri", "checkpoints", "promoted", "model", "champion"} <= set(out)
     assert out["run_name"] == "cli" and out["tracking_uri"] == cli_env["MLFLOW_TRACKING_URI"]
     assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
     assert all({"step", "uri", "status", "metrics"} <= set(c) for c in out["checkpoints"])
     best = min(out["checkpoints"], key=lambda c: c["metrics"]["val_loss"])
     assert out["promoted"]["step"] == best["step"] and out["promoted"]["metric"] == "val_loss"
     assert out["promoted"]["value"] == pytest.approx(best["metrics"]["val_loss"])
+    alpha_serving = home / "serving" / "alpha"  # the model's own default serving location
+    assert out["promoted"]["uri"] == str(alpha_serving / "versions" / "v000001" / "model")
+    assert out["champion"]["version"] == "v000001" and out["champion"]["checkpoint"] == best["uri"]
+    check_served_champion(cli_env["MLFLOW_TRACKING_URI"], "alpha", str(alpha_serving), dataset[1], tmp_path,
+                          cli_env, monkeypatch)
+
+    # another model in the same folder, ranked by another metric in the other direction: its own champion
+    beta = ["--run-name", "cli-beta", "--model", "beta", "--metric", "val_accuracy", "--mode", "max", *data]
+    out_b = json.loads(podium(["run", "--json", "--epochs", "1", *beta], cli_env).stdout.strip().splitlines()[-1])
+    assert out_b["promoted"]["version"] == "v000001" and "first promotion" in out_b["promotion_reason"]
+    assert out_b["promoted"]["uri"].startswith(str(home / "serving" / "beta"))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"], registry_uri=cli_env["MLFLOW_TRACKING_URI"])
+    assert {e.name for e in client.search_experiments()} >= {"alpha", "beta"}
+    assert client.get_model_version_by_alias("alpha", "champion").run_id == out["mlflow_run_id"]
+    assert client.get_model_version_by_alias("beta", "champion").run_id == out_b["mlflow_run_id"]
 
     status = json.loads(podium(["status", "--json", *common], cli_env).stdout)
-    assert status["mlflow_run_id"] == out["mlflow_run_id"]
+    assert status["mlflow_run_id"] == out["mlflow_run_id"] and status["model"] == "alpha"
     assert [c["step"] for c in status["checkpoints"]] == [c["step"] for c in out["checkpoints"]]
-    assert status["promoted"]["version"] == out["promoted"]["version"]
+    assert status["promoted"]["version"] == out["promoted"]["version"] and status["promoted"]["current"]
+    assert (status["champion"]["model"], status["champion"]["run_name"]) == ("alpha", "cli")
+    status_b = json.loads(podium(["status", "--json", *beta], cli_env).stdout)
+    assert (status_b["champion"]["model"], status_b["champion"]["metric"]) == ("beta", "val_accuracy")
+    assert status_b["promoted"]["version"] == "v000001"
 
     again = json.loads(podium(["promote", "--json", *common], cli_env).stdout.strip().splitlines()[-1])
     assert again["promoted"] is None and "already the champion" in again["promotion_reason"]
+    assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 
 
 def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_path):

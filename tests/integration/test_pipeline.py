@@ -76,10 +76,12 @@ def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, da
     assert acc == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
     assert acc > 0.5
 
-    # MLflow registry: the champion alias points at a version whose source is the served copy
+    # MLflow registry: the champion alias points at a version of the best checkpoint's LoggedModel, which
+    # holds the served MLflow model; the served copy is named by a tag
     client = MlflowClient(locations["tracking_uri"], registry_uri=locations["tracking_uri"])
     mv = client.get_model_version_by_alias("podium", "champion")
-    assert mv.source == promoted.uri and str(mv.version) == promoted.mlflow_version
+    assert str(mv.version) == promoted.mlflow_version and mv.run_id == summary.tracking.run_id
+    assert mv.tags["podium.served_uri"] == promoted.uri and mv.source.endswith(f"{best.model_id}/artifacts")
 
     # Prefect: every validation task run recorded and named after its step; events; artifacts
     runs = task_runs("e2e", expect_at_least=6 + 6)

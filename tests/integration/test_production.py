@@ -1,7 +1,7 @@
 """The production profile against real servers on loopback, started and stopped by this module:
 
 - a `prefect server` keeping its state in PostgreSQL (a database made for this module),
-- an `mlflow server` on PostgreSQL (another database), artifacts in a local folder,
+- an `mlflow server` on PostgreSQL (another database), artifacts on an S3 server (moto) it proxies,
 - a Ray cluster of two nodes: `ray start --head` plus `ray start --address` (two raylets on this
   machine, 2 CPUs each), with storage both nodes share (a local folder is shared on one machine),
 - podium's deployments registered with `python -m podium.deployments deploy` on a process work pool, and
@@ -36,6 +36,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
 from prefect.deployments import run_deployment
 from prefect_queries import checkpoint_events, task_runs
+from served_checks import check_served_champion
 from servers import wait_http_ok
 
 from podium.config import expand_run_name
@@ -122,21 +123,33 @@ def start_prefect_server(root: Path, database: str):
 
 
 def start_mlflow_server(root: Path, database: str):
-    """`mlflow server` with its backend store on PostgreSQL and artifacts in a local folder."""
+    """`mlflow server` with its backend store on PostgreSQL and artifacts in a bucket of an S3 server (moto),
+    which it proxies: clients (podium, `mlflow models serve`) reach the artifacts through it, with no S3
+    credentials of their own."""
+    from s3_server import start_s3_server
+
+    s3 = start_s3_server(root / "moto.log")
+    s3.create_bucket("mlflow-artifacts")
     port, log = _free_port(), root / "mlflow-server.log"
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
          "--backend-store-uri", f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{database}",
-         "--artifacts-destination", str(root / "mlflow-artifacts")],
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+         "--artifacts-destination", "s3://mlflow-artifacts/mlflow"],
+        env={**os.environ, **s3.env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, log, timeout_s=400)
     except BaseException:
         _stop_group(proc.pid)
+        s3.stop()
         raise
-    return url, lambda: _stop_group(proc.pid)
+
+    def stop() -> None:
+        _stop_group(proc.pid)
+        s3.stop()
+
+    return url, stop
 
 
 @dataclass
@@ -383,7 +396,7 @@ def test_sixteen_concurrent_validators_lose_no_metric(stack):
         assert sorted((m.step, m.value) for m in history) == [(s, s * 100.0 + k) for s in range(16)]
 
 
-def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, team):
+def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, team, monkeypatch):
     assert len(stack.ray.nodes) == 2 and all(n["cpus"] == 2 for n in stack.ray.nodes)
     flow_run = run_deployment(f"train-validate-promote/{NIGHTLY}", timeout=0)
     _wait_flow_run(flow_run.id, team["worker_log"])
@@ -402,8 +415,11 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     best = min(records, key=lambda r: r.metrics["val_loss"])
     assert current.version == "v000001" and current.manifest["step"] == best.step
     champion = MlflowClient(stack.mlflow, registry_uri=stack.mlflow).get_model_version_by_alias("podium", "champion")
-    # a local serving folder cannot be a model version's source on an MLflow server: the tag names it
-    assert current.uri in (champion.source, champion.tags.get("podium.served_uri"))
+    # the version is the champion checkpoint's LoggedModel (its artifacts, on S3 behind the server, are the
+    # served MLflow model); the serving copy is named by a tag
+    assert champion.source == f"models:/{best.model_id}" and champion.tags["podium.served_uri"] == current.uri
+    check_served_champion(stack.mlflow, "podium", team["config"]["serving"], team["config"]["data"]["val"],
+                          stack.root, {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, monkeypatch)
     validations = [r for r in task_runs(flow_run.name, expect_at_least=2) if r.name.startswith("validate-step-")]
     assert sorted(r.name for r in validations) == sorted(f"validate-step-{r.step}" for r in records)
 

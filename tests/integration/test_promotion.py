@@ -68,8 +68,9 @@ def _promote(serving, storage, tracking, barrier=None):
 
 
 def _alias_source(tracking_uri: str) -> str:
+    """The serving copy the champion alias names (its version's source is the LoggedModel it was made from)."""
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
-    return client.get_model_version_by_alias("podium", "champion").source
+    return client.get_model_version_by_alias("podium", "champion").tags["podium.served_uri"]
 
 
 def test_two_promotions_at_once_leave_one_consistent_champion(tmp_path):
@@ -133,7 +134,7 @@ def test_promoter_killed_at_any_moment_leaves_champion_intact_and_rerun_finishes
             break
         # serving still holds the previous champion, complete and loadable, identical to before
         model = load_promoted_model(serving)
-        for p, q in zip(model.state_dict().values(), reference.state_dict().values()):
+        for p, q in zip(model.module.state_dict().values(), reference.module.state_dict().values()):
             assert torch.equal(p, q)
     # running promotion again finishes the job: serving and registry both name the challenger
     _promote(serving, storage, challenger)

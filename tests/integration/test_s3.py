@@ -127,25 +127,31 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
     # serving on S3: versioned prefix, manifest, pointer, history; the champion loads and predicts as recorded
     promoted = summary.promotion.promoted
     best = min(records, key=lambda r: r.metrics["val_loss"])
-    assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/checkpoint"
+    assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/model"
     assert read_current(serving).version == "v000001" and len(read_history(serving)) == 1
     layout = set(s3.keys(BUCKET, "serving/"))
-    assert {"serving/CURRENT", "serving/versions/v000001/MANIFEST.json",
-            "serving/versions/v000001/checkpoint/model.pt"} <= layout
+    assert {"serving/CURRENT", "serving/versions/v000001/MANIFEST.json", "serving/versions/v000001/model/MLmodel",
+            "serving/versions/v000001/model/data/model/model.pt2"} <= layout
+    assert not [k for k in layout if k.endswith("optimizer.pt")]  # the served model, not the checkpoint
+    # the same MLflow model was logged into the checkpoint's LoggedModel, in the experiment's S3 location
+    assert any(k.endswith(f"models/{best.model_id}/artifacts/MLmodel") for k in s3.keys(BUCKET, "mlflow/"))
     model = load_promoted_model(serving)
     x, y = load_arrays(val, "label", [f"f{i:02d}" for i in range(16)])
     with torch.no_grad():
         accuracy = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
     assert accuracy == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
 
-    # MLflow: the alias names the served copy; the run's artifacts went to the bucket
+    # MLflow: the alias names the champion's LoggedModel, whose artifacts (the served model) are in the bucket,
+    # and the served copy by its tag; the run's artifacts went to the bucket too
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
-    assert client.get_model_version_by_alias("podium", "champion").source == promoted.uri
+    champion = client.get_model_version_by_alias("podium", "champion")
+    assert champion.source.startswith(f"s3://{BUCKET}/mlflow/") and champion.source.endswith(f"{best.model_id}/artifacts")
+    assert champion.tags["podium.served_uri"] == promoted.uri
     run_id = summary.tracking.run_id
     assert any(k.endswith(f"{run_id}/artifacts/podium/promotion_report.md") for k in s3.keys(BUCKET, "mlflow/"))
 
-    # validation downloaded each checkpoint once (the promoted one is read once more, to hash it for the
-    # manifest) and left no temporary copy behind
+    # validation downloaded each checkpoint once (the promoted one is read once more, to build the served
+    # model from it) and left no temporary copy behind
     for r in records:
         gets = s3.requests("GET", f"{BUCKET}/storage/s3-e2e/{r.uri.rsplit('/', 1)[1]}/model.pt")
         assert len(gets) == 1 + (r.step == promoted.step), gets
@@ -248,17 +254,17 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     plan, tracking = promotion_setup
     serving = plan.serving
     with monkeypatch.context() as m:
-        if die_at == "mid-copy":  # one file copied, then the process is gone
+        if die_at == "mid-copy":  # one file of the served model uploaded, then the process is gone
             calls = []
-            copy = podium.serving.staging.copy_s3_object
+            open_write = podium.serving.staging._open_write
 
-            def copy_then_die(*args, **kwargs):
+            def write_then_die(*args, **kwargs):
                 calls.append(1)
                 if len(calls) > 1:
                     raise Died()
-                return copy(*args, **kwargs)
+                return open_write(*args, **kwargs)
 
-            m.setattr(podium.serving.staging, "copy_s3_object", copy_then_die)
+            m.setattr(podium.serving.staging, "_open_write", write_then_die)
             m.setattr(podium.serving.layout, "PARALLEL_FILES", 1)
         else:
             target = {"before-manifest": (podium.serving.layout, "seal_version"),
@@ -283,7 +289,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     assert [h["version"] for h in read_history(serving)] == ["v000001", current.version]
     client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     model_name = plan.config.promotion.registered_model
-    assert client.get_model_version_by_alias(model_name, "champion").source == current.uri
+    assert client.get_model_version_by_alias(model_name, "champion").tags["podium.served_uri"] == current.uri
     assert again.promoted is None or again.promoted.version == current.version
 
 
@@ -300,13 +306,13 @@ def test_promoter_killed_mid_copy_leaves_champion_intact(promotion_setup, s3, tm
         from podium.tasks.promote import promote_best_checkpoint
         from podium.tasks.tracking import TrackingRun
 
-        copy, calls = staging.copy_s3_object, []
-        def copy_then_die(*args, **kwargs):
+        open_write, calls = staging._open_write, []
+        def write_then_die(*args, **kwargs):
             calls.append(1)
             if len(calls) > 1:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return copy(*args, **kwargs)
-        staging.copy_s3_object, layout.PARALLEL_FILES = copy_then_die, 1
+            return open_write(*args, **kwargs)
+        staging._open_write, layout.PARALLEL_FILES = write_then_die, 1
         plan = RunPlan.model_validate_json({plan.model_dump_json()!r})
         promote_best_checkpoint(plan, TrackingRun(**{dataclasses.asdict(tracking)!r}))
     """))
@@ -542,7 +548,8 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
     assert current.version == "v000002" and current.manifest["step"] == 2
     assert [h["version"] for h in read_history(plan.serving)] == ["v000001", "v000002"]
     client = MlflowClient(tracking.tracking_uri, registry_uri=tracking.tracking_uri)
-    assert client.get_model_version_by_alias(plan.config.promotion.registered_model, "champion").source == current.uri
+    champion = client.get_model_version_by_alias(plan.config.promotion.registered_model, "champion")
+    assert champion.tags["podium.served_uri"] == current.uri
     fs = s3_filesystem()
     attempts = fs.ls(f"{plan.serving}/attempts")
     assert len(attempts) == 3  # the setup's first promotion and both of these

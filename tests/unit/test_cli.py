@@ -44,8 +44,20 @@ def test_verify_modes_and_the_old_bool(tmp_path):
 def test_unset_flags_keep_defaults_and_locations_come_from_home(tmp_path):
     config = config_for(["run"], tmp_path)
     assert (config.training.epochs, config.scaling.use_gpu, config.promotion.verify) == (5, False, "load")
-    assert config.storage == str(tmp_path / "storage") and config.serving == str(tmp_path / "serving")
+    assert config.storage == str(tmp_path / "storage") and config.serving == str(tmp_path / "serving" / "podium")
     assert config.data.train == str(tmp_path / "data" / "train.parquet")
+    assert (config.model, config.experiment, config.promotion.registered_model) == ("podium",) * 3
+    assert config.training.standardize is True
+
+
+def test_a_model_name_scopes_experiment_registered_model_and_serving(tmp_path):
+    config = config_for(["run", "--model", "churn", "--no-standardize"], tmp_path)
+    assert (config.model, config.experiment, config.promotion.registered_model) == ("churn",) * 3
+    assert config.serving == str(tmp_path / "serving" / "churn") and config.training.standardize is False
+    named = config_for(["run", "--model", "churn", "--experiment", "e", "--registered-model", "r"], tmp_path)
+    assert (named.experiment, named.promotion.registered_model) == ("e", "r")
+    with pytest.raises(CliError, match="model = '../up'"):
+        config_for(["run", "--model", "../up"], tmp_path)
 
 
 def test_flags_override_the_config_file(tmp_path):

@@ -121,6 +121,16 @@ def test_champion_ranked_by_another_metric_is_not_comparable():
     assert "'accuracy'" in decision.reason and "not comparable" in decision.reason
 
 
+def test_champion_ranked_in_the_other_direction_is_not_comparable_unless_replaced():
+    # same metric name, opposite direction: a "better" number means nothing against it
+    champion = Champion(version="v000003", step=1, metric="val_loss", value=0.9, source="/old", mode="max")
+    decision = decide(0.1, champion, "min")
+    assert not decision.promote
+    assert "not comparable" in decision.reason and "(max)" in decision.reason and "--always-promote" in decision.reason
+    assert decide(0.1, champion, "min", always=True).promote
+    assert decide(0.1, Champion(version="v1", step=1, metric="val_loss", value=0.9, source="/old", mode="min")).promote
+
+
 @pytest.mark.parametrize("value", [None, math.nan, math.inf])
 def test_champion_without_finite_value_is_replaced(value):
     decision = decide(0.9, champ(value))

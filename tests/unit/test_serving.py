@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -206,9 +207,13 @@ def test_write_json_removes_its_temp_file_when_the_rename_fails(tmp_path):
 
 def test_load_promoted_model_returns_the_promoted_weights(serving, saved_checkpoint):
     promote(serving, saved_checkpoint.directory)
-    model = load_promoted_model(serving)
-    assert not model.training
-    assert torch.equal(saved_checkpoint.outputs(model), saved_checkpoint.outputs())
+    model = load_promoted_model(serving)  # a version promoted as a checkpoint, before served models
+    assert not model.module.training
+    assert torch.equal(saved_checkpoint.outputs(model.module), saved_checkpoint.outputs())
+    rows = pd.DataFrame({"c": [0.5, -1.0], "a": [1.0, 0.0], "b": [2, 3]})  # any column order, any numeric type
+    expected = saved_checkpoint.model(torch.tensor(rows[["a", "b", "c"]].to_numpy("float32"))).argmax(1)
+    assert model.predict(rows).tolist() == expected.tolist()
+    assert list(model.predict_proba(rows).columns) == ["0", "1"]
 
 
 def test_load_promoted_model_refuses_a_tampered_file(serving, saved_checkpoint):

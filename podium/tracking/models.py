@@ -1,0 +1,108 @@
+"""The champion as MLflow knows it: an MLflow model folder, logged into the checkpoint's LoggedModel.
+
+podium writes the folder itself, with explicit ids, instead of `mlflow.pyfunc.log_model`: that one
+finds its client through the process-wide tracking URI and logs the model as an output of the run,
+which a promotion (possibly of another process's run) must not do.
+
+- `package_model`: a torch model folder (`podium.training.export`) becomes an MLflow model with two
+  flavours sharing one weights file: `python_function` (loader `podium_tabular`, shipped in `code/`,
+  class labels or probabilities from a DataFrame of raw features) and `pytorch` (`model.pt2`, so
+  `mlflow.pytorch.load_model` gives the module). Signature and input example included.
+- `package_python_model`: a user's object with `predict(DataFrame)` (from `promotion.model_loader`),
+  saved the pyfunc way (cloudpickle: its code must be importable where it is loaded).
+- `log_model_files`: upload a folder into the LoggedModel's artifact location.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.models import Model, ModelSignature
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+from podium.serving import tabular
+from podium.tracking.client import TrackingRun, tracking_call
+
+LOADER_MODULE = "podium_tabular"  # the name tabular.py is shipped under, inside each model's code/
+
+
+def column_type(arrow_type: str) -> str:
+    """The MLflow column type a Parquet feature is declared with in the signature.
+
+    Floats are `double` even when stored as float32: MLflow refuses to narrow the float64 that
+    a DataFrame or a JSON request carries into `float`, and the model casts to float32 itself."""
+    t = arrow_type.lower()
+    if t in ("bool", "boolean"):
+        return "boolean"
+    if t.startswith(("int", "uint")):
+        return "long"
+    return "double"
+
+
+def signature_for(features: list[dict[str, str]], label_column: str | None,
+                  with_probabilities: bool = True) -> ModelSignature:
+    """Inputs: the feature columns in order; output: the class label; param: `probabilities`."""
+    inputs = Schema([ColSpec(column_type(f["type"]), f["name"]) for f in features])
+    outputs = Schema([ColSpec("long", label_column)]) if label_column else None
+    if not with_probabilities:
+        return ModelSignature(inputs=inputs, outputs=outputs)
+    return ModelSignature(inputs=inputs, outputs=outputs,
+                          params=ParamSchema([ParamSpec(tabular.PROBABILITIES, "boolean", False)]))
+
+
+def requirements(torch_version: str | None) -> list[str]:
+    """What the served model needs, pinned to what built it (`+cpu`-style local tags dropped)."""
+    reqs = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}", f"pandas=={pd.__version__}"]
+    if torch_version:
+        reqs.append(f"torch=={torch_version.split('+')[0]}")
+    return reqs
+
+
+def package_model(model_folder: str, out_dir: str, *, example: pd.DataFrame, model_id: str | None,
+                  run_id: str | None, metadata: dict[str, Any]) -> str:
+    """Wrap a model folder (model.pt2 + podium_model.json) as an MLflow model at `out_dir`."""
+    spec = tabular.read_spec(model_folder)
+    with tempfile.TemporaryDirectory(prefix="podium-code-") as code:
+        loader = os.path.join(code, f"{LOADER_MODULE}.py")
+        shutil.copyfile(tabular.__file__, loader)
+        mlflow.pyfunc.save_model(
+            out_dir, loader_module=LOADER_MODULE, data_path=model_folder, code_paths=[loader],
+            signature=signature_for(spec["features"], spec.get("label_column")), input_example=example,
+            pip_requirements=requirements(spec.get("torch_version")), metadata=metadata,
+            mlflow_model=Model(model_id=model_id, run_id=run_id))
+    mlmodel = os.path.join(out_dir, "MLmodel")
+    model = Model.load(mlmodel)
+    # the pytorch flavour reads the same model.pt2 (it loads `<model_data>/model.pt2` when there is
+    # no pickled model.pth): one copy of the weights serves both flavours
+    model.add_flavor("pytorch", model_data=model.flavors["python_function"]["data"],
+                     pytorch_version=str(spec.get("torch_version", "")), code=None)
+    model.save(mlmodel)
+    return out_dir
+
+
+def package_python_model(loaded: Any, out_dir: str, *, features: list[dict[str, str]], example: pd.DataFrame,
+                         model_id: str | None, run_id: str | None, metadata: dict[str, Any]) -> str:
+    """An object with `predict(DataFrame)` as an MLflow pyfunc model (its `predict` is called as it is)."""
+
+    # the argument name pyfunc expects, and no type hints (pyfunc would read them as a schema); the
+    # function is pickled by value, with `loaded` inside
+    def predict(model_input):  # type: ignore[no-untyped-def]
+        return loaded.predict(model_input)
+
+    mlflow.pyfunc.save_model(
+        out_dir, python_model=predict, signature=signature_for(features, None, with_probabilities=False),
+        input_example=example, pip_requirements=requirements(None), metadata=metadata,
+        mlflow_model=Model(model_id=model_id, run_id=run_id))
+    return out_dir
+
+
+@tracking_call("logging the served model")
+def log_model_files(tr: TrackingRun, model_id: str, local_dir: str) -> None:
+    """Upload a folder (an MLflow model, or a checkpoint's files) into a LoggedModel's artifacts."""
+    tr.client().log_model_artifacts(model_id, local_dir)
