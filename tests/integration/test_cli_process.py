@@ -135,7 +135,7 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     env = {k: v for k, v in cli_env.items() if k != "PYTHONPATH"}
     console_script = os.path.join(os.path.dirname(sys.executable), "podium")
     proc = subprocess.run(
-        [console_script, "run", "--json", "--run-name", "own-packages", "--epochs", "2",
+        [console_script, "run", "--json", "--run-name", "own-packages", "--loop-config", "epochs=2",
          "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
          "--metric", "score", "--mode", "max", "--storage", str(tmp_path / "storage"),
          "--serving", str(tmp_path / "serving")],
