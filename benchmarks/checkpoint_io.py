@@ -7,10 +7,10 @@ For each size, a checkpoint folder like podium's (model.pt ⅓, optimizer.pt ⅔
 random bytes is
   upload    persisted the way Ray Train 2.60 does it (`StorageContext.persist_current_checkpoint`:
             `create_dir` + `pyarrow.fs.copy_files` with a 64 MiB chunk, from the Checkpoint's filesystem
-            to the storage filesystem podium passes, `training.storage.arrow_filesystem`)
+            to the storage filesystem podium passes, `podium.storage.locations.arrow_filesystem`)
   download  fetched with `ray.train.Checkpoint.to_directory` (what `as_directory` does for a
             non-local checkpoint; for a local one it is zero-copy)
-  promote   copied into a serving version by podium (`training.serving.stage_version`: sha256 of
+  promote   copied into a serving version by podium (`podium.serving.staging.stage_version`: sha256 of
             the source, fsspec copy, sha256 of the copy)
 each against `shutil.copytree` of the same folder. "via fsspec" rows put the local disk behind
 `pyarrow.fs.PyFileSystem(FSSpecHandler(...))`, which is how podium hands Ray a remote URI (s3://, gs://):

@@ -6,11 +6,11 @@
 
 For each size, a checkpoint folder like podium's (model.pt ⅓, optimizer.pt ⅔, podium.json) is
   upload    persisted the way Ray Train 2.60 does it (`create_dir` + `pyarrow.fs.copy_files`, 64 MiB
-            chunks) onto a filesystem: podium's (`training.storage.arrow_filesystem`: parallel multipart
+            chunks) onto a filesystem: podium's (`podium.storage.locations.arrow_filesystem`: parallel multipart
             uploads), the fsspec wrapper podium used before (`FSSpecHandler(s3fs)`: one part at a time),
             and Ray's default for a bare s3:// storage_path (pyarrow's S3FileSystem, `use_threads=False`)
   download  fetched with `ray.train.Checkpoint.to_directory` (what `as_directory` does) from the same three
-  promote   copied into a serving version on the same store (`training.serving.stage_version`: sha256 of
+  promote   copied into a serving version on the same store (`podium.serving.staging.stage_version`: sha256 of
             the source read once, server-side copy verified by the store)
 against `s3fs.S3FileSystem.put` / `.get` (recursive) of the same folder to the same server: the ratio
 raw time / podium time is the fraction of what the store takes that podium gets (goal ≥ 0.8).
@@ -133,7 +133,7 @@ def render(results: dict[int, dict[str, float]], args: argparse.Namespace, serve
                 f"{m['versions']}.")
     legend = ("Throughput, and in brackets the ratio to raw s3fs `put` (uploads) or `get` (downloads, promotion) "
               "of the same folder to the same server (1.00× = as fast; goal ≥ 0.80×). *podium*: "
-              "`training.storage.arrow_filesystem` (parallel multipart / ranged GETs); *fsspec*: "
+              "`podium.storage.locations.arrow_filesystem` (parallel multipart / ranged GETs); *fsspec*: "
               "`PyFileSystem(FSSpecHandler(s3fs))`; *ray-default*: pyarrow's `S3FileSystem`, as Ray builds it from "
               "a bare s3:// path (uploads with `use_threads=False`). *promote*: sha256 of the source read once + "
               "server-side copy verified by the store, against a raw get of the same bytes.")
