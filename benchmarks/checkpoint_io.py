@@ -45,8 +45,8 @@ from benchmarks.workload import (
     markdown_table,
     update_markdown_section,
 )
+from podium.serving import staging
 from podium.storage.locations import arrow_filesystem
-from podium.training import serving
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def measure(work: Path, size_mb: int, repeats: int) -> dict[str, float]:
         ("download raw", lambda: shutil.copytree(persisted, dst)),
         ("download ray", lambda: ray_download(str(persisted), str(dst), pafs.LocalFileSystem())),
         ("download ray via fsspec", lambda: ray_download(str(persisted), str(dst), wrapped)),
-        ("promote podium", lambda: serving.stage_version(str(dst), str(persisted), {"step": 0})),
+        ("promote podium", lambda: staging.stage_version(str(dst), str(persisted), {"step": 0})),
     ]
     for name, fn in plan:
         out[name] = timed(fn, rm, repeats)

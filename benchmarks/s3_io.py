@@ -36,9 +36,9 @@ import pyarrow.fs as pafs
 
 from benchmarks.checkpoint_io import ray_download, ray_upload, write_checkpoint
 from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from podium.serving import staging
 from podium.storage.locations import arrow_filesystem
 from podium.storage.s3 import s3_filesystem, s3_settings
-from podium.training import serving
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ["upload raw", "upload podium", "upload fsspec", "upload ray-default",
@@ -101,7 +101,7 @@ def measure(work: Path, bucket: str, size_mb: int, repeats: int) -> dict[str, fl
         *[(f"upload {k}", (lambda a=a: ray_upload(str(src), scratch, a)), rm_remote) for k, a in arrow.items()],
         ("download raw", lambda: fs.get(f"{persisted}/", f"{dst}/", recursive=True), rm_local),
         *[(f"download {k}", (lambda a=a: ray_download(persisted, str(dst), a)), rm_local) for k, a in arrow.items()],
-        ("promote podium", lambda: serving.stage_version(f"s3://{scratch}", f"s3://{persisted}", {"step": 0}),
+        ("promote podium", lambda: staging.stage_version(f"s3://{scratch}", f"s3://{persisted}", {"step": 0}),
          rm_remote),
     ]
     times: dict[str, list[float]] = {name: [] for name, _, _ in plan}
