@@ -71,8 +71,11 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
     print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
     print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
-    print(f"Serving:     {config.serving}  (model {config.model}; load with podium.load_promoted_model, or serve "
-          f"with: mlflow models serve -m models:/{registered.registered_model}@{registered.alias} --env-manager local)")
+    if p and p.served_as == "files":  # a checkpoint format podium cannot load: the `load:` line says how
+        print(f"Serving:     {config.serving}  (model {config.model}; your checkpoint's files, to load as `load:` says)")
+    else:
+        print(f"Serving:     {config.serving}  (model {config.model}; load with podium.load_promoted_model, or serve "
+              f"with: mlflow models serve -m models:/{registered.registered_model}@{registered.alias} --env-manager local)")
 
 
 def _started_by(origin: dict[str, Any]) -> str:
