@@ -148,6 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = PodiumSettings()
     config = config_from_args(args, settings)
     from podium.output import champion_json
+    from podium.provenance import status_report
     from podium.serving.layout import ServingError, promoted_by
     from podium.tracking.client import TrackingUnavailable, store_exists
     from podium.tracking.records import list_records
@@ -162,12 +163,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         records = list_records(tracking)
         champion = champion_json(config)
         mine = promoted_by(config.serving, tracking.run_id)
+        lineage_lines, lineage_json = status_report(tracking, config.serving)
     except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
     if args.json:
-        print(json.dumps({
+        print(json.dumps({**lineage_json,  # the run's data and origins, its last decision, the champion's lineage
             "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
             "tracking_uri": tracking_uri,
             "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
@@ -189,6 +191,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"champion of model {config.model} at {config.serving}: " + (
         f"{champion['version']} (step {champion['step']}, {champion['metric']}={champion['value']}, "
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
+    print("\n".join(lineage_lines))
     return 0
 
 

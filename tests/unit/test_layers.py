@@ -36,6 +36,8 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.tracking": ({"prefect", "torch"}, ["mlflow.tracking", "mlflow.entities", "requests", "pyarrow"]),
     "podium.config": (NOTHING_HEAVY, ["pydantic"]),
     "podium.selection": (NOTHING_HEAVY, []),
+    "podium.gate": (NOTHING_HEAVY, []),
+    "podium.provenance": (NOTHING_HEAVY, []),  # `podium lineage --help` answers at once
     "podium.redaction": (NOTHING_HEAVY, []),
     "podium.imports": (NOTHING_HEAVY, []),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),
