@@ -67,6 +67,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
             errors.append(f"{field} is empty: expected a path or URI")
     train_loop = cfg.training.train_loop or BUILTIN_LOOP
     for field, path in (("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)):
+        if path in (BUILTIN_LOOP, BUILTIN_VALIDATE):
+            continue  # podium's own, importable wherever podium is; importing them here would load torch
         try:
             resolve_callable(path, field)
         except ImportPathError as exc:

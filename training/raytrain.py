@@ -7,13 +7,10 @@ which is the moment podium announces it.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
-import math
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,16 +21,16 @@ from ray.util.queue import Empty, Queue
 
 from podium.imports import resolve_callable
 from podium.storage.locations import arrow_filesystem, join, uri_of
-from podium.storage.s3 import s3_environment
+from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
+    DEFAULT_POLL_INTERVAL_S,
+    POLL_INTERVAL_ENV,
+    code_roots,
+    ensure_ray,
+    prewarm_validation_workers,
+)
 from podium.training.events import CheckpointEvent, EventSink, numeric_metrics, step_of
 
 logger = logging.getLogger(__name__)
-
-# Ray Train's controller polls workers every 2 s by default; a report (and so a
-# checkpoint announcement) waits for the next poll. podium polls more often
-# unless the user set the variable themselves.
-POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-DEFAULT_POLL_INTERVAL_S = "0.25"
 
 
 class RayQueueSink:
@@ -72,65 +69,6 @@ class CheckpointAnnouncer(UserCallback):
                 sink.put(event)
             except Exception:  # an announcement must never stop training
                 logger.exception("checkpoint sink %r failed for step %d", sink, event.step)
-
-
-def code_roots(import_paths: list[str]) -> list[str]:
-    """Folders that must be on a Ray worker's path for these import paths to resolve there.
-
-    Modules installed in site-packages are found anyway; a user's own module (a
-    script folder, a test tree) is not, because Ray workers do not inherit the
-    driver's sys.path.
-    """
-    roots = []
-    for path in import_paths:
-        module_name = path.partition(":")[0]
-        if module_name.split(".")[0] == "podium":  # installed beside Ray: the workers import it as the driver does
-            continue
-        module = importlib.import_module(module_name)
-        file = getattr(module, "__file__", None)
-        if not file or "site-packages" in file or "dist-packages" in file:
-            continue
-        root = os.path.dirname(os.path.abspath(file))
-        depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
-        for _ in range(depth):
-            root = os.path.dirname(root)
-        if root not in roots:
-            roots.append(root)
-    return roots
-
-
-def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
-    """Connect to RAY_ADDRESS if set, else start a local Ray with at least `num_cpus` logical CPUs.
-
-    On a small machine the logical CPU count may exceed the cores: training and
-    validation then share cores, which is the user's stated resource split.
-    User code named by `import_paths` is made importable on the workers.
-    """
-    os.environ.setdefault(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)
-    if ray.is_initialized():
-        return
-    roots = code_roots(import_paths or [])
-    if os.environ.get("RAY_ADDRESS"):
-        # a remote cluster gets the user's packages uploaded with the job
-        py_modules = []
-        for path in import_paths or []:
-            top = importlib.import_module(path.partition(":")[0].split(".")[0])
-            if top.__file__ and any(top.__file__.startswith(r) for r in roots):
-                py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
-                                  else top.__file__)
-        # the endpoint/region settings go along (never credentials: each node has its own chain)
-        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
-        if py_modules:
-            runtime_env["py_modules"] = sorted(set(py_modules))
-        ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
-        return
-    env_vars = {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV]}
-    pythonpath = [*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    if pythonpath:
-        env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
-    cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             runtime_env={"env_vars": env_vars})
 
 
 def open_event_queue() -> Queue:
@@ -240,29 +178,6 @@ def validate_remote(
     except ray.exceptions.RayTaskError as exc:
         # re-raise the user's own exception, not Ray's wrapper
         raise exc.as_instanceof_cause() from None
-
-
-def _warm_up(fn_path: str, hold_s: float) -> None:
-    resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
-    time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
-
-
-def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
-                               resources: dict[str, float]) -> list[ray.ObjectRef]:
-    """Start `count` worker processes with the validation function imported; returns their refs.
-
-    A validation task needs its own worker process; a cold one spends seconds
-    starting Python and importing torch, which would delay the first checkpoints'
-    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
-    before training starts (tasks.train.connect_ray), so the warm-up does not
-    compete with the start of training for CPU.
-    """
-    task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
-                                        name="podium-validate-warmup", max_retries=0)
-    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
-    # one returns at once, freeing its CPU for the first validation
-    hold_s = 0.5 if count > 1 else 0.0
-    return [task.remote(fn_path, hold_s) for _ in range(count)]
 
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
