@@ -55,6 +55,7 @@ def _quiet_libraries(log_file: Path) -> None:
             if isinstance(h, prefect.logging.handlers.PrefectConsoleHandler):
                 lg.removeHandler(h)
     logging.getLogger().addHandler(handler)
+    logging.getLogger("mlflow").setLevel(logging.INFO)  # the level mlflow's own configuration would set
 
 
 class StartupClock:
