@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from podium.config import PipelineConfig
 from podium.selection import CheckpointRecord
+from podium.settings import PodiumSettings
 from podium.tasks.promote import PromotionOutcome
 from podium.tasks.report import publish_reports
 from podium.tracking.client import TrackingRun
@@ -29,6 +30,7 @@ def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: Promot
     """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
     artifacts, MLflow), and return the summary the flow ends with."""
     records = list_records(tracking)
+    mlflow_ui = mlflow_ui or PodiumSettings().mlflow_ui(tracking.tracking_uri)  # a deployment's run: as configured
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,

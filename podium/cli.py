@@ -1,4 +1,4 @@
-"""The `podium` command: run, promote, status, rollback, history, worker, make-data, server.
+"""The `podium` command: run, promote, status, ui, rollback, history, worker, make-data, server.
 
 Import paths given on the command line (`--train-loop`, `--validate-fn`) resolve from the current
 directory first, as uvicorn and celery do: run podium from your repository's root.
@@ -248,9 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_options(promote)
     _add_ray_address(promote)
     promote.set_defaults(func=lambda a: commands.run_flow(a, "promote"))
-    status = sub.add_parser("status", help="Checkpoints and champion of a run.")
+    status = sub.add_parser("status", help="Checkpoints of a run (default: the latest), what it promoted, "
+                                           "and the model's champion.")
     _add_options(status)
     status.set_defaults(func=commands.cmd_status)
+    ui = sub.add_parser("ui", help="Links to a run (default: the latest) in the Prefect and MLflow UIs.",
+                        description="Print links to a run (default: the latest) in the Prefect and MLflow UIs. "
+                                    "Starts this home's Prefect server if needed, and an MLflow UI on the run's "
+                                    "store unless PODIUM_MLFLOW_UI_URL or an `mlflow server` tracking URI says "
+                                    "where one is; that one serves until Ctrl-C.")
+    _add_options(ui)
+    ui.set_defaults(func=commands.cmd_ui)
     rollback = sub.add_parser("rollback", help="Restore the previous champion at a serving location.",
                               description="Atomically point CURRENT back at the previous champion of the serving "
                                           "history (or --to) and move the MLflow alias with it. The version left "

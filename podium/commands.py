@@ -6,13 +6,14 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from podium.cli import CliError, RunFailed, ServerUnreachable, config_from_args, tracking_outage_message
-from podium.output import print_summary, summary_json
+from podium.output import print_mlflow_links, print_status, print_summary, summary_json
 from podium.settings import PodiumSettings
 
 
@@ -122,7 +123,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             from podium.flows.promote import promote_run as flow_fn
         try:
             summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
-                config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui_url)
+                config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
         except (RunInProgress, ConfigError, ServingError, LookupError) as exc:
@@ -142,26 +143,46 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """Checkpoints of a run, what it promoted, and its model's champion, from MLflow and the serving
-    location (read-only)."""
-    settings = PodiumSettings()
+def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, Any]:
+    """(config, TrackingRun) of the run a read command is about: the one named (--run-name or the
+    config file), else the experiment's latest. Read-only: a store that is not there is not created."""
     config = config_from_args(args, settings)
-    from podium.output import champion_json
-    from podium.serving.layout import ServingError, promoted_by
     from podium.tracking.client import TrackingUnavailable, store_exists
-    from podium.tracking.records import list_records
-    from podium.tracking.runs import find_tracking_run
+    from podium.tracking.runs import find_tracking_run, latest_run_name
 
     tracking_uri = settings.resolved_tracking_uri()
     if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
         raise CliError(f"no MLflow store at {tracking_uri}: nothing has run here yet (PODIUM_HOME = "
                        f"{settings.home_dir}; set MLFLOW_TRACKING_URI to read another store)")
     try:
-        tracking = find_tracking_run(tracking_uri, config.experiment, config.run_name)
+        if "run_name" not in config.model_fields_set:
+            latest = latest_run_name(tracking_uri, config.experiment)
+            if latest is None:
+                raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}")
+            config = config.model_copy(update={"run_name": latest})
+        return config, find_tracking_run(tracking_uri, config.experiment, config.run_name)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(str(exc)) from None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Checkpoints of a run (by default the latest), what it promoted and why, and its model's champion,
+    from MLflow and the serving location (read-only)."""
+    settings = PodiumSettings()
+    config, tracking = _find_run(args, settings)
+    from podium.output import champion_json
+    from podium.serving.layout import ServingError, promoted_by
+    from podium.tracking.client import TAG_REASON, TrackingUnavailable
+    from podium.tracking.records import list_records
+    from podium.tracking.runs import run_tags
+
+    try:
         records = list_records(tracking)
         champion = champion_json(config)
         mine = promoted_by(config.serving, tracking.run_id)
+        reason = run_tags(tracking).get(TAG_REASON)
     except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
@@ -169,7 +190,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
-            "tracking_uri": tracking_uri,
+            "tracking_uri": tracking.tracking_uri,
             "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
                              **({"failure": r.failure} if r.failure else {}),
                              **({"withdrawn": r.withdrawn} if r.withdrawn else {})} for r in records],
@@ -177,18 +198,46 @@ def cmd_status(args: argparse.Namespace) -> int:
             "promoted": ({"version": mine.version, "uri": mine.uri, "step": mine.manifest.get("step"),
                           "metric": mine.manifest.get("metric"), "value": mine.manifest.get("value"),
                           "current": bool(champion and champion["version"] == mine.version)} if mine else None),
+            "promotion_reason": reason,
             "champion": champion,
         }))
         return 0
-    print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
-    for r in records:
-        m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
-        note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
-        print(f"  step {r.step:>7}  {r.status:<9} {m}{note}")
-    print("this run promoted: " + (f"{mine.version} (step {mine.manifest.get('step')})" if mine else "nothing"))
-    print(f"champion of model {config.model} at {config.serving}: " + (
-        f"{champion['version']} (step {champion['step']}, {champion['metric']}={champion['value']}, "
-        f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
+    print_status(config, tracking, records, mine, reason, champion)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Links to a run (by default the latest) in the Prefect and MLflow UIs, starting what is needed:
+    this home's Prefect server, and an MLflow UI on the run's store unless one is configured (that one
+    serves until Ctrl-C)."""
+    settings = PodiumSettings()
+    config, tracking = _find_run(args, settings)
+    from podium.services import ServiceError, ensure_prefect_server, start_mlflow_ui, stop_process, ui_url
+    from podium.tracking.client import TAG_FLOW_RUN
+    from podium.tracking.runs import artifact_location_for, run_tags
+
+    try:
+        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
+        mlflow_ui, proc = settings.mlflow_ui(tracking.tracking_uri), None
+        if mlflow_ui is None:
+            artifacts = artifact_location_for(tracking.tracking_uri) or str(settings.home_dir / "mlartifacts")
+            proc, mlflow_ui = start_mlflow_ui(tracking.tracking_uri, artifacts, settings.home_dir / "logs" / "mlflow-ui.log")
+    except ServiceError as exc:
+        raise CliError(str(exc)) from None
+    flow_run = run_tags(tracking).get(TAG_FLOW_RUN)
+    print(f"run {config.run_name}")
+    print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{flow_run}" if flow_run else f"Prefect UI:  {ui_url(api_url)}/runs")
+    print_mlflow_links(tracking, mlflow_ui, config.promotion.registered_model)
+    if proc is None:
+        return 0
+    print(f"serving the MLflow UI on {tracking.tracking_uri} until Ctrl-C", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped like Ctrl-C: the MLflow UI goes with it
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_process(proc)
     return 0
 
 

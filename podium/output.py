@@ -47,14 +47,48 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
     }
 
 
+def _metrics_text(metrics: dict[str, float]) -> str:
+    """Metrics as people read them: 4 significant digits, the step and epoch left out."""
+    return " ".join(f"{k}={_g(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
+
+
+def _g(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+
+
+def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reason: str | None,
+                 champion: dict[str, Any] | None) -> None:
+    """A run's checkpoints, what the run promoted and why; then, apart, the model's champion and where it came
+    from. One precision (4 significant digits) throughout."""
+    print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
+    for r in records:
+        note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
+        print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}{note}")
+    m = mine.manifest if mine else {}
+    print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={_g(m.get('value'))})"
+                                   if mine else "nothing"))
+    if reason:
+        print(f"  why: {reason}")
+    print(f"champion of model {config.model} at {config.serving}: " + (
+        f"{champion['version']} (step {champion['step']}, {champion['metric']}={_g(champion['value'])}, "
+        f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
+
+
+def print_mlflow_links(tracking: Any, mlflow_ui: str, registered_model: str) -> None:
+    """Where to look in the MLflow UI: the experiment's runs, the run, its checkpoints, the champion."""
+    print(f"MLflow UI:   {tracking.experiment_url(mlflow_ui)}   (runs, with their outcome)")
+    print(f"             {tracking.run_url(mlflow_ui)}   (the run: description, logged models, chart)")
+    print(f"             {tracking.models_url(mlflow_ui)}   (checkpoints side by side)")
+    print(f"             {tracking.registry_url(mlflow_ui, registered_model)}   (versions, @champion)", flush=True)
+
+
 def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, api_url: str, elapsed: float) -> None:
     """The outcome of a run in words, with links to where to look."""
     print()
     print(f"run {summary.run_name}: {len(summary.checkpoints)} checkpoints in {elapsed:.1f} s")
     for r in summary.checkpoints:
-        m = " ".join(f"{k}={v:.4g}" for k, v in sorted(r.metrics.items()) if k not in ("step", "epoch"))
         why = r.failure or r.note
-        print(f"  step {r.step:>7}  {r.status:<9} {m}" + (f"  ({why})" if why else ""))
+        print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}" + (f"  ({why})" if why else ""))
     p = summary.promotion.promoted
     if p:
         print(f"promoted step {p.step} ({p.metric}={p.value:.4g}) as {p.version}: {p.uri}")
@@ -68,9 +102,11 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
         print(f"  load:  {p.load}")
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
           "promotion report, chart)")
-    print(f"MLflow UI:   mlflow ui --backend-store-uri {tracking_uri}   then")
-    print(f"             {summary.tracking.run_url(settings.mlflow_ui_url)}   (the run)")
-    print(f"             {summary.tracking.models_url(settings.mlflow_ui_url)}   (checkpoints side by side)")
+    mlflow_ui = settings.mlflow_ui(tracking_uri)
+    if mlflow_ui:
+        print_mlflow_links(summary.tracking, mlflow_ui, registered.registered_model)
+    else:
+        print(f"MLflow UI:   podium ui   (serves the MLflow UI on {tracking_uri} and prints the links)")
     if p and p.served_as == "files":  # a checkpoint format podium cannot load: the `load:` line says how
         print(f"Serving:     {config.serving}  (model {config.model}; your checkpoint's files, to load as `load:` says)")
     else:

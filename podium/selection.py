@@ -39,6 +39,7 @@ class Champion:
     value: float | None
     source: str | None = None
     mode: str | None = None  # None: a champion promoted before podium recorded the direction
+    run_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
-"""The embedded defaults: a local Prefect server process and the MLflow SQLite store.
+"""The embedded defaults: a local Prefect server process, the MLflow SQLite store, and the MLflow UI on it.
 
-A local Prefect server is started detached, so the UI stays up after the command
-ends; the next command finds it again through home/prefect/server.json.
+A local Prefect server is started detached, so the UI stays up after the command ends; the
+next command finds it again through home/prefect/server.json. That file is a claim, not a
+fact: before a server is reused or stopped, its process (pid and start time) and its API (the
+port answers, and it is the server of this home's database) are checked. A file that fails
+the check is stale: it is replaced, and the process it names is never signalled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -16,13 +21,24 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 class ServiceError(RuntimeError):
     """A server podium needs is unreachable or would not start."""
+
+
+def _get_json(url: str, timeout: float = 2.0) -> Any:
+    """The JSON a URL answers with, or None if it does not answer 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read()) if r.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def _healthy(api_url: str, timeout: float = 2.0) -> bool:
@@ -50,15 +66,40 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def _prefect_env(home: Path) -> dict[str, str]:
+def process_start_time(pid: int) -> str | None:
+    """When the process `pid` started (an opaque string), or None if no live process has that pid.
+
+    A pid alone does not name a process: once it exits, the number can be given to another.
+    The pid and its start time together do."""
+    if Path("/proc/self/stat").exists():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+        return None if fields[0] in ("Z", "X") else fields[19]  # field 3 is the state, 22 the start time
+    try:  # no /proc (macOS)
+        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _prefect_env(prefect_home: Path, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
+    url = f"http://127.0.0.1:{port}/api"
     env.update({
-        "PREFECT_HOME": str(home),
+        "PREFECT_HOME": str(prefect_home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
+        # the UI reads its API from /ui-settings, which defaults to port 4200 whatever port the
+        # server listens on: a server on another port would show another server's runs
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_SERVER_UI_API_URL": url,
         # the UI's static copy goes under home, not into site-packages
-        "PREFECT_SERVER_UI_STATIC_DIRECTORY": str(home / "ui_static"),
+        "PREFECT_SERVER_UI_STATIC_DIRECTORY": str(prefect_home / "ui_static"),
         # task-run states and events reach the database through batching services that flush
         # every 5 s by default. Shorter flush intervals make records visible sooner but cost an
         # idle server ~28% of a core (measured: 0.29 vs 0.01 CPU-s/s), so only the batches grow.
@@ -69,57 +110,132 @@ def _prefect_env(home: Path) -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def _starting(prefect_home: Path) -> Iterator[None]:
+    """One podium command at a time checks, starts or stops this home's server."""
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    with open(prefect_home / "server.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _read_state(state_file: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return None
+    keys = {"pid": int, "started": str, "port": int, "api_url": str}
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), t) for k, t in keys.items()):
+        return None  # unreadable, or written by an older podium that recorded no start time
+    return state
+
+
+def _ours(state: dict[str, Any] | None) -> bool:
+    """The recorded process is still the one podium started (same pid, same start time)."""
+    return state is not None and process_start_time(state["pid"]) == state["started"]
+
+
+def _serves_home(api_url: str, prefect_home: Path) -> bool:
+    """The API at `api_url` is the server whose home (and so database) is `prefect_home`."""
+    settings = _get_json(f"{api_url.rstrip('/')}/admin/settings", timeout=5.0)
+    return isinstance(settings, dict) and settings.get("home") == str(prefect_home)
+
+
+def _reuse(state_file: Path, prefect_home: Path, timeout_s: float) -> str | None:
+    """The recorded server's API URL if it is verified; None (file removed) if the file is stale."""
+    state = _read_state(state_file)
+    if state is None or not _ours(state):
+        if state_file.exists():
+            logger.info("%s names no running server of podium's: replaced", state_file)
+            state_file.unlink()
+        return None
+    url = state["api_url"]
+    deadline = time.monotonic() + min(timeout_s, 30.0)
+    while not _healthy(url) and time.monotonic() < deadline and _ours(state):
+        time.sleep(0.5)
+    if _healthy(url) and _serves_home(url, prefect_home):
+        return url
+    if not _ours(state):  # it exited while we waited
+        state_file.unlink(missing_ok=True)
+        return None
+    raise ServiceError(f"the local Prefect server (pid {state['pid']}) does not answer as this home's server at "
+                       f"{url}; stop it with `podium server stop`, then try again")
+
+
 def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = None,
                           timeout_s: float = 120.0, env: dict[str, str] | None = None) -> str:
-    """The Prefect API URL to use: the configured one (checked), a running local one, or a new local one.
+    """The Prefect API URL to use: the configured one (checked), this home's running server, or a new one.
 
-    A server started here gets this process's environment plus `env` (for example
+    A server started here listens on `port` if it is free, else on a free port, and its UI reads
+    its own API. It gets this process's environment plus `env` (for example
     PREFECT_API_DATABASE_CONNECTION_URL to keep its state in PostgreSQL)."""
     if api_url:
         if not _healthy(api_url, timeout=5.0):
             raise ServiceError(f"PREFECT_API_URL = {api_url!r}: the Prefect server does not answer at /health")
         return api_url
-    state_file = home / "prefect" / "server.json"
-    if state_file.exists():
-        state = json.loads(state_file.read_text())
-        if _healthy(state["api_url"]):
-            return state["api_url"]
-    (home / "prefect").mkdir(parents=True, exist_ok=True)
-    port = _free_port(port)
+    prefect_home = home.resolve() / "prefect"
+    state_file = prefect_home / "server.json"
+    with _starting(prefect_home):
+        reused = _reuse(state_file, prefect_home, timeout_s)
+        if reused:
+            return reused
+        return _start_prefect_server(prefect_home, _free_port(port), timeout_s, env or {})
+
+
+def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: dict[str, str]) -> str:
     url = f"http://127.0.0.1:{port}/api"
-    log = open(home / "prefect" / "server.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env={**_prefect_env(home / "prefect"), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,  # outlives this command, so the UI stays up
-    )
+    log_path = prefect_home / "server.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env={**_prefect_env(prefect_home, port), **env}, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # outlives this command, so the UI stays up
+        )
+    started = process_start_time(proc.pid)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServiceError(f"the local Prefect server exited with code {proc.returncode}; "
-                               f"see {home / 'prefect' / 'server.log'}")
+            raise ServiceError(f"the local Prefect server exited with code {proc.returncode}; see {log_path}")
         if _healthy(url):
-            state_file.write_text(json.dumps({"pid": proc.pid, "api_url": url}))
+            if not _serves_home(url, prefect_home):  # another server took the port first
+                _terminate_group(proc.pid)
+                raise ServiceError(f"port {port} answers as another Prefect server; see {log_path}")
+            (prefect_home / "server.json").write_text(json.dumps(
+                {"pid": proc.pid, "started": started, "port": port, "api_url": url, "home": str(prefect_home)}))
             return url
         time.sleep(0.5)
-    proc.kill()
-    raise ServiceError(f"the local Prefect server did not become healthy in {timeout_s:g} s; "
-                       f"see {home / 'prefect' / 'server.log'}")
+    _terminate_group(proc.pid)
+    raise ServiceError(f"the local Prefect server did not become healthy in {timeout_s:g} s; see {log_path}")
 
 
-def stop_prefect_server(home: Path) -> bool:
-    """Stop the local Prefect server podium started, if any."""
-    state_file = home / "prefect" / "server.json"
+def _terminate_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+
+
+def stop_prefect_server(home: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the local Prefect server podium started, if it is still the one recorded; True if one was stopped.
+
+    A state file whose process is gone (or whose pid now names another process) is removed, and
+    nothing is signalled."""
+    prefect_home = home.resolve() / "prefect"
+    state_file = prefect_home / "server.json"
     if not state_file.exists():
         return False
-    pid = json.loads(state_file.read_text())["pid"]
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    state_file.unlink()
-    return True
+    with _starting(prefect_home):
+        state = _read_state(state_file)
+        ours = _ours(state)
+        if state is not None and ours:
+            _terminate_group(state["pid"])
+            deadline = time.monotonic() + timeout_s
+            while _ours(state) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        state_file.unlink(missing_ok=True)
+        return ours
 
 
 def ui_url(api_url: str) -> str:
@@ -141,3 +257,41 @@ def prepare_mlflow(tracking_uri: str) -> None:
         MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
     except Exception as exc:
         raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: {exc}") from None
+
+
+def start_mlflow_ui(tracking_uri: str, artifacts: str, log_path: Path, port: int = 5000,
+                    timeout_s: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `mlflow ui` on a tracking store (on `port` if free, else a free port); returns it and its URL.
+
+    The process belongs to the caller (`podium ui` stops it on Ctrl-C)."""
+    port = _free_port(port)
+    url = f"http://127.0.0.1:{port}"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tracking_uri,
+             "--registry-store-uri", tracking_uri, "--artifacts-destination", artifacts,
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)  # its own group: `mlflow ui` runs the web server as a child of its own
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError(f"the MLflow UI exited with code {proc.returncode}; see {log_path}")
+        if _healthy(url):
+            return proc, url
+        time.sleep(0.5)
+    stop_process(proc)
+    raise ServiceError(f"the MLflow UI did not answer in {timeout_s:g} s; see {log_path}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """Stop a server this process started in a session of its own, with its children."""
+    if proc.poll() is None:
+        _terminate_group(proc.pid)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,7 +24,9 @@ class PodiumSettings(BaseSettings):
         None, validation_alias=AliasChoices("PREFECT_API_URL", "PODIUM_PREFECT_API_URL"),
         description="Prefect API; default: a local `prefect server` podium starts under home.")
     prefect_port: int = Field(4200, description="Port of the local Prefect server podium starts.")
-    mlflow_ui_url: str = Field("http://127.0.0.1:5000", description="Base URL printed for the MLflow UI.")
+    mlflow_ui_url: str | None = Field(
+        None, description="Base URL of an MLflow UI on the tracking store, for the links podium prints; default: "
+                          "the tracking URI if it is an `mlflow server`, else none (`podium ui` starts one).")
 
     @property
     def home_dir(self) -> Path:
@@ -33,6 +36,16 @@ class PodiumSettings(BaseSettings):
     def resolved_tracking_uri(self) -> str:
         """MLflow tracking URI (SQLite under home unless configured)."""
         return self.tracking_uri or f"sqlite:///{self.home_dir / 'mlflow.db'}"
+
+    def mlflow_ui(self, tracking_uri: str) -> str | None:
+        """Where an MLflow UI on this store is, as configured: PODIUM_MLFLOW_UI_URL, else the tracking URI
+        of an `mlflow server` (it serves the UI too); None when nothing says (never a guessed port)."""
+        if self.mlflow_ui_url:
+            return self.mlflow_ui_url.rstrip("/")
+        if tracking_uri.startswith(("http://", "https://")):
+            parts = urlsplit(tracking_uri.rstrip("/"))
+            return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))  # no credentials in links
+        return None
 
     def default_location(self, name: str) -> str:
         """A default location under home: storage, serving, data."""

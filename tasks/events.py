@@ -10,7 +10,7 @@ from prefect.events import Event, emit_event
 from prefect.events.clients import get_events_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from podium.training.events import CheckpointEvent, TrainingRestart
+from podium.training.events import STEP_KEYS, CheckpointEvent, TrainingRestart
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +28,31 @@ def checkpoint_resource(event: CheckpointEvent, **labels: str) -> dict[str, str]
         "prefect.resource.name": f"{event.run_name} step {event.step}",
         "podium.run_name": event.run_name,
         "podium.step": str(event.step),
+        **({"podium.epoch": str(event.epoch)} if event.epoch is not None else {}),
+        **({"podium.checkpoint_uri": event.checkpoint_uri} if event.checkpoint_uri else {}),
         **labels,
     }
 
 
+def checkpoint_related(event: CheckpointEvent) -> list[dict[str, str]]:
+    """The checkpoint's URI and training metrics as related resources of its event.
+
+    The Prefect UI's event page shows related resources (v1 by id, v2 by name) but the payload
+    only as raw JSON and the resource's labels not at all: this is how the step's URI and
+    metrics become readable there."""
+    related = [{"prefect.resource.id": f"podium.checkpoint_uri={event.checkpoint_uri}",
+                "prefect.resource.role": "checkpoint", "prefect.resource.name": event.checkpoint_uri or ""}]
+    for k, v in sorted(event.metrics.items()):
+        if k not in STEP_KEYS:  # the step is the resource's own name
+            related.append({"prefect.resource.id": f"podium.metric.{k}={v:.6g}",
+                            "prefect.resource.role": "metric", "prefect.resource.name": f"{k} = {v:.6g}"})
+    return related[:20] if event.checkpoint_uri else related[1:21]
+
+
 def emit_checkpoint_event(event: CheckpointEvent) -> None:
     """Emit `podium.checkpoint.persisted` to Prefect's event feed (automations can trigger on it)."""
-    emit_event(event=EVENT_PERSISTED, resource=checkpoint_resource(event), payload=event.to_dict())
+    emit_event(event=EVENT_PERSISTED, resource=checkpoint_resource(event), related=checkpoint_related(event),
+               payload=event.to_dict())
 
 
 class PrefectEventSink:
@@ -63,7 +81,7 @@ class PrefectEventSink:
     def prefect_event(self, event: CheckpointEvent) -> Event:
         """The Prefect event this sink emits for a persisted checkpoint."""
         return Event(event=EVENT_PERSISTED, resource=checkpoint_resource(event, **self.labels),
-                     payload=event.to_dict())
+                     related=checkpoint_related(event), payload=event.to_dict())
 
     def put(self, event: CheckpointEvent | TrainingRestart) -> None:
         """Emit the event of a persisted checkpoint; reports without a checkpoint, and restarts of the

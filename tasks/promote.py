@@ -56,6 +56,9 @@ class PromotionOutcome(BaseModel):
     reason: str
     best_step: int | None = None
     champion_before: str | None = None
+    # what the best was compared against: the champion's value and where it came from
+    champion_before_value: float | None = None
+    champion_before_run: str | None = None
 
 
 def read_champion(serving: str) -> Champion | None:
@@ -65,7 +68,8 @@ def read_champion(serving: str) -> Champion | None:
         return None
     m = current.manifest
     return Champion(version=current.version, step=m.get("step"), metric=m.get("metric", ""),
-                    value=m.get("value"), source=m.get("source"), mode=m.get("mode"))
+                    value=m.get("value"), source=m.get("source"), mode=m.get("mode"),
+                    run_name=m.get("run_name"))
 
 
 def origin(command: str | None = None) -> dict[str, Any]:
@@ -173,7 +177,9 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
     tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
             "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how}
-    description = (f"{tracking.run_name} step {record.step}, {p.metric} = {value} ({p.mode}), promoted by podium "
+    # the registry's versions table shows the first ~30 characters of the description: the value first
+    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, promoted by podium "
                    f"as serving {version.version}. Load: {how}. Checkpoint (to resume): {record.uri}")
     return register_champion(tracking, record, version.uri, p.registered_model, p.alias, tags=tags,
                              description=description)
@@ -235,7 +241,11 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
             finish_registration(plan, tracking, decision.candidate)
         outcome = PromotionOutcome(promoted=promoted, reason=decision.reason,
                                    best_step=decision.candidate.step if decision.candidate else None,
-                                   champion_before=champion.version if champion else None)
+                                   champion_before=champion.version if champion else None,
+                                   # the reference line of the chart: only a value of the same metric
+                                   champion_before_value=(champion.value if champion and champion.metric
+                                                          == plan.config.promotion.metric else None),
+                                   champion_before_run=champion.run_name if champion else None)
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", decision.reason)
     return outcome

@@ -1,7 +1,9 @@
-"""What people see: Prefect artifacts (checkpoint table, promotion report, chart, progress) and the MLflow chart."""
+"""What people see: Prefect artifacts (checkpoint table, promotion report, chart, progress); on the MLflow run,
+the report, the chart and the outcome."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import re
@@ -15,9 +17,11 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from podium.charts import Mark, figure_png, metric_figure
 from podium.selection import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
-from podium.tracking.client import TrackingRun, reaching_tracking
+from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
+from podium.tracking.runs import tag_outcome
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -34,9 +38,10 @@ def say(message: str, *args: object) -> None:
 
 
 def _fmt(v: float | None) -> str:
+    """A metric as people read it: 4 significant digits, everywhere podium shows one."""
     if v is None:
         return ""
-    return f"{v:.4f}" if math.isfinite(v) else str(v)
+    return f"{v:.4g}" if math.isfinite(v) else str(v)
 
 
 def checkpoint_rows(records: list[CheckpointRecord], champion_step: int | None) -> list[dict[str, str]]:
@@ -52,24 +57,74 @@ def checkpoint_rows(records: list[CheckpointRecord], champion_step: int | None) 
     return rows
 
 
-def chart_markdown(records: list[CheckpointRecord], metric: str, mode: str, champion_step: int | None) -> str:
-    """A bar chart of the metric per checkpoint, in markdown (renders in the Prefect UI as is)."""
-    values = [(r.step, r.metrics.get(metric)) for r in records]
-    finite = [v for _, v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return f"No checkpoint has a finite `{metric}`."
-    lo, hi = min(finite), max(finite)
-    span = (hi - lo) or 1.0
-    lines = [f"### {metric} per checkpoint ({'lower' if mode == 'min' else 'higher'} is better)", "", "```"]
-    for step, v in values:
-        if v is None or not math.isfinite(v):
-            lines.append(f"step {step:>8}  {'(no value)':<40}")
-            continue
-        bar = "█" * (1 + int(39 * (v - lo) / span))
-        mark = "  ★ champion" if step == champion_step else ""
-        lines.append(f"step {step:>8}  {bar:<40} {v:.4f}{mark}")
-    lines.append("```")
+def _delta(value: float, base: float, mode: str) -> str:
+    """'+0.0036 (+1.9%) worse': how far a value is from the reference, in its units and relatively."""
+    d = value - base
+    if d == 0:
+        return "±0"
+    better = d < 0 if mode == "min" else d > 0
+    relative = f" ({100 * d / abs(base):+.2g}%)" if base else ""
+    return f"{d:+.4g}{relative} {'better' if better else 'worse'}"
+
+
+def chart_marks(records: list[CheckpointRecord], metric: str,
+                outcome: PromotionOutcome) -> tuple[Mark | None, Mark | None]:
+    """(winner, reference): the promoted (else the best) checkpoint, and the champion it was measured against."""
+    reference = None
+    if outcome.champion_before and outcome.champion_before_value is not None:
+        origin = f", run {outcome.champion_before_run}" if outcome.champion_before_run else ""
+        reference = Mark(f"champion before this run ({outcome.champion_before}{origin})",
+                         value=outcome.champion_before_value)
+    if outcome.promoted:
+        p = outcome.promoted
+        return Mark(f"promoted as {p.version}", value=p.value, step=p.step), reference
+    best = next((r for r in records if r.step == outcome.best_step), None)
+    if best is None:
+        return None, reference
+    return Mark("best, not promoted", value=best.metrics.get(metric), step=best.step), reference
+
+
+def chart_markdown(records: list[CheckpointRecord], metric: str, mode: str, outcome: PromotionOutcome,
+                   png: bytes | None) -> str:
+    """The chart (an embedded PNG: the Prefect UI renders data:image/ sources) and each checkpoint's
+    value with its difference from the champion the run was measured against (else from the winner)."""
+    winner, reference = chart_marks(records, metric, outcome)
+    lines = [f"### {metric} per checkpoint ({'lower' if mode == 'min' else 'higher'} is better)", ""]
+    if png:
+        lines += [f"![{metric} per checkpoint](data:image/png;base64,{base64.b64encode(png).decode()})", ""]
+    else:
+        lines += [f"No checkpoint has a finite `{metric}` to draw.", ""]
+    base = reference or winner
+    versus = "champion before this run" if reference else "the winner"
+    lines += [f"| step | status | {metric} | vs {versus}" + (f" ({base.value:.4g})" if base and base.value is not None
+                                                            else "") + " | |", "|---:|---|---:|---:|---|"]
+    for r in records:
+        v = r.metrics.get(metric)
+        delta = ""
+        if base is not None and base.value is not None and v is not None and math.isfinite(v):
+            delta = _delta(v, base.value, mode)
+        note = f"★ {winner.label}" if winner and r.step == winner.step else (r.failure or "")[:80]
+        lines.append(f"| {r.step} | {r.status} | {_fmt(v)} | {delta} | {note} |")
     return "\n".join(lines)
+
+
+def outcome_texts(run_name: str, records: list[CheckpointRecord], metric: str,
+                  outcome: PromotionOutcome) -> tuple[str, str]:
+    """(one line for the runs table, the run's description in markdown)."""
+    p = outcome.promoted
+    if p:
+        line = (f"promoted step {p.step} as {p.version} ({p.metric} {_fmt(p.value)}"
+                + (f", model version {p.mlflow_version})" if p.mlflow_version else ")"))
+    elif outcome.best_step is not None and "it is already the champion" in outcome.reason:
+        # promoting again (`podium promote`) found this run's winner in place: the run's outcome stands
+        line = f"step {outcome.best_step} is the champion ({outcome.champion_before}), promoted earlier"
+    else:
+        line = "not promoted: " + outcome.reason.rsplit("; ", 1)[-1]
+    rows = [f"| {r.step} | {r.status} | {_fmt(r.metrics.get(metric))} |"
+            + (" ★" if (p and r.step == p.step) else "") for r in records]
+    description = "\n".join([f"**{line[0].upper()}{line[1:]}**", "", f"Why: {outcome.reason}", "",
+                             f"| step | status | {metric} |", "|---:|---|---:|", *rows])
+    return line, description
 
 
 def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: str | None) -> str:
@@ -78,7 +133,7 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
     if outcome.promoted:
         p = outcome.promoted
         lines += [f"**Promoted** step {p.step} as serving version `{p.version}` "
-                  f"({p.metric} = {p.value:.6g}).", "",
+                  f"({p.metric} = {_fmt(p.value)}).", "",
                   f"- serving copy: `{p.uri}` ({p.served_as or 'files'})",
                   f"- source checkpoint (kept for resuming): `{p.checkpoint_uri}`",
                   f"- MLflow registered version: {p.model or ''} {p.mlflow_version}",
@@ -92,48 +147,26 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
     return "\n".join(lines)
 
 
-def log_chart_to_mlflow(tracking: TrackingRun, records: list[CheckpointRecord], metric: str,
-                        champion_step: int | None) -> None:
-    """The same chart as a PNG on the MLflow run (matplotlib ships with mlflow)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.info("matplotlib not installed: no chart on the MLflow run")
-        return
-    pts = [(r.step, r.metrics[metric]) for r in records if math.isfinite(r.metrics.get(metric, math.nan))]
-    if not pts:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o")
-    for s, v in pts:
-        if s == champion_step:
-            ax.scatter([s], [v], s=200, marker="*", color="gold", edgecolors="black", zorder=3, label="champion")
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{tracking.run_name}: {metric} per checkpoint")
-    if champion_step is not None:
-        ax.legend()
-    tracking.client().log_figure(tracking.run_id, fig, f"podium/{metric}_per_checkpoint.png")
-    plt.close(fig)
-
-
 def publish_reports(run_name: str, tracking: TrackingRun, records: list[CheckpointRecord],
                     outcome: PromotionOutcome, metric: str, mode: str, tracking_url: str | None) -> None:
-    """Checkpoint table, promotion report and chart as Prefect artifacts; report and chart on MLflow."""
+    """Checkpoint table, promotion report and chart as Prefect artifacts; on the MLflow run, the report,
+    the chart and the outcome (a tag the runs table can show, and the run's description)."""
     champion_step = outcome.promoted.step if outcome.promoted else None
     create_table_artifact(table=checkpoint_rows(records, champion_step), key=artifact_key(run_name, "checkpoints"),
                           description=f"Checkpoints of {run_name} with training and validation metrics")
     report = promotion_markdown(run_name, outcome, tracking_url)
     create_markdown_artifact(markdown=report, key=artifact_key(run_name, "promotion"),
                              description=f"Promotion report of {run_name}")
-    create_markdown_artifact(markdown=chart_markdown(records, metric, mode, champion_step),
+    winner, reference = chart_marks(records, metric, outcome)
+    fig = metric_figure(records, metric, mode, f"{run_name}: {metric} per checkpoint", winner, reference)
+    create_markdown_artifact(markdown=chart_markdown(records, metric, mode, outcome, figure_png(fig) if fig else None),
                              key=artifact_key(run_name, "chart"), description=f"{metric} per checkpoint")
+    line, description = outcome_texts(run_name, records, metric, outcome)
     with reaching_tracking(tracking.tracking_uri, "writing the promotion report and chart"):
         tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
-        log_chart_to_mlflow(tracking, records, metric, champion_step)
+        if fig is not None:
+            tracking.client().log_figure(tracking.run_id, fig, f"podium/{metric}_per_checkpoint.png")
+    tag_outcome(tracking, line, description, {TAG_REASON: outcome.reason[:MAX_TAG]})
 
 
 class Progress:

@@ -6,9 +6,10 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from podium.selection import CheckpointRecord
-from podium.tracking.client import TrackingRun, resolve_tracking_uri
+from podium.tracking.client import TAG_FLOW_RUN, TrackingRun, resolve_tracking_uri
 from podium.tracking.records import record_checkpoint, record_checkpoints
 from podium.tracking.runs import find_tracking_run, open_tracking_run
 from podium.training.events import CheckpointEvent
@@ -17,8 +18,10 @@ from podium.training.events import CheckpointEvent
 @task(name="open-tracking-run", cache_policy=NO_CACHE)
 def open_tracking_run_task(tracking_uri: str | None, experiment: str, run_name: str,
                            params: dict[str, Any]) -> TrackingRun:
-    """Find or create the MLflow run of this podium run and log its configuration."""
-    return open_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name, params)
+    """Find or create the MLflow run of this podium run and log its configuration; the run is tagged with
+    this flow run's id (`podium ui` links to it)."""
+    tags = {TAG_FLOW_RUN: str(flow_run.id)} if flow_run.id else {}
+    return open_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name, params, set_tags=tags)
 
 
 @task(name="record-checkpoint", cache_policy=NO_CACHE)

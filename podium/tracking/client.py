@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import requests
 from mlflow.exceptions import MlflowException
@@ -60,6 +61,35 @@ TAG_WITHDRAWN = "podium.withdrawn"  # on a LoggedModel and a model version: why 
 # a run's params cannot change (MLflow refuses): a resumed run's effective value of a changed setting
 # is the run tag `podium.config.<param>`
 TAG_CONFIG_PREFIX = "podium.config."
+
+
+# the run's outcome, for the runs table: "promoted step 376 as v000001" or "not promoted: ..."
+TAG_OUTCOME = "podium.outcome"
+
+
+TAG_REASON = "podium.promotion_reason"
+
+
+TAG_FLOW_RUN = "podium.prefect_flow_run_id"
+
+
+# MLflow 3 opens an experiment in its GenAI (traces) views unless it says it is model training
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
+# A runs-table view of the experiment (MLflow's shared views: the state lives in an experiment tag,
+# the link names it): the outcome of each run as a column, next to its logged models
+RUNS_VIEW = "podium"
+RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW}"
+RUNS_VIEW_STATE = {"selectedColumns": ["attributes.`Models`", f"tags.`{TAG_OUTCOME}`"],
+                   # the outcome right after the pinned name and date, wide enough to read whole
+                   "columnOrder": [f"tags.`{TAG_OUTCOME}`"], "columnWidths": {f"tags.`{TAG_OUTCOME}`": 560},
+                   "orderByKey": "attributes.start_time", "orderByAsc": False}
+
+
+# the experiment and run pages of the MLflow UI show a global mode (GenAI or model training) that
+# the URL's workflowType parameter sets (in MLflow 3.17 it wins over the experiment's kind)
+_ML_VIEW = "?workflowType=machine_learning"
 
 
 MAX_TAG = 4000
@@ -182,11 +212,20 @@ class TrackingRun:
 
     def run_url(self, ui: str) -> str:
         """Link to the run in an MLflow UI at base URL `ui`."""
-        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}{_ML_VIEW}"
 
     def models_url(self, ui: str) -> str:
         """Link to the experiment's model (checkpoint) comparison page."""
-        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models"
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models{_ML_VIEW}"
+
+    def registry_url(self, ui: str, registered_model: str) -> str:
+        """Link to a registered model: its versions, and which one the alias names."""
+        return f"{ui.rstrip('/')}/#/models/{quote(registered_model)}{_ML_VIEW}"
+
+    def experiment_url(self, ui: str) -> str:
+        """Link to the experiment's runs, in the model-training view, each with its outcome (RUNS_VIEW)."""
+        return (f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs{_ML_VIEW}"
+                f"&viewStateShareKey={RUNS_VIEW}")
 
 
 def store_exists(tracking_uri: str) -> bool:

@@ -4,7 +4,9 @@ Checkpoint status lives in the `podium.status` tag (searchable on every backend)
 LoggedModel status (READY / FAILED) for the UI. The metrics podium decides on are its own copy in
 the `podium.metrics` tag, written in the same request as the status: MLflow's SQL stores keep a
 LoggedModel metric of NaN as 0.0 and an infinite one as +-1.8e308 (the model's metrics table has no
-NaN flag), so the LoggedModel metrics are for the UI's comparison view only.
+NaN flag), so the LoggedModel metrics are for the UI's comparison view only: they are rounded to 6
+significant digits (`display_value`), as people read them. Each LoggedModel is an output of the run
+(the run page lists it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from mlflow.entities import LoggedModelStatus, Metric
+from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
 
 from podium.failures import plain_text
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
@@ -39,10 +41,21 @@ from podium.training.events import CheckpointEvent
 
 logger = logging.getLogger(__name__)
 
+SIGNIFICANT_DIGITS = 6
+
+
+def display_value(value: float) -> float:
+    """A metric as MLflow's tables show it: 6 significant digits (NaN and infinities as they are).
+
+    Sixteen decimals of a float are noise to a reader; podium decides on the exact values
+    (TAG_METRICS)."""
+    return float(f"{float(value):.{SIGNIFICANT_DIGITS}g}")
+
+
 def _metrics(values: dict[str, float], step: int, model_id: str | None = None) -> list[Metric]:
     now = int(time.time() * 1000)
     # for the UI: the run's metric history keeps NaN (not infinities); a LoggedModel keeps neither (TAG_METRICS)
-    return [Metric(k, float(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
+    return [Metric(k, display_value(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
 
 
 @tracking_call("logging training metrics")
@@ -159,6 +172,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
     )
     kept = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
     model_id = kept[0].model_id if kept else created.model_id
+    client.log_outputs(tr.run_id, [LoggedModelOutput(model_id, event.step)])  # listed on the run's page
     if event.metrics:
         client.log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step, model_id))
     return CheckpointRecord(step=event.step, uri=event.checkpoint_uri, status=PENDING,

@@ -12,7 +12,18 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from podium.redaction import redact_value
-from podium.tracking.client import TAG_CONFIG_PREFIX, TAG_RUN, TrackingRun, tracking_call, tracking_client
+from podium.tracking.client import (
+    EXPERIMENT_KIND,
+    MAX_TAG,
+    RUNS_VIEW_STATE,
+    RUNS_VIEW_TAG,
+    TAG_CONFIG_PREFIX,
+    TAG_OUTCOME,
+    TAG_RUN,
+    TrackingRun,
+    tracking_call,
+    tracking_client,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +63,18 @@ def artifact_location_for(tracking_uri: str) -> str | None:
 
 
 def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
+    """The experiment's id. It says it is model training and has podium's runs view (tags someone
+    set otherwise are theirs to keep)."""
+    tags = {**EXPERIMENT_KIND, RUNS_VIEW_TAG: json.dumps(RUNS_VIEW_STATE)}
     exp = client.get_experiment_by_name(name)
     if exp:
+        for key, value in tags.items():
+            if key not in (exp.tags or {}):
+                client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri))
+        return client.create_experiment(name, artifact_location=artifact_location_for(client.tracking_uri),
+                                        tags=tags)
     except MlflowException as exc:
         # a create retried after a timeout may have landed the first time
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -68,8 +86,10 @@ def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
 
 
 @tracking_call("opening the run's MLflow run")
-def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any]) -> TrackingRun:
-    """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params."""
+def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params: dict[str, Any],
+                      set_tags: dict[str, str] | None = None) -> TrackingRun:
+    """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params,
+    and `set_tags` as tags."""
     client = tracking_client(tracking_uri)
     experiment_id = _get_or_create_experiment(client, experiment)
     found = _find_runs(client, experiment_id, run_name)
@@ -103,7 +123,16 @@ def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params:
     if stale:
         logger.info("run %s resumed with changed settings, recorded as tags: %s", run_name,
                     {t.key: t.value for t in stale})
+    if set_tags:
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in set_tags.items()])
     return TrackingRun(tracking_uri, experiment_id, run_id, run_name)
+
+
+@tracking_call("tagging the run with its outcome")
+def tag_outcome(tr: TrackingRun, outcome: str, description: str, tags: dict[str, str]) -> None:
+    """The run's outcome where people look: a tag (a runs-table column) and the run's description."""
+    tags = {TAG_OUTCOME: outcome[:MAX_TAG], "mlflow.note.content": description, **tags}
+    tr.client().log_batch(tr.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
 
 @tracking_call("closing the MLflow run")
@@ -123,3 +152,21 @@ def find_tracking_run(tracking_uri: str, experiment: str, run_name: str) -> Trac
     if not found:
         raise LookupError(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
     return TrackingRun(tracking_uri, exp.experiment_id, found[0].info.run_id, run_name)
+
+
+@tracking_call("finding the latest run")
+def latest_run_name(tracking_uri: str, experiment: str) -> str | None:
+    """The podium run name of the experiment's most recently started run, or None if there is none."""
+    client = tracking_client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_RUN}` != ''",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].data.tags.get(TAG_RUN) if runs else None
+
+
+@tracking_call("reading the run's tags")
+def run_tags(tr: TrackingRun) -> dict[str, str]:
+    """The MLflow run's tags (its outcome among them)."""
+    return dict(tr.client().get_run(tr.run_id).data.tags)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,15 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     again = json.loads(podium(["promote", "--json", *common], cli_env).stdout.strip().splitlines()[-1])
     assert again["promoted"] is None and "already the champion" in again["promotion_reason"]
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
+
+    # no --run-name: the model's latest run; what it promoted and why, then the model's champion, apart
+    text = podium(["status", "--model", "alpha", *data], cli_env).stdout
+    step, version = out["promoted"]["step"], out["promoted"]["version"]
+    assert text.startswith(f"run cli (MLflow run {out['mlflow_run_id']}): 2 checkpoints")
+    assert f"this run promoted: {version} (step {step}, val_loss=" in text
+    assert "  why: step" in text and "already the champion" in text  # the latest attempt's reason
+    assert f"champion of model alpha at {alpha_serving}: {version} (step {step}, val_loss=" in text
+    assert not re.search(r"\d\.\d{5,}", text.split("  why:")[0] + text.split("champion of")[1])  # 4 digits
 
 
 def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_path):

@@ -36,6 +36,7 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.tracking": ({"prefect", "torch"}, ["mlflow.tracking", "mlflow.entities", "requests", "pyarrow"]),
     "podium.config": (NOTHING_HEAVY, ["pydantic"]),
     "podium.selection": (NOTHING_HEAVY, []),
+    "podium.charts": (NOTHING_HEAVY, ["matplotlib"]),  # drawn wherever reports are made, never in a worker
     "podium.redaction": (NOTHING_HEAVY, []),
     "podium.imports": (NOTHING_HEAVY, []),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),

@@ -1,0 +1,222 @@
+"""What a person sees: the links podium prints, opened in headless Chromium (Debian's package), as a
+new user would, on the embedded defaults, with port 4200 held by another server.
+
+One podium run serves every test of this module. Screenshots go to $PODIUM_SCREENSHOTS if set
+(the README's timeline picture was taken this way), else to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1600, "height": 1000}
+RUN = "browser-demo"
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
+
+
+class _AnotherServer(http.server.BaseHTTPRequestHandler):
+    """Whatever else listens on 4200: answers every request, as another project's server would."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"server": "another project's"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def port_4200_held():
+    """Port 4200 taken by another server for the module (if something already holds it, that one)."""
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 4200), _AnotherServer)
+    except OSError:
+        with socket.create_connection(("127.0.0.1", 4200), timeout=5):
+            pass  # held already, by something that accepts connections
+        yield
+        return
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield
+    server.shutdown()
+    server.server_close()
+
+
+def _podium(args: list[str], env: dict[str, str], cwd: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"podium {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def _link(text: str, pattern: str) -> str:
+    m = re.search(pattern, text)
+    assert m, f"no link like {pattern!r} in:\n{text}"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, dataset, port_4200_held):
+    """`podium run` on the embedded defaults (its own Prefect server, MLflow on SQLite), then `podium ui`."""
+    work = tmp_path_factory.mktemp("browser")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PODIUM_MLFLOW_UI_URL")}
+    env["PODIUM_HOME"] = str(work / ".podium")
+    out = _podium(["run", "--run-name", RUN, "--epochs", "3", "--train-data", dataset[0], "--val-data", dataset[1]],
+                  env, work)
+    steps = [int(s) for s in re.findall(r"^\s+step\s+(\d+)\s+validated", out, re.M)]
+    ui = subprocess.Popen([sys.executable, "-m", "podium.cli", "ui"], env=env, cwd=work, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    printed = ""
+    try:
+        for line in ui.stdout:  # type: ignore[union-attr]
+            printed += line
+            if "until Ctrl-C" in line or ui.poll() is not None:
+                break
+        assert "until Ctrl-C" in printed, printed
+        yield links(out, printed) | {"steps": steps, "work": work}
+    finally:
+        ui.terminate()
+        ui.wait(timeout=60)
+        _podium(["server", "stop"], env, work)
+
+
+def links(run_output: str, ui_output: str) -> dict[str, str]:
+    """The links `podium run` and `podium ui` printed."""
+    return {"prefect": _link(run_output, r"Prefect UI:\s+(http://\S+/runs/flow-run/\S+)"),
+            "experiment": _link(ui_output, r"MLflow UI:\s+(http://\S+)"),
+            "run": _link(ui_output, r"(http://\S+/runs/[0-9a-f]{32}\S*)"),
+            "models": _link(ui_output, r"(http://\S+/models\?\S*)"),
+            "registry": _link(ui_output, r"(http://\S+/#/models/[^/\s]+)\s")}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, tmp_path):
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.shots = Path(os.environ.get("PODIUM_SCREENSHOTS") or tmp_path)  # type: ignore[attr-defined]
+    page.shots.mkdir(parents=True, exist_ok=True)  # type: ignore[attr-defined]
+    yield page
+    context.close()
+
+
+def _no_horizontal_scroll(page) -> bool:
+    """Neither the page nor any scrolling box inside it is wider than what is shown."""
+    return page.evaluate("""() => document.documentElement.scrollWidth <= innerWidth &&
+        [...document.querySelectorAll('*')].every(e => e.scrollWidth <= e.clientWidth + 1 ||
+            ['visible', 'hidden', 'clip'].includes(getComputedStyle(e).overflowX))""")
+
+
+def _in_view(locator) -> bool:
+    box = locator.bounding_box()
+    return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= VIEWPORT["width"] and \
+        box["y"] + box["height"] <= VIEWPORT["height"]
+
+
+def _close_mlflow_assistant(page) -> None:
+    """MLflow 3.17 opens its Assistant panel on a browser's first visit; a person closes it once."""
+    close = page.get_by_role("button", name="Close")
+    try:
+        close.first.click(timeout=5_000)
+    except Exception:
+        pass  # not shown
+
+
+def test_prefect_link_opens_this_runs_page_with_a_validation_per_checkpoint(run, page):
+    prefect = run["prefect"]
+    assert ":4200/" not in prefect, "port 4200 is another server's: podium's own server must be elsewhere"
+    base = prefect.split("/runs/")[0]
+    with urllib.request.urlopen(f"{base}/ui-settings", timeout=10) as r:
+        assert json.load(r)["api_url"] == f"{base}/api"  # the UI reads its own server, not 4200
+    page.goto(prefect)
+    page.get_by_text(f"{RUN}-run").first.wait_for()
+    page.screenshot(path=str(page.shots / "prefect-flow-run.png"))
+    page.get_by_text("Task Runs", exact=True).click()
+    for step in run["steps"]:
+        page.get_by_text(f"validate-step-{step}", exact=False).first.wait_for()
+    names = set(re.findall(r"validate-step-\d+", page.inner_text("body")))
+    assert names == {f"validate-step-{s}" for s in run["steps"]} and len(run["steps"]) == 3
+    page.screenshot(path=str(page.shots / "prefect-task-runs.png"))
+
+
+def test_chart_artifact_renders_as_a_chart(run, page):
+    base = run["prefect"].split("/runs/")[0]
+    req = urllib.request.Request(f"{base}/api/artifacts/filter", method="POST",
+                                 data=json.dumps({"artifacts": {"key": {"any_": [f"{RUN}-chart"]}}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        (artifact,) = json.load(r)
+    page.goto(f"{base}/artifacts/artifact/{artifact['id']}")
+    chart = page.locator("img[src^='data:image/png']").first
+    chart.wait_for()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=chart.element_handle())
+    size = chart.evaluate("img => [img.naturalWidth, img.naturalHeight, img.clientWidth]")
+    assert size[0] > 600 and size[1] > 300 and size[2] > 400, size  # drawn, and shown at a readable size
+    for step in run["steps"]:  # the table under the chart: every checkpoint, the winner starred
+        assert page.get_by_role("cell", name=str(step), exact=True).count() >= 1
+    assert page.get_by_text("★ promoted as v000001").count() == 1
+    page.screenshot(path=str(page.shots / "prefect-chart.png"), full_page=True)
+
+
+def test_mlflow_opens_on_runs_and_shows_checkpoints_and_the_champion(run, page):
+    page.goto(run["experiment"])
+    _close_mlflow_assistant(page)
+    page.get_by_role("link", name=RUN).first.wait_for()
+    assert "/runs" in page.url and "traces" not in page.url and "overview" not in page.url
+    outcome = page.get_by_text(re.compile(r"^promoted step \d+ as v000001")).first
+    outcome.wait_for()  # the outcome column of the runs table, shown whole
+    assert _in_view(outcome) and outcome.evaluate("e => e.scrollWidth <= e.clientWidth")
+    page.screenshot(path=str(page.shots / "mlflow-runs.png"))
+
+    page.goto(run["run"])
+    page.get_by_text("Logged models (3)").wait_for()
+    for step in run["steps"]:
+        assert page.get_by_text(f"{RUN}-step-{step}").count() >= 1
+    page.get_by_text("Logged models (3)").scroll_into_view_if_needed()
+    page.screenshot(path=str(page.shots / "mlflow-run.png"))
+
+    page.goto(run["models"])  # every checkpoint's LoggedModel, the promoted one registered
+    for step in run["steps"]:
+        page.get_by_text(f"{RUN}-step-{step}").first.wait_for()
+    page.screenshot(path=str(page.shots / "mlflow-models.png"))
+
+    page.goto(run["registry"])  # the registered model: which version is the champion, and its metric
+    champion = page.get_by_text(re.compile(r"^@\s*champion$")).first  # the alias tag
+    champion.wait_for()
+    winner = page.get_by_text(re.compile(r"^val_loss = 0\.\d{1,4} \(min\), step")).first  # the UI cuts the rest
+    winner.wait_for()
+    page.screenshot(path=str(page.shots / "mlflow-registry.png"))
+    assert _in_view(champion) and _in_view(winner) and _no_horizontal_scroll(page)
