@@ -14,6 +14,7 @@ from podium.config import PipelineConfig
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, summarize_run
 from podium.flows.validation import ValidationQueue
+from podium.tasks.lineage import record_lineage_task
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
@@ -62,6 +63,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
                                       config.model_dump(mode="json"))
     say("run %s: MLflow run %s", config.run_name, tracking.run_id)
+    record_lineage_task(plan, tracking)  # its data by digest, the flow run, deployment, schedule, code version
     stream = CheckpointStream()
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)

@@ -81,6 +81,8 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--model-loader", "promotion.model_loader", str,
      "For checkpoints not in podium's format: 'package.module:function' from the checkpoint folder to a torch "
      "module or an object with predict(DataFrame); podium serves and registers the MLflow model built from it."),
+    ("--rescore", "promotion.rescore", str, "A champion that cannot be scored on the candidate's validation data: "
+                                            "refuse, or compare with its stored number."),
 ]
 
 
@@ -281,6 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--serving", help="Serving location (default: .podium/serving).")
     history.add_argument("--json", action="store_true", help="Print the history as JSON.")
     history.set_defaults(func=commands.cmd_history)
+    from podium import provenance
+
+    lineage = sub.add_parser("lineage", help="Where a served version came from, or which runs and champions used a "
+                                             "dataset (by digest).",
+                             description=provenance.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lineage.add_argument("what", help="A serving version (v000002) or a dataset digest (its first 8+ characters).")
+    lineage.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
+    lineage.add_argument("--model", default=_default("model"), help=_help("model", "The model whose serving location to read."))
+    lineage.add_argument("--json", action="store_true", help="Print the answer as JSON.")
+    lineage.set_defaults(func=provenance.cmd_lineage)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
     make.add_argument("--train-rows", type=at_least(1), default=24000, help="Training rows (default: 24000).")

@@ -173,6 +173,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings = PodiumSettings()
     config, tracking = _find_run(args, settings)
     from podium.output import champion_json
+    from podium.provenance import status_report
     from podium.serving.layout import ServingError, promoted_by
     from podium.tracking.client import TAG_REASON, TrackingUnavailable
     from podium.tracking.records import list_records
@@ -183,12 +184,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         champion = champion_json(config)
         mine = promoted_by(config.serving, tracking.run_id)
         reason = run_tags(tracking).get(TAG_REASON)
+        lineage_lines, lineage_json = status_report(tracking, config.serving)
     except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
     if args.json:
-        print(json.dumps({
+        print(json.dumps({**lineage_json,  # the run's data and origins, its last decision, the champion's lineage
             "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
             "tracking_uri": tracking.tracking_uri,
             "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
@@ -203,6 +205,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         }))
         return 0
     print_status(config, tracking, records, mine, reason, champion)
+    print("\n".join(lineage_lines))
     return 0
 
 

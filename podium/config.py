@@ -177,6 +177,10 @@ class PromotionConfig(_Strict):
         "sha256 against the source, always done), 'load' (also load the model from the copy, when it is podium's "
         "checkpoint format) or 'revalidate' (also run the validation function on the copy and compare the metric).")
     verify_tolerance: float = Field(1e-4, ge=0, description="Relative tolerance of the 'revalidate' comparison.")
+    rescore: Literal["refuse", "stored"] = Field(
+        "refuse", description="The champion is scored again on the candidate's validation data when its number was "
+        "measured on other data (one validation). If it cannot be (its format or the validation function changed): "
+        "'refuse' to promote, or compare with its 'stored' number, saying so.")
     registered_model: str = Field("", description="MLflow registered model name (default: the model name).")
     alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version.")
     model_loader: str | None = Field(

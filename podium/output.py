@@ -41,8 +41,9 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
         "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
                       "metric": promoted.metric, "value": promoted.value,
                       "mlflow_version": promoted.mlflow_version, "served_as": promoted.served_as,
-                      "load": promoted.load} if promoted else None),
+                      "load": promoted.load, **(promoted.provenance or {})} if promoted else None),
         "promotion_reason": summary.promotion.reason,
+        "comparison": summary.promotion.comparison,
         "serving": serving,
     }
 
@@ -100,6 +101,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
         print(f"  MLflow: models:/{registered.registered_model}@{registered.alias} = version {p.mlflow_version}")
     if p and p.load:
         print(f"  load:  {p.load}")
+    if p:
+        print(f"  lineage: podium lineage {p.version}" + (f" --serving {config.serving}" if config.serving else ""))
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
           "promotion report, chart)")
     mlflow_ui = settings.mlflow_ui(tracking_uri)

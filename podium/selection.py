@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from podium.gate import Comparison
+
 Mode = Literal["min", "max"]
 
 PENDING, VALIDATED, FAILED = "pending", "validated", "failed"
@@ -27,6 +29,7 @@ class CheckpointRecord:
     validated_at: float | None = None
     withdrawn: str | None = None  # why it was withdrawn from serving (a rollback), if it was
     note: str | None = None  # why a checkpoint was not validated (a skipped one)
+    val_digest: str | None = None  # digest of the validation data its metrics were measured on
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Decision:
     reason: str
     candidate: CheckpointRecord | None = None
     value: float | None = None
+    comparison: Comparison | None = None  # which numbers were compared, on which data (podium.gate)
 
 
 def _finite(v: float | None) -> bool:

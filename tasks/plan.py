@@ -23,6 +23,7 @@ from podium.config import (
 )
 from podium.imports import ImportPathError, resolve_callable
 from podium.redaction import redact_uri
+from podium.storage.datasets import DatasetDigest, dataset_digest
 from podium.storage.locations import normalize_location
 from podium.storage.preflight import check_location
 from podium.storage.s3 import StorageError
@@ -46,6 +47,8 @@ class RunPlan(BaseModel):
     loop_config: dict[str, Any]  # what the training loop's config holds (Ray Datasets are added at the Ray boundary)
     validate_kwargs: dict[str, Any]  # podium's facts, offered to the validation function by parameter name
     data_warnings: list[str] = []  # data problems the config allows (data.allow): reported, not refused
+    # 'train' and 'val': what the data is, by digest, when the run was planned (podium.storage.datasets)
+    data: dict[str, DatasetDigest] = {}
 
     @property
     def run_name(self) -> str:
@@ -102,6 +105,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
             errors.append(f"{field} = {uri!r}: no such file or directory")
         except (DataSchemaError, OSError) as exc:
             errors.append(f"{field}: {exc}")
+    data = describe_data(cfg, needs, errors)
     warnings: list[str] = []
     if not errors and len(infos) == 2:
         check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
@@ -132,7 +136,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     for warning in warnings:
         logger.warning("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
-                   loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings)
+                   loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings, data=data)
 
 
 def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[str], warnings: list[str]) -> None:
@@ -209,6 +213,25 @@ def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop
     return [f"{field} requires {', '.join(missing)}, which nothing fills: give them in validation.kwargs "
             "(--validate-kwargs), or send them from your loop with each report: ray.train.report(..., "
             "validation=ray.train.ValidationTaskConfig(fn_kwargs={...}))"]
+
+
+def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str]) -> dict[str, DatasetDigest]:
+    """The digests of data.train and data.val (their listings and Parquet footers, no rows), for the
+    same-data gate and lineage. Data podium reads itself must be Parquet (`errors` says why not); data only
+    your own loop reads may be anything: without a digest, promotion compares the numbers as stored."""
+    data: dict[str, DatasetDigest] = {}
+    for role, uri in (("train", cfg.data.train), ("val", cfg.data.val)):
+        if not uri or any(e.startswith(f"data.{role}") for e in errors):
+            continue
+        try:
+            data[role] = dataset_digest(uri)
+        except (ValueError, OSError) as exc:
+            if needs[f"data.{role}"]:
+                errors.append(f"data.{role}: {exc}")
+            else:
+                logger.warning("data.%s has no digest (%s): promotion compares numbers on it as they were stored",
+                               role, exc)
+    return data
 
 
 @task(name="plan-run", cache_policy=NO_CACHE)

@@ -23,6 +23,8 @@ from podium.serving import layout, load, staging
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks.package import build_served_model, load_hint
+from podium.tasks.gate import comparison_summary, decide_on_same_data
+from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.plan import RunPlan
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
@@ -47,6 +49,7 @@ class Promoted(BaseModel):
     model: str | None = None  # the model name: registered model `model`, alias, serving location
     served_as: str | None = None  # "mlflow-model", or "files" for a checkpoint podium cannot load
     load: str | None = None  # how to load it, in one line
+    provenance: dict[str, Any] | None = None  # the manifest's datasets, lineage and comparison
 
 
 class PromotionOutcome(BaseModel):
@@ -59,6 +62,7 @@ class PromotionOutcome(BaseModel):
     # what the best was compared against: the champion's value and where it came from
     champion_before_value: float | None = None
     champion_before_run: str | None = None
+    comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.gate)
 
 
 def read_champion(serving: str) -> Champion | None:
@@ -91,13 +95,18 @@ def origin(command: str | None = None) -> dict[str, Any]:
     return out
 
 
-def decide(plan: RunPlan, records: list[CheckpointRecord]) -> tuple[Decision, Champion | None]:
-    """Best checkpoint of `records` against the serving location's champion (no side effects).
+def decide(plan: RunPlan, records: list[CheckpointRecord],
+           tracking: TrackingRun | None = None) -> tuple[Decision, Champion | None]:
+    """Best checkpoint of `records` against the serving location's champion (no side effects without
+    `tracking`). With `tracking`, both are scored on the same validation data first: a number measured on
+    other data is measured again and recorded there (podium.tasks.gate).
 
     Checkpoints a rollback withdrew from this serving location are left out (its history says which)."""
     p = plan.config.promotion
     best, why = select_best(records, p.metric, p.mode, layout.withdrawn_checkpoints(plan.serving))
     champion = read_champion(plan.serving)
+    if tracking is not None:
+        return decide_on_same_data(plan, tracking, best, why, champion), champion
     return decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why), champion
 
 
@@ -147,10 +156,11 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     assert record is not None and decision.value is not None
     with tempfile.TemporaryDirectory(prefix="podium-promote-") as workdir:
         served = build_served_model(plan, tracking, record, workdir)
+        prov = provenance(plan, tracking, record, decision)  # datasets, lineage, comparison (podium.tasks.lineage)
         info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
                                 "metric": p.metric, "mode": p.mode, "value": decision.value,
                                 "metrics": record.metrics, "model_id": record.model_id, "model": plan.config.model,
-                                "source": record.uri, "checkpoint": record.uri, **served.info}
+                                "source": record.uri, "checkpoint": record.uri, **served.info, **prov}
         version = staging.stage_version(plan.serving, served.files_uri, info, served.content)
         check_copy(plan, record, version)
         if record.model_id:  # before the switch: a champion is never current without its MLflow model
@@ -166,7 +176,7 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     return Promoted(version=version.version, uri=version.uri, step=record.step, metric=p.metric,
                     value=decision.value, mlflow_version=mlflow_version, checkpoint_uri=record.uri,
                     model=plan.config.model, served_as=version.manifest.get("served_as"),
-                    load=version.manifest.get("load"))
+                    load=version.manifest.get("load"), provenance=prov)
 
 
 def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
@@ -176,7 +186,8 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
     how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
     tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
             "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
-            "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how}
+            "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
+            **provenance_tags(version.manifest)}
     # the registry's versions table shows the first ~30 characters of the description: the value first
     shown = f"{value:.4g}" if isinstance(value, float) else str(value)
     description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, promoted by podium "
@@ -235,7 +246,7 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
     """Decide on the run's records and promote if the decision says so (under the promotion lock)."""
     records = list_records(tracking)
     with promotion_lock(plan.serving) as still_locked:
-        decision, champion = decide(plan, records)  # against the champion as it is now, inside the lock
+        decision, champion = decide(plan, records, tracking)  # against the champion as it is now, inside the lock
         promoted = promote(plan, tracking, decision, still_locked) if decision.promote else None
         if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
             finish_registration(plan, tracking, decision.candidate)
@@ -245,7 +256,8 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
                                    # the reference line of the chart: only a value of the same metric
                                    champion_before_value=(champion.value if champion and champion.metric
                                                           == plan.config.promotion.metric else None),
-                                   champion_before_run=champion.run_name if champion else None)
+                                   champion_before_run=champion.run_name if champion else None,
+                                   comparison=comparison_summary(decision))
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", decision.reason)
     return outcome

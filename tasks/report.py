@@ -7,7 +7,7 @@ import base64
 import logging
 import math
 import re
-from typing import cast
+from typing import Any, cast
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -142,9 +142,57 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
     else:
         lines += ["**Nothing promoted.**", ""]
     lines += ["", f"Reason: {outcome.reason}"]
+    lines += comparison_markdown(outcome.comparison)
+    if outcome.promoted and outcome.promoted.provenance:
+        lines += ["", f"## Lineage of {outcome.promoted.version}", ""] + lineage_lines(outcome.promoted.provenance)
     if tracking_url:
         lines += ["", f"MLflow run: {tracking_url}"]
     return "\n".join(lines)
+
+
+def comparison_markdown(comparison: dict[str, Any] | None) -> list[str]:
+    """A table of the numbers the decision compared and the validation data each was measured on."""
+    if not comparison:
+        return []
+    metric = comparison["metric"]
+    lines = ["", "## Compared on " + ("the same data" if _same_data(comparison) else "different data (see the note)"),
+             "", f"Current validation data: `{comparison['data']}`, digest `{comparison['digest']}`", "",
+             f"| | {metric} | measured on (digest) | how |", "|---|---|---|---|"]
+    for m in (comparison["candidate"], comparison.get("champion")):
+        if m:
+            how = m["how"] + (f" (before: {_fmt(m['stored_value'])} on `{m['stored_digest']}`)"
+                              if m["how"] == "re-scored" else "")
+            lines.append(f"| {m['who']} | {_fmt(m['value'])} | `{m['digest']}` | {how} |")
+    if comparison.get("note"):
+        lines += ["", f"Note: {comparison['note']}"]
+    return lines
+
+
+def _same_data(comparison: dict[str, Any]) -> bool:
+    sides = [m for m in (comparison["candidate"], comparison.get("champion")) if m]
+    return comparison["digest"] is not None and all(m["digest"] == comparison["digest"] for m in sides)
+
+
+def lineage_lines(prov: dict[str, Any]) -> list[str]:
+    """A promoted version's lineage as markdown list items: data, MLflow, Prefect, code."""
+    lines = [f"- {role} data: `{d.get('uri', '?')}` digest `{d.get('digest')}`" + (f", {d['rows']} rows" if "rows" in d
+                                                                                  else "")
+             for role, d in prov.get("datasets", {}).items()]
+    lin = prov.get("lineage", {})
+    ml, tags = lin.get("mlflow", {}), lin.get("tags", {})
+    lines.append(f"- checkpoint `{lin.get('checkpoint')}` (step {lin.get('step')}); MLflow run {ml.get('run_name')} "
+                 f"(`{ml.get('run_id')}`), LoggedModel `{ml.get('model_id')}`")
+    if tags.get("podium.prefect.flow_run_id"):
+        lines.append(f"- Prefect flow run {tags.get('podium.prefect.flow_run_name')} (`{tags['podium.prefect.flow_run_id']}`): "
+                     f"{tags.get('podium.prefect.flow_run_url', '')}")
+    if tags.get("podium.prefect.deployment"):
+        lines.append(f"- deployment {tags['podium.prefect.deployment']}, started by "
+                     f"{tags.get('podium.prefect.started_by', '?')}" + (f", schedule {tags['podium.prefect.schedule']}"
+                                                                       if tags.get("podium.prefect.schedule") else ""))
+    if tags.get("mlflow.source.git.commit"):
+        lines.append(f"- code: {tags.get('podium.code.package')} at git commit `{tags['mlflow.source.git.commit']}`"
+                     + (" (with uncommitted changes)" if tags.get("podium.code.git_dirty") == "true" else ""))
+    return lines
 
 
 def publish_reports(run_name: str, tracking: TrackingRun, records: list[CheckpointRecord],

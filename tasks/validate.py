@@ -63,13 +63,14 @@ def validate_and_record(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
                         arguments: ReportArguments | None = None) -> CheckpointRecord:
     """Validate a checkpoint and record the verdict with the exact metrics: validated, or failed with the
     reason when a value is not a finite number or the promotion metric is missing (a decision, not an
-    error: it is not retried)."""
+    error: it is not retried). Validated metrics name the data they were measured on: data.val, by
+    digest, unless the report sent arguments of its own (which may name other data: unknown then)."""
     result = validate(plan, record, arguments=arguments)
     failure = judge_validation(result.metrics, result.non_numeric, record.metrics, plan.config.promotion.metric)
     if failure is not None:
         logger.warning("checkpoint step %d failed validation: %s", record.step, failure)
         return mark_failed(tracking, record, failure, result.metrics)
-    return merge_validation(tracking, record, result.metrics)
+    return merge_validation(tracking, record, result.metrics, None if arguments else plan.data.get("val"))
 
 
 def fail_if_diverged(tracking: TrackingRun, record: CheckpointRecord) -> CheckpointRecord | None:

@@ -121,6 +121,29 @@ class MultipartWriter(io.RawIOBase):
             super().close()
 
 
+async def get_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int, etag: str | None,
+                    attempts: int = 3) -> bytes:
+    """Bytes [start, end) of one S3 object, on s3fs's event loop; with `etag`, only of that version (If-Match).
+
+    A body cut off mid-read is fetched again (up to `attempts` times in all): botocore retries
+    the request, not the streaming of its body."""
+    bucket, key = split_object_path(fs, path)
+    kw = {"IfMatch": etag} if etag else {}
+    for attempt in range(1, attempts + 1):
+        resp = await s3_call_async(fs, "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
+        try:
+            data = await resp["Body"].read()
+        except (OSError, asyncio.TimeoutError):
+            if attempt == attempts:
+                raise
+            continue
+        finally:
+            resp["Body"].close()
+        if len(data) == end - start:
+            return data
+    raise OSError(f"s3://{path}: short read of bytes {start}-{end - 1}")
+
+
 class RangeReader(io.RawIOBase):
     """Read one S3 object front to back; the next ranges are fetched concurrently while the caller reads.
 
@@ -135,7 +158,6 @@ class RangeReader(io.RawIOBase):
                  part_size: int, concurrency: int):
         super().__init__()
         self._fs, self._path, self._size, self._etag = fs, path, size, etag
-        self._bucket, self._key = split_object_path(fs, path)
         self._ranges = deque((start, min(start + part_size, size)) for start in range(0, size, part_size))
         self._concurrency = concurrency
         self._inflight: deque[concurrent.futures.Future] = deque()
@@ -156,21 +178,7 @@ class RangeReader(io.RawIOBase):
         return self._size
 
     async def _get(self, start: int, end: int) -> bytes:
-        kw = {"IfMatch": self._etag} if self._etag else {}
-        for attempt in range(1, self.ATTEMPTS + 1):
-            resp = await s3_call_async(self._fs, "get_object", Bucket=self._bucket, Key=self._key,
-                                           Range=f"bytes={start}-{end - 1}", **kw)
-            try:
-                data = await resp["Body"].read()
-            except (OSError, asyncio.TimeoutError):
-                if attempt == self.ATTEMPTS:
-                    raise
-                continue
-            finally:
-                resp["Body"].close()
-            if len(data) == end - start:
-                return data
-        raise OSError(f"s3://{self._path}: short read of bytes {start}-{end - 1}")
+        return await get_range(self._fs, self._path, start, end, self._etag, self.ATTEMPTS)
 
     def _fill(self) -> None:
         while self._ranges and len(self._inflight) < self._concurrency:

@@ -22,6 +22,7 @@ from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
 
 from podium.failures import plain_text
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+from podium.storage.datasets import DatasetDigest
 from podium.tracking.client import (
     MAX_TAG,
     TAG_CHECKPOINT,
@@ -37,6 +38,7 @@ from podium.tracking.client import (
     TrackingRun,
     tracking_call,
 )
+from podium.tracking.datasets import TAG_VAL_DATA, TAG_VAL_DIGEST
 from podium.training.events import CheckpointEvent
 
 logger = logging.getLogger(__name__)
@@ -52,10 +54,13 @@ def display_value(value: float) -> float:
     return float(f"{float(value):.{SIGNIFICANT_DIGITS}g}")
 
 
-def _metrics(values: dict[str, float], step: int, model_id: str | None = None) -> list[Metric]:
+def _metrics(values: dict[str, float], step: int, model_id: str | None = None,
+             dataset: DatasetDigest | None = None) -> list[Metric]:
     now = int(time.time() * 1000)
+    # the data they were measured on goes with validation metrics (MLflow 3 metrics name their dataset)
+    on = {"dataset_name": dataset.name, "dataset_digest": dataset.digest} if dataset else {}
     # for the UI: the run's metric history keeps NaN (not infinities); a LoggedModel keeps neither (TAG_METRICS)
-    return [Metric(k, display_value(v), now, int(step), model_id=model_id) for k, v in sorted(values.items())]
+    return [Metric(k, display_value(v), now, int(step), model_id=model_id, **on) for k, v in sorted(values.items())]
 
 
 @tracking_call("logging training metrics")
@@ -84,8 +89,11 @@ def _metrics_of(model: Any) -> dict[str, float]:
         except (ValueError, TypeError, AttributeError):
             logger.warning("record %s: tag %s is not a JSON object of numbers: %.200r", model.model_id, TAG_METRICS,
                            tags[TAG_METRICS])
+    val_digest = tags.get(TAG_VAL_DIGEST)
     latest: dict[str, tuple[int, int, float]] = {}
     for m in model.metrics or []:
+        if m.dataset_digest and m.dataset_digest != val_digest:
+            continue  # measured on other data (a re-score for a later comparison): not this record's own
         key = (m.timestamp, m.step)
         if m.key not in latest or key >= latest[m.key][:2]:
             latest[m.key] = (m.timestamp, m.step, m.value)
@@ -113,6 +121,7 @@ def _record_from_model(model: Any) -> CheckpointRecord:
         note=tags.get(TAG_NOTE),
         validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
         withdrawn=tags.get(TAG_WITHDRAWN) or None,
+        val_digest=tags.get(TAG_VAL_DIGEST),
     )
 
 
@@ -194,22 +203,28 @@ def _model_id(record: CheckpointRecord) -> str:
 
 
 @tracking_call("writing validation metrics")
-def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float]) -> CheckpointRecord:
+def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[str, float],
+                     dataset: DatasetDigest | None = None) -> CheckpointRecord:
     """Attach validation metrics to the checkpoint's model (and the run, by step); status validated.
 
+    `dataset`, the validation data they were measured on, goes with each metric and, as its digest,
+    on the record (`podium.data.val.digest`): promotion compares numbers measured on the same data.
     The status is set only once the metrics are written, and in the same request as podium's exact
     copy of them: a write that fails leaves the checkpoint pending (validated again when the run
     resumes), never validated without metrics."""
     client = tr.client()
     model_id = _model_id(record)
-    client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id))
+    client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id, dataset))
     merged = {**record.metrics, **metrics}
     now = time.time()
-    client.set_logged_model_tags(model_id, {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now),
-                                            TAG_METRICS: encode_metrics(merged)})
+    tags = {TAG_STATUS: VALIDATED, TAG_VALIDATED_AT: repr(now), TAG_METRICS: encode_metrics(merged)}
+    if dataset:
+        tags.update({TAG_VAL_DIGEST: dataset.digest, TAG_VAL_DATA: dataset.uri[:MAX_TAG]})
+    client.set_logged_model_tags(model_id, tags)
     client.finalize_logged_model(model_id, LoggedModelStatus.READY)
     return CheckpointRecord(step=record.step, uri=record.uri, status=VALIDATED, metrics=merged,
-                            model_id=record.model_id, run_name=record.run_name, validated_at=now)
+                            model_id=record.model_id, run_name=record.run_name, validated_at=now,
+                            val_digest=dataset.digest if dataset else None)
 
 
 @tracking_call("recording a skipped validation")

@@ -414,6 +414,11 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     current = read_current(team["config"]["serving"])
     best = min(records, key=lambda r: r.metrics["val_loss"])
     assert current.version == "v000001" and current.manifest["step"] == best.step
+    # the deployment's run recorded where it came from, with no configuration of its own
+    lineage = current.manifest["lineage"]["tags"]
+    assert lineage["podium.prefect.flow_run_id"] == str(flow_run.id)
+    assert lineage["podium.prefect.deployment"] == f"train-validate-promote/{NIGHTLY}"
+    assert best.val_digest and current.manifest["datasets"]["val"]["digest"] == best.val_digest
     champion = MlflowClient(stack.mlflow, registry_uri=stack.mlflow).get_model_version_by_alias("podium", "champion")
     # the version is the champion checkpoint's LoggedModel (its artifacts, on S3 behind the server, are the
     # served MLflow model); the serving copy is named by a tag

@@ -37,6 +37,8 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.config": (NOTHING_HEAVY, ["pydantic"]),
     "podium.selection": (NOTHING_HEAVY, []),
     "podium.charts": (NOTHING_HEAVY, ["matplotlib"]),  # drawn wherever reports are made, never in a worker
+    "podium.gate": (NOTHING_HEAVY, []),
+    "podium.provenance": (NOTHING_HEAVY, []),  # `podium lineage --help` answers at once
     "podium.redaction": (NOTHING_HEAVY, []),
     "podium.imports": (NOTHING_HEAVY, []),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),

@@ -1,0 +1,130 @@
+"""How long the dataset digest takes: a ~1 GB Parquet dataset on S3 (moto on loopback) and on local disk.
+
+    python benchmarks/digest.py                          # 1 GB in 16 files, moto started on loopback
+    python benchmarks/digest.py --size-mb 256 --files 4  # a quick look
+    python benchmarks/digest.py --output BENCHMARKS.md   # also write the section there
+
+`podium.storage.datasets.dataset_digest` lists the dataset once and reads each file's 8-byte trailer
+and footer (ranged GETs), never a data page. For contrast, the same dataset read whole with pyarrow
+through podium's filesystem (once). Medians of --repeats digests; every digest lists afresh (podium's
+S3 filesystem caches no listings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from podium.storage.datasets import dataset_digest
+from podium.storage.locations import arrow_filesystem
+from podium.storage.s3 import s3_filesystem
+
+REPO = Path(__file__).resolve().parent.parent
+FEATURES = 16
+ROW_BYTES = FEATURES * 4 + 8  # float32 features and an int64 label; random floats do not compress
+
+
+def log(msg: str) -> None:
+    """Progress on stderr."""
+    print(f"[digest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start_moto(workdir: Path):
+    """moto in server mode on loopback (the tests' server), with fake credentials for this process."""
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from s3_server import start_s3_server
+
+    server = start_s3_server(workdir / "moto.log")
+    os.environ.update(server.env())
+    return server
+
+
+def write_dataset(folder: Path, size_mb: int, files: int) -> None:
+    """`files` Parquet files of about size_mb / files MB each."""
+    rows = (size_mb << 20) // ROW_BYTES // files
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        cols = {f"f{j:02d}": pa.array(rng.random(rows, dtype=np.float32)) for j in range(FEATURES)}
+        cols["label"] = pa.array(rng.integers(0, 4, rows))
+        pq.write_table(pa.table(cols), folder / f"part-{i:03d}.parquet")
+
+
+def timed(fn, repeats: int) -> tuple[list[float], object]:
+    """Wall times of `repeats` calls, and the last result."""
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return times, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print, optionally write BENCHMARKS.md."""
+    p = argparse.ArgumentParser(description="Dataset digest time on S3 (moto) and local disk.")
+    p.add_argument("--size-mb", type=int, default=1024, help="dataset size in MB (default: 1024)")
+    p.add_argument("--files", type=int, default=16, help="Parquet files (default: 16)")
+    p.add_argument("--repeats", type=int, default=5, help="digests per location (the median is kept)")
+    p.add_argument("--output", default="", help="markdown file to update (e.g. BENCHMARKS.md; default: none)")
+    args = p.parse_args(argv)
+    loads = [f"before: {load_average()}"]
+    with tempfile.TemporaryDirectory(prefix="podium-digest-") as tmp:
+        local = Path(tmp) / "data"
+        write_dataset(local, args.size_mb, args.files)
+        size = sum(f.stat().st_size for f in local.iterdir())
+        moto = start_moto(Path(tmp))
+        try:
+            moto.create_bucket("podium-bench")
+            fs = s3_filesystem()
+            for f in sorted(local.iterdir()):
+                fs.put_file(str(f), f"podium-bench/data/{f.name}")
+            log(f"{size / 2**20:.0f} MB in {args.files} files on S3 and on local disk")
+            s3_times, s3_digest = timed(lambda: dataset_digest("s3://podium-bench/data"), args.repeats)
+            local_times, local_digest = timed(lambda: dataset_digest(str(local)), args.repeats)
+            afs, path = arrow_filesystem("s3://podium-bench/data")
+            read_times, table = timed(lambda: pq.read_table(path, filesystem=afs), 1)
+            rows = table.num_rows  # type: ignore[attr-defined]
+            del table
+        finally:
+            moto.stop()
+    loads.append(f"after: {load_average()}")
+    m = machine_description()
+
+    def row(what: str, times: list[float], read: int) -> list[str]:
+        spread = f"{min(times) * 1000:.0f}–{max(times) * 1000:.0f} ms" if len(times) > 1 else ""
+        return [what, f"{statistics.median(times) * 1000:.0f} ms", spread, f"{read / 1024:.1f} KiB"]
+
+    table_rows = [row("digest, S3 (moto on loopback)", s3_times, s3_digest.bytes_read),  # type: ignore[attr-defined]
+                  row("digest, local disk", local_times, local_digest.bytes_read),  # type: ignore[attr-defined]
+                  row("for contrast: read it all (pyarrow, S3)", read_times, size)]
+    text = "\n\n".join([
+        "## Dataset digest (`benchmarks/digest.py`)",
+        f"Command: `python benchmarks/digest.py --size-mb {args.size_mb} --files {args.files} --repeats {args.repeats}`. "
+        f"Dataset: {size / 2**20:.0f} MB of Parquet in {args.files} files, {rows} rows. Measured "
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['versions']}.",
+        "Load: " + "; ".join(loads),
+        "The digest lists the folder once and reads each file's 8-byte trailer and its footer (two ranged "
+        "GETs per file, all files at once); it reads no data page. Median of the repeats, then the range.",
+        markdown_table(["what", "time", "range", "bytes read"], table_rows)]) + "\n"
+    if args.output:
+        update_markdown_section(args.output, "digest", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""`podium lineage` and what `podium status` says about data and origins: lineage, both ways.
+
+- From a serving version (`podium lineage v000002`): its checkpoint, MLflow run and LoggedModel, the
+  Prefect flow run, deployment and schedule, the code version, the datasets (by digest), and the numbers
+  its promotion compared: all from its manifest.
+- From a dataset digest (`podium lineage 3f2a91c0`, 8 characters or more): every MLflow run that used it
+  (training, validation, or evaluation: a champion re-scored on it) and every champion of the serving
+  location trained or validated on it.
+
+Reads only: MLflow (run search) and the serving location (history and manifests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from typing import Any
+
+from podium.cli import CliError, ServerUnreachable
+from podium.settings import PodiumSettings
+
+DIGEST_RE = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+def _gate() -> Any:
+    from podium import gate
+
+    return gate
+
+
+def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list[str]:
+    """A serving version's lineage in words, from its manifest."""
+    lin = manifest.get("lineage") or {}
+    ml, tags = lin.get("mlflow") or {}, lin.get("tags") or {}
+    lines = [f"{version}{' (current)' if current else ''}: step {manifest.get('step')} of run {manifest.get('run_name')}, "
+             f"{manifest.get('metric')} = {manifest.get('value')}",
+             f"  checkpoint: {manifest.get('source')}",
+             f"  MLflow:     run {manifest.get('mlflow_run_id')}, LoggedModel {manifest.get('model_id')}"
+             + (f", experiment {ml['experiment_id']} at {ml.get('tracking_uri')}" if ml.get("experiment_id") else "")]
+    if tags.get("podium.prefect.flow_run_id"):
+        lines.append(f"  Prefect:    flow run {tags.get('podium.prefect.flow_run_name')} "
+                     f"({tags['podium.prefect.flow_run_id']}) {tags.get('podium.prefect.flow_run_url', '')}".rstrip())
+    if tags.get("podium.prefect.deployment"):
+        lines.append(f"              deployment {tags['podium.prefect.deployment']}, started by "
+                     f"{tags.get('podium.prefect.started_by', '?')}"
+                     + (f", schedule {tags['podium.prefect.schedule']}" if tags.get("podium.prefect.schedule") else ""))
+    if tags.get("mlflow.source.git.commit"):
+        lines.append(f"  code:       {tags.get('podium.code.package')} at git commit {tags['mlflow.source.git.commit']}"
+                     + (" (uncommitted changes)" if tags.get("podium.code.git_dirty") == "true" else ""))
+    for role, d in (manifest.get("datasets") or {}).items():
+        lines.append(f"  {role + ' data:':<11} {d.get('uri', '?')} digest {d.get('digest')}"
+                     + (f" ({d['rows']} rows)" if "rows" in d else ""))
+    if manifest.get("comparison"):
+        lines.append("  promoted:   " + _gate().comparison_from_dict(manifest["comparison"]).describe())
+    if not lin and not manifest.get("datasets"):
+        lines.append("  (promoted before podium recorded lineage: only the run and checkpoint are known)")
+    return lines
+
+
+def champions(serving: str) -> list[tuple[str, dict[str, Any], bool]]:
+    """Every version promoted at the serving location, oldest first: (version, manifest, is current)."""
+    from podium.serving import layout
+    from podium.serving.history import lineage_of, parse_switch
+
+    current = (layout.read_pointer(serving) or {}).get("version")
+    out = []
+    for name in lineage_of(parse_switch(doc) for doc in layout.read_history(serving)).champions:
+        version = layout.read_version(serving, name)
+        if version is not None:
+            out.append((name, version.manifest, name == current))
+    return out
+
+
+def digest_report(tracking_uri: str, serving: str, digest: str) -> dict[str, Any]:
+    """Runs and champions that used the dataset whose digest starts with `digest`."""
+    from podium.tracking.datasets import runs_using
+
+    runs = runs_using(tracking_uri, digest)
+    used = []
+    for name, manifest, current in champions(serving):
+        comparison = manifest.get("comparison") or {}
+        roles = [role for role, d in (manifest.get("datasets") or {}).items() if str(d.get("digest", "")).startswith(digest)]
+        if roles:
+            used.append({"version": name, "current": current, "roles": roles, "run_name": manifest.get("run_name"),
+                         "metric": manifest.get("metric"), "value": manifest.get("value"),
+                         "compared_with": (comparison.get("champion") or {}).get("who")})
+    return {"digest": digest, "runs": runs, "champions": used, "serving": serving}
+
+
+def digest_lines(report: dict[str, Any]) -> list[str]:
+    """`digest_report` in words."""
+    lines = [f"dataset digest {report['digest']}:", "  runs that used it:" if report["runs"] else "  no MLflow run used it"]
+    for r in report["runs"]:
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime((r["start_time"] or 0) / 1000))
+        roles = ", ".join(f"{u['context']} ({u['name']}, {u['digest']})" for u in r["uses"])
+        extra = f": re-scored {r['rescore_of']} {r['metrics']}" if r["rescore_of"] else ""
+        lines.append(f"    {r['run_name']:<28} {roles}{extra}  [run {r['run_id']}, {r['experiment']}, {when} UTC]")
+    lines.append(f"  champions at {report['serving']} trained or validated on it:" if report["champions"]
+                 else f"  no champion at {report['serving']} was trained or validated on it")
+    for c in report["champions"]:
+        lines.append(f"    {c['version']}{' (current)' if c['current'] else ''}: {' and '.join(c['roles'])} data of run "
+                     f"{c['run_name']}, {c['metric']} = {c['value']}"
+                     + (f" (compared with {c['compared_with']} on it)" if c["compared_with"] else ""))
+    return lines
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
+    from podium.config import default_serving
+    from podium.serving.history import HistoryError
+    from podium.serving.layout import VERSION_RE, ServingError, read_pointer, read_version
+    from podium.tracking.client import TrackingUnavailable
+
+    settings = PodiumSettings()
+    serving = args.serving or default_serving(settings, args.model)
+    what = args.what.strip().lower()
+    try:
+        if VERSION_RE.match(what):
+            version = read_version(serving, what)
+            if version is None:
+                raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
+            current = (read_pointer(serving) or {}).get("version") == what
+            if args.json:
+                print(json.dumps({"version": what, "current": current, **version.manifest}))
+            else:
+                print("\n".join(version_lines(what, version.manifest, current)))
+            return 0
+        if not DIGEST_RE.match(what):
+            raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
+                           "(8 to 64 hexadecimal characters)")
+        report = digest_report(settings.resolved_tracking_uri(), serving, what)
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(str(exc)) from None
+    except (ServingError, HistoryError) as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps(report) if args.json else "\n".join(digest_lines(report)))
+    return 0
+
+
+def status_report(tracking: Any, serving: str) -> tuple[list[str], dict[str, Any]]:
+    """What `podium status` adds: the run's data and lineage, the last promotion's comparison, the
+    champion's lineage. Returns (lines, JSON keys)."""
+    from podium.serving.layout import read_current
+    from podium.tracking.datasets import TAG_COMPARISON, lineage_tags, run_tags
+
+    tags = run_tags(tracking)
+    lineage = lineage_tags(tags)
+    lines = []
+    for role in ("train", "val"):
+        if f"podium.data.{role}.digest" in lineage:
+            lines.append(f"{role} data: {lineage.get(f'podium.data.{role}.uri')} digest {lineage[f'podium.data.{role}.digest']}")
+    if lineage.get("podium.prefect.flow_run_url"):
+        lines.append(f"flow run: {lineage['podium.prefect.flow_run_url']}"
+                     + (f" (deployment {lineage['podium.prefect.deployment']})" if "podium.prefect.deployment" in lineage
+                        else ""))
+    if lineage.get("mlflow.source.git.commit"):
+        lines.append(f"code: {lineage.get('podium.code.package')} at git commit {lineage['mlflow.source.git.commit']}")
+    last = json.loads(tags[TAG_COMPARISON]) if TAG_COMPARISON in tags else None
+    if last:
+        lines.append(f"last promotion decision: {'promoted' if last['promote'] else 'not promoted'}: {last['reason']}")
+    current = read_current(serving)
+    if current is not None:
+        lines += version_lines(current.version, current.manifest, True)
+    return lines, {"lineage": lineage, "last_decision": last,
+                   "champion_lineage": ({k: current.manifest.get(k) for k in ("datasets", "lineage", "comparison")}
+                                        if current else None)}

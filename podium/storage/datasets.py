@@ -1,0 +1,176 @@
+"""Which data is this? A digest of a Parquet dataset from its file identities and footers, never its rows.
+
+`dataset_digest(uri)` of a Parquet file or a folder of Parquet files (local path or s3:// URI) reads:
+
+1. one listing: every file's path, size and identity (on S3 its ETag, from ListObjectsV2; locally its
+   modification time). Files are chosen as `pyarrow.dataset` chooses them: none under a name starting
+   with '.' or '_' (`_SUCCESS`, `_metadata`, `.tmp/`).
+2. for each file, two ranged reads, all files at once: its last 8 bytes (footer length and `PAR1`),
+   then exactly its footer (the Parquet FileMetaData: schema, row groups, row counts, column
+   statistics). On S3 both are GETs pinned to the listed ETag (If-Match), so a file replaced meanwhile
+   fails instead of mixing two versions.
+
+No data page is read. The digest is the first 32 hex characters of a sha256 over, per file in path
+order: the path relative to the dataset, its size, its identity and the sha256 of its footer bytes.
+Consequences: on S3, the same bytes under the same relative names give the same digest wherever they
+are (an ETag is a hash of the content); a rewritten local file gets a new digest even if its bytes are
+equal (its modification time changed): that costs a re-score, never a wrong comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import posixpath
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from podium.storage.locations import fsspec_filesystem, is_s3, normalize_location
+from podium.storage.s3 import is_s3_filesystem, s3_run
+from podium.storage.transfer import get_range
+
+MAGIC = b"PAR1"
+TRAILER = 8  # 4-byte little-endian footer length, then the magic
+PARALLEL_READS = 32  # footers fetched at once
+DIGEST_CHARS = 32  # MLflow keeps dataset digests of up to 36 characters
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be described: missing, empty, or a file that is not Parquet."""
+
+
+@dataclass(frozen=True)
+class DatasetDigest:
+    """A dataset's identity and shape, from its listing and Parquet footers."""
+
+    uri: str
+    digest: str
+    files: int
+    rows: int
+    row_groups: int
+    size_bytes: int
+    schema: dict[str, str] = field(default_factory=dict)  # column -> Arrow type, in file order
+    bytes_read: int = 0  # trailers and footers: what describing it cost
+
+    @property
+    def name(self) -> str:
+        """A short name for the dataset: its file or folder name."""
+        return posixpath.basename(self.uri.rstrip("/")) or self.uri
+
+    @property
+    def short(self) -> str:
+        """The digest's first 12 characters, for text."""
+        return self.digest[:12]
+
+    def summary(self) -> dict[str, Any]:
+        """What a manifest or a report keeps of it."""
+        return {"uri": self.uri, "digest": self.digest, "rows": self.rows, "files": self.files,
+                "size_bytes": self.size_bytes}
+
+
+def _identity(info: dict[str, Any]) -> str:
+    """What changes when a file is rewritten: the ETag on object stores, else the modification time."""
+    for key in ("ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated"):
+        if info.get(key) is not None:
+            return repr(info[key]) if isinstance(info[key], float) else str(info[key])
+    return ""  # no identity offered: size and footer alone
+
+
+def _skipped(rel: str) -> bool:
+    return any(part.startswith((".", "_")) for part in rel.split("/"))
+
+
+def list_parquet_files(uri: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[str, str, dict[str, Any]]]]:
+    """One listing of a dataset: (filesystem, [(path, path relative to the dataset, listing info)]) by path."""
+    location = normalize_location(uri)
+    fs, root = fsspec_filesystem(location)
+    try:
+        found = fs.find(root, detail=True)
+    except FileNotFoundError:
+        found = {}
+    if not found:
+        raise DatasetError(f"dataset {uri!r} does not exist or is empty")
+    root = root.rstrip("/")
+    if root in found:  # a single file: find() lists the file itself
+        return fs, [(root, posixpath.basename(root), found[root])]
+    files = []
+    for path, info in sorted(found.items()):
+        rel = posixpath.relpath(path, root)
+        if info.get("type", "file") == "file" and not _skipped(rel):
+            files.append((path, rel, info))
+    if not files:
+        raise DatasetError(f"dataset {uri!r} has no data files (names starting with '.' or '_' are skipped)")
+    return fs, files
+
+
+def _check_trailer(uri: str, rel: str, size: int, trailer: bytes) -> int:
+    if size < 12 or trailer[4:] != MAGIC:
+        what = "an encrypted footer (PARE)" if trailer[4:] == b"PARE" else "no PAR1 footer"
+        raise DatasetError(f"dataset {uri!r}: {rel} is not a readable Parquet file ({what})")
+    length = struct.unpack("<I", trailer[:4])[0]
+    if length > size - 12:
+        raise DatasetError(f"dataset {uri!r}: {rel} says its footer has {length} bytes, more than the file holds")
+    return length
+
+
+def _read_footers_s3(fs: fsspec.AbstractFileSystem, uri: str,
+                     files: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
+    async def footer(gate: asyncio.Semaphore, path: str, rel: str, info: dict[str, Any]) -> bytes:
+        size, etag = int(info["size"]), info.get("ETag")
+        async with gate:
+            trailer = await get_range(fs, path, size - TRAILER, size, etag)
+            length = _check_trailer(uri, rel, size, trailer)
+            return await get_range(fs, path, size - TRAILER - length, size - TRAILER, etag) + trailer
+
+    async def all_footers() -> list[bytes]:
+        gate = asyncio.Semaphore(PARALLEL_READS)
+        return list(await asyncio.gather(*(footer(gate, *f) for f in files)))
+
+    return s3_run(fs, all_footers)
+
+
+def _read_footers(fs: fsspec.AbstractFileSystem, uri: str, files: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
+    def footer(item: tuple[str, str, dict[str, Any]]) -> bytes:
+        path, rel, info = item
+        size = int(info["size"])
+        trailer = fs.cat_file(path, start=size - TRAILER, end=size) if size >= TRAILER else b""
+        length = _check_trailer(uri, rel, size, trailer)
+        return fs.cat_file(path, start=size - TRAILER - length, end=size - TRAILER) + trailer
+
+    if len(files) == 1:
+        return [footer(files[0])]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(files))) as pool:  # a network disk answers slowly
+        return list(pool.map(footer, files))
+
+
+def dataset_digest(uri: str) -> DatasetDigest:
+    """The digest, row count and schema of a Parquet file or folder, from its listing and footers only."""
+    location = normalize_location(uri)
+    fs, files = list_parquet_files(location)
+    read = _read_footers_s3 if is_s3(location) and is_s3_filesystem(fs) else _read_footers
+    # the first file alone first: a folder of something else than Parquet fails after one read, not thousands
+    footers = read(fs, location, files[:1]) + (read(fs, location, files[1:]) if len(files) > 1 else [])
+    entries: list[tuple[str, int, str, str]] = []
+    rows, row_groups = 0, 0
+    schema: dict[str, str] = {}
+    for (_, rel, info), footer in zip(files, footers):
+        try:
+            meta = pq.read_metadata(pa.BufferReader(footer))
+        except (pa.ArrowException, OSError) as exc:
+            raise DatasetError(f"dataset {uri!r}: the footer of {rel} cannot be read as Parquet: {exc}") from None
+        if not schema:
+            schema = {f.name: str(f.type) for f in meta.schema.to_arrow_schema()}
+        rows += meta.num_rows
+        row_groups += meta.num_row_groups
+        entries.append((rel, int(info["size"]), _identity(info), hashlib.sha256(footer).hexdigest()))
+    digest = hashlib.sha256(json.dumps({"podium-dataset": 1, "files": entries}).encode()).hexdigest()[:DIGEST_CHARS]
+    return DatasetDigest(uri=location, digest=digest, files=len(files), rows=rows, row_groups=row_groups,
+                         size_bytes=sum(e[1] for e in entries), schema=schema,
+                         bytes_read=sum(len(f) for f in footers))

@@ -1,0 +1,148 @@
+"""The same-data gate in promotion: the candidate and the champion scored on the same validation data.
+
+Before the decision, a number measured on other validation data than the current one (by digest;
+`podium.gate`) is measured again on it: in a nightly run that is the champion's, once, with the
+configured validation function on the same Ray resources as every validation. The re-score is
+recorded on the champion's MLflow LoggedModel as an evaluation on that dataset. When the digests
+agree, nothing is validated again. A champion that cannot be validated any more (its format or the
+validation function changed) is `promotion.rescore`'s decision: 'refuse', or compare with the
+'stored' number, saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from podium.gate import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
+from podium.selection import Champion, CheckpointRecord, Decision, decide_promotion
+from podium.serving import layout
+from podium.storage.datasets import DatasetDigest
+from podium.tasks.plan import RunPlan
+from podium.tasks.validate import validate
+from podium.tracking.client import TrackingRun
+from podium.tracking.datasets import record_comparison, record_rescore
+
+logger = logging.getLogger(__name__)
+progress = logging.getLogger("podium.progress")
+
+
+def served_checkpoint(version: layout.PromotedVersion) -> str:
+    """Where a champion's checkpoint can be validated: its served copy (immutable, verified) when the version
+    serves the checkpoint's files, else (an MLflow model built from it) the checkpoint it came from."""
+    m = version.manifest
+    if layout.content_of(m) == "checkpoint":
+        return version.uri
+    return str(m.get("checkpoint") or m.get("source"))
+
+
+def champion_digest(version: layout.PromotedVersion) -> str | None:
+    """The digest of the validation data the champion's number was measured on (None: not recorded)."""
+    val = (version.manifest.get("datasets") or {}).get("val") or {}
+    return val.get("digest")
+
+
+def rescore(plan: RunPlan, uri: str, step: int) -> dict[str, float]:
+    """Validate a checkpoint on the current validation data: the configured function, the same Ray
+    resources, `validation.retries` retries `retry_delay_s` apart."""
+    import ray
+
+    from podium.tasks.train import connect_ray
+
+    if not ray.is_initialized():  # inside the pipeline Ray is up; `podium promote` connects only now
+        connect_ray(plan)
+    v = plan.config.validation
+    for attempt in range(v.retries + 1):
+        try:
+            return validate(plan, CheckpointRecord(step=step, uri=uri), uri=uri).metrics
+        except Exception as exc:
+            if attempt == v.retries:
+                raise
+            logger.warning("re-score of %s failed (%s); retrying in %g s", uri, exc, v.retry_delay_s)
+            time.sleep(v.retry_delay_s)
+    raise AssertionError("not reached")
+
+
+def _measure_again(plan: RunPlan, tracking: TrackingRun, m: Measure, uri: str, step: int, model_id: str | None,
+                   data: DatasetDigest) -> tuple[Measure, str | None]:
+    """`m` measured on `data` (recorded in MLflow), or `m` unchanged and why it could not be."""
+    metric = plan.config.promotion.metric
+    progress.info("%s was measured on other validation data (digest %s): re-scoring it on %s (digest %s)",
+                  m.who, short(m.digest), data.uri, data.short)
+    try:
+        metrics = rescore(plan, uri, step)
+    except Exception as exc:
+        return m, f"{type(exc).__name__}: {exc}"[:500]
+    if metric not in metrics:
+        return m, f"the validation function returned no {metric!r} (it returned {sorted(metrics)})"
+    record_rescore(tracking, m.who.removeprefix("champion ").replace(" ", "-"), model_id, step, metrics, data)
+    progress.info("%s re-scored: %s = %s (was %s on digest %s)", m.who, metric, metrics[metric], m.value,
+                  short(m.digest))
+    return rescored(m, metrics[metric], data.digest), None
+
+
+def _refusal(plan: RunPlan, best: CheckpointRecord, comparison: Comparison, who: str, failure: str) -> Decision:
+    p = plan.config.promotion
+    reason = (f"{who} could not be re-scored on the current validation data {comparison.data} (digest "
+              f"{short(comparison.digest)}): {failure}. promotion.rescore = 'refuse': nothing promoted. Set "
+              f"promotion.rescore = 'stored' to compare with the stored number, or promotion.always to replace it")
+    return Decision(False, reason, best, best.metrics.get(p.metric), comparison)
+
+
+def decide_on_same_data(plan: RunPlan, tracking: TrackingRun, best: CheckpointRecord | None, why: str,
+                        champion: Champion | None) -> Decision:
+    """`decide_promotion`, with both numbers measured on the current validation data (see the module)."""
+    p = plan.config.promotion
+    data = plan.data.get("val")
+    digest = data.digest if data else None
+
+    def finish(decision: Decision, comparison: Comparison | None = None) -> Decision:
+        comparison = comparison or decision.comparison
+        if comparison is not None:
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; {comparison.describe()}",
+                                           comparison=comparison)
+        record_comparison(tracking, {"promote": decision.promote, "reason": decision.reason,
+                                     "comparison": comparison_summary(decision)})
+        return decision
+
+    if best is None or data is None:  # nothing to promote; or a plan that does not know its data (no gate)
+        return finish(decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why))
+    candidate = Measure(f"step {best.step}", best.metrics[p.metric], best.val_digest,
+                        VALIDATED if best.val_digest == digest else STORED)
+    comparison = Comparison(p.metric, data.uri, digest, candidate)
+    current = layout.read_current(plan.serving) if champion is not None else None
+    compared = (champion is not None and current is not None and not p.always and champion.source != best.uri
+                and champion.metric == p.metric and champion.mode in (None, p.mode))
+    notes: list[str] = []
+    if needs_rescore(candidate.digest, digest):
+        candidate, failure = _measure_again(plan, tracking, candidate, best.uri, best.step, best.model_id, data)
+        if failure and p.rescore == "refuse" and compared:
+            return finish(_refusal(plan, best, dataclasses.replace(comparison, candidate=candidate),
+                                   candidate.who, failure))
+        if failure:
+            notes.append(f"{candidate.who} could not be re-scored ({failure}): its stored number is used")
+    if compared and champion is not None and current is not None:
+        held = Measure(f"champion {champion.version}", champion.value, champion_digest(current), STORED)
+        if needs_rescore(held.digest, digest):
+            held, failure = _measure_again(plan, tracking, held, served_checkpoint(current), champion.step or 0,
+                                           current.manifest.get("model_id"), data)
+            if failure and p.rescore == "refuse":
+                comparison = dataclasses.replace(comparison, candidate=candidate, champion=held)
+                return finish(_refusal(plan, best, comparison, held.who, failure))
+            if failure:
+                notes.append(f"{held.who} could not be re-scored ({failure}): compared with its stored number "
+                             f"(promotion.rescore = 'stored')")
+        champion = dataclasses.replace(champion, value=held.value)
+        comparison = dataclasses.replace(comparison, champion=held)
+    comparison = dataclasses.replace(comparison, candidate=candidate, note="; ".join(notes))
+    if candidate.how == RESCORED and candidate.value is not None:
+        best = dataclasses.replace(best, metrics={**best.metrics, p.metric: candidate.value})
+    decision = decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why)
+    return finish(decision, comparison)
+
+
+def comparison_summary(decision: Decision) -> dict[str, Any] | None:
+    """The decision's comparison as plain data (for the manifest and the outcome), or None."""
+    return dataclasses.asdict(decision.comparison) if decision.comparison else None

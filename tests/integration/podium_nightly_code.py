@@ -1,0 +1,67 @@
+"""A tiny user loop and validation function for the nightly tests, on plain Ray Train APIs.
+
+The model is a linear classifier on 4 features whose true boundary is feature 0 > 0. Its quality is set
+by the loop config, not learned, so a test knows each night's numbers in advance: the weight vector is
+the true one turned by `angle_deg`, whose error rate on clean data is angle/180 (features are isotropic
+Gaussians). Each epoch's checkpoint is turned by (epochs - epoch) x angle_deg: the last one is the best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray.train
+
+FEATURES = ["f0", "f1", "f2", "f3"]
+
+
+def write_data(path: str, rows: int, label_noise: float, seed: int) -> str:
+    """Parquet rows with label = (f0 > 0), each label flipped with probability `label_noise`."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, len(FEATURES)))
+    y = (x[:, 0] > 0).astype(np.int64) ^ (rng.random(rows) < label_noise).astype(np.int64)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(pa.table({**{f: x[:, i] for i, f in enumerate(FEATURES)}, "label": y}), path)
+    return path
+
+
+def expected_accuracy(angle_deg: float, label_noise: float) -> float:
+    """What a model turned by `angle_deg` scores on data with `label_noise` (in expectation)."""
+    err = angle_deg / 180.0
+    return (1 - err) * (1 - label_noise) + err * label_noise
+
+
+def train_func(config: dict) -> None:
+    """Report one checkpoint per epoch; the weights come from the config (see the module)."""
+    epochs, angle = int(config["epochs"]), float(config["angle_deg"])
+    for epoch in range(epochs):
+        theta = math.radians(angle * (epochs - epoch))
+        w = [math.cos(theta), math.sin(theta), 0.0, 0.0]
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if ray.train.get_context().get_world_rank() == 0:
+                with open(os.path.join(tmp, "weights.json"), "w") as f:
+                    json.dump({"w": w, "epoch": epoch}, f)
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report({"epoch": epoch}, checkpoint=checkpoint)
+
+
+def validate_fn(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str, feature_columns: list,
+                calls_log: str | None = None) -> dict:
+    """Accuracy of the checkpoint's linear model on the validation Parquet data."""
+    with checkpoint.as_directory() as d:
+        with open(os.path.join(d, "weights.json")) as f:
+            w = np.array(json.load(f)["w"])
+    table = pq.read_table(val_data)
+    x = np.column_stack([table.column(c).to_numpy() for c in feature_columns])
+    y = table.column(label_column).to_numpy()
+    if calls_log:
+        with open(calls_log, "a") as f:
+            f.write(f"{checkpoint.path}\n")
+    return {"accuracy": float(((x @ w > 0).astype(np.int64) == y).mean())}
