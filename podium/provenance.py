@@ -143,7 +143,8 @@ def status_report(tracking: Any, serving: str) -> tuple[list[str], dict[str, Any
     """What `podium status` adds: the run's data and lineage, the last promotion's comparison, the
     champion's lineage. Returns (lines, JSON keys)."""
     from podium.serving.layout import read_current
-    from podium.tracking.datasets import TAG_COMPARISON, lineage_tags, run_tags
+    from podium.tracking.datasets import TAG_COMPARISON, lineage_tags
+    from podium.tracking.runs import run_tags
 
     tags = run_tags(tracking)
     lineage = lineage_tags(tags)

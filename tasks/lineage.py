@@ -23,7 +23,8 @@ from podium.selection import CheckpointRecord, Decision
 from podium.tasks.gate import comparison_summary
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun
-from podium.tracking.datasets import lineage_tags, record_run_inputs, run_tags
+from podium.tracking.datasets import lineage_tags, record_run_inputs
+from podium.tracking.runs import run_tags
 
 logger = logging.getLogger(__name__)
 

@@ -111,11 +111,6 @@ def record_comparison(tr: TrackingRun, comparison: dict[str, Any]) -> None:
 
 
 @tracking_call("reading the run's lineage")
-def run_tags(tr: TrackingRun) -> dict[str, str]:
-    """Every tag of the run."""
-    return dict(tr.client().get_run(tr.run_id).data.tags)
-
-
 def lineage_tags(tags: dict[str, str]) -> dict[str, str]:
     """The tags of a run that say where it came from (data, Prefect flow run, code)."""
     return {k: v for k, v in sorted(tags.items()) if k.startswith(LINEAGE_PREFIXES)}
