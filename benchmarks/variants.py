@@ -28,13 +28,14 @@ from benchmarks.instrument import ENV as RECORD_ENV  # noqa: E402
 from benchmarks.workload import FileSink, read_jsonl, validate_repeated  # noqa: E402
 from podium.storage.locations import arrow_filesystem  # noqa: E402
 from podium.training import raytrain  # noqa: E402
+from podium.training.ingest import builtin_datasets, dataset_config, podium_data_context  # noqa: E402
 
 LOOPS = {"a": "benchmarks.loops:train_loop_plain", "b": "benchmarks.loops:train_loop_inline_validation",
          "c": "benchmarks.loops:train_loop_ray_validation"}
 
 
 def init_ray(variant: str, log: str) -> None:
-    """A local Ray like podium's `ensure_ray` (2 logical CPUs here: training 1 + validation 1).
+    """A local Ray like podium's `ensure_ray` (3 logical CPUs here: training 1 + Ray Data 1 + validation 1).
 
     `log` receives Ray Train's validation results in (c) (see benchmarks.instrument)."""
     os.environ.setdefault(raytrain.POLL_INTERVAL_ENV, raytrain.DEFAULT_POLL_INTERVAL_S)
@@ -42,7 +43,7 @@ def init_ray(variant: str, log: str) -> None:
                                 RECORD_ENV: log}}
     if variant == "c":
         runtime_env["worker_process_setup_hook"] = "benchmarks.instrument.install"
-    ray.init(num_cpus=max(os.cpu_count() or 1, 2), include_dashboard=False, logging_level=logging.WARNING,
+    ray.init(num_cpus=max(os.cpu_count() or 1, 3), include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=False, runtime_env=runtime_env)
 
 
@@ -73,8 +74,11 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
                              failure_config=FailureConfig(max_failures=0),
                              checkpoint_config=CheckpointConfig(num_to_keep=None)),
         validation_config=validation_config,
+        # the built-in loop reads its shard from Ray Data, as under podium
+        datasets=builtin_datasets(config, data_cpus=1), dataset_config=dataset_config(data_cpus=1),
     )
-    result = trainer.fit()
+    with podium_data_context(data_cpus=1):
+        result = trainer.fit()
     fit_end = time.time()
     best_step, best_value = None, None
     if variant == "b":

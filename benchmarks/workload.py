@@ -82,7 +82,8 @@ def loop_config(workload: Workload, train: str, val: str) -> dict[str, Any]:
     return {
         "epochs": workload.epochs, "batch_size": workload.batch_size, "learning_rate": workload.learning_rate,
         "hidden_size": workload.hidden_size, "checkpoint_every_steps": workload.checkpoint_every_steps,
-        "seed": 0, "torch_threads": 1, "train_data": train, "val_data": val, "label_column": "label",
+        "seed": 0, "torch_threads": 1, "train_data": train, "train_rows": workload.train_rows, "val_data": val,
+        "label_column": "label",
         "feature_columns": feature_columns(workload), "num_classes": workload.classes,
     }
 

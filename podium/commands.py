@@ -53,6 +53,17 @@ def _quiet_libraries(log_file: Path) -> None:
             if isinstance(h, prefect.logging.handlers.PrefectConsoleHandler):
                 lg.removeHandler(h)
     logging.getLogger().addHandler(handler)
+    logging.getLogger("podium").setLevel(logging.INFO)  # podium's own INFO records reach the file (root says WARNING)
+    # Ray Data configures its logger with a console handler when it is imported (here and in the local
+    # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
+    # records to this file, and no further
+    ray_data_logging = log_file.parent / "ray-data-logging.json"
+    ray_data_logging.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"podium": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "podium"}},
+        "loggers": {"ray.data": {"level": "INFO", "handlers": ["file"], "propagate": False}}}))
+    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(ray_data_logging))
     import mlflow  # noqa: F401  (mlflow adds a stderr handler to its logger on import)
 
     logging.getLogger("mlflow").handlers.clear()

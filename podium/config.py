@@ -37,7 +37,8 @@ RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
 # the one key podium adds to a user loop's config (podium's facts); refused in train_loop_config
 LOOP_CONFIG_PODIUM_KEY = "podium"
 # settings of the built-in loop only: a user loop gets its own from train_loop_config
-BUILTIN_LOOP_SETTINGS = ("epochs", "batch_size", "learning_rate", "hidden_size", "checkpoint_every_steps", "seed")
+BUILTIN_LOOP_SETTINGS = ("epochs", "batch_size", "learning_rate", "hidden_size", "checkpoint_every_steps", "seed",
+                         "shuffle", "shuffle_window_rows")
 
 
 def expand_run_name(template: str, when: datetime) -> str:
@@ -83,6 +84,9 @@ class DataConfig(_Strict):
         default_factory=list, description="Data problems to report instead of refusing: NaN, infinite or null "
         "feature values; validation labels outside the training labels' range; validation columns that differ "
         "in type from training's, or that training has not.")
+    ray_datasets: bool = Field(
+        False, description="Hand your own loop Ray Datasets built from data.train and data.val: "
+        "ray.train.get_dataset_shard('train') / ('val'), each split across the workers.")
 
     @field_validator("train", "val")
     @classmethod
@@ -101,6 +105,12 @@ class TrainingConfig(_Strict):
         None, ge=1, description="Checkpoint every N optimizer steps instead of every epoch."
     )
     seed: int = Field(0, description="Random seed.")
+    shuffle: Literal["none", "local", "global"] = Field(
+        "local", description="Shuffling each epoch: 'local' (files in a new order, rows shuffled within windows "
+        "of shuffle_window_rows), 'global' (a full shuffle of the dataset through Ray's object store, for data "
+        "stored sorted) or 'none'.")
+    shuffle_window_rows: int = Field(
+        65536, ge=1, description="Rows each worker takes from Ray Data at once and shuffles ('local' shuffle).")
     torch_threads: int = Field(1, ge=1, description="torch threads per training/validation process.")
     standardize: bool = Field(True, description="Standardise every feature with the training data's mean and "
                               "standard deviation (built-in loop); kept in the checkpoint and the served model.")
@@ -135,6 +145,9 @@ class ScalingConfig(_Strict):
     num_workers: int = Field(2, ge=1, description="Number of Ray Train workers.")
     use_gpu: bool = Field(False, description="One GPU per training worker.")
     cpus_per_worker: float = Field(1, gt=0, description="CPUs reserved per training worker.")
+    data_cpus: float = Field(
+        1, gt=0, description="CPUs Ray Data may use to read the training data while training runs (kept apart "
+        "from the training workers' and the validations').")
     max_failures: int = Field(
         2, ge=-1, description="Worker-group restarts from the latest checkpoint after a failure (-1: unlimited)."
     )

@@ -76,7 +76,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     train_loop = cfg.training.train_loop or BUILTIN_LOOP
     builtin_loop, builtin_fn = train_loop == BUILTIN_LOOP, cfg.validation.fn == BUILTIN_VALIDATE
     # the built-ins read podium's Parquet data; a loop and function of your own get it only if given
-    needs = {"data.train": builtin_loop, "data.val": builtin_loop or builtin_fn}
+    needs = {"data.train": builtin_loop or cfg.data.ray_datasets,
+             "data.val": builtin_loop or builtin_fn or cfg.data.ray_datasets}
     errors: list[str] = []
     for field, value in (("data.train", cfg.data.train), ("data.val", cfg.data.val),
                          ("storage", cfg.storage), ("serving", cfg.serving)):
@@ -109,6 +110,10 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     warnings: list[str] = []
     if not errors and len(infos) == 2:
         check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
+    train_info = infos.get("data.train")
+    if train_info is not None and train_info.num_rows < cfg.scaling.num_workers:  # Ray Train splits it equally
+        errors.append(f"data.train = {cfg.data.train!r}: {train_info.num_rows} rows for scaling.num_workers = "
+                      f"{cfg.scaling.num_workers}: expected at least one row per worker")
     if builtin_loop and builtin_fn and cfg.promotion.metric not in BUILTIN_METRICS:
         errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
                       f"{sorted(BUILTIN_METRICS)}")
@@ -129,7 +134,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     ) if value is not None}
     if builtin_loop:  # podium's own loop: its typed settings and the data facts, by name
         loop_config = {**cfg.training.model_dump(exclude={"train_loop", "train_loop_config", "loop_datasets"}),
-                       **data_facts}
+                       **data_facts,
+                       "train_rows": infos["data.train"].num_rows}  # from the footers: steps per epoch, unread
     else:  # your loop: exactly your config, and podium's facts under one key of their own
         loop_config = {**cfg.training.train_loop_config,
                        LOOP_CONFIG_PODIUM_KEY: {"run_name": cfg.run_name, **data_facts}}

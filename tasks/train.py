@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -10,26 +11,31 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.imports import resolve_callable
+from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
-from podium.training import raytrain, validation_call
+from podium.training import ingest, raytrain, validation_call
 from podium.training.events import CheckpointEvent, EventSink
 
 
 def required_cpus(plan: RunPlan) -> float:
-    """Logical CPUs a local Ray needs: every training worker plus the validation concurrency, each
-    validation with the CPUs its own Ray work takes (inner_cpus), so none ever waits on another's."""
+    """Logical CPUs a local Ray needs: every training worker, Ray Data's reading (data_cpus), and the
+    validation concurrency, each validation with the CPUs its own Ray work takes (inner_cpus).
+
+    Each gets CPUs of its own, so none ever waits on another's: training never stalls because
+    validations hold every CPU Ray Data could read with."""
     cfg = plan.config
-    return (cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
+    return (cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.scaling.data_cpus
             + cfg.validation.concurrency * (cfg.validation.num_cpus + cfg.validation.inner_cpus))
 
 
 def check_resources(plan: RunPlan) -> None:
-    """Fail before training if the Ray cluster cannot ever fit a training worker group or one validation."""
+    """Fail before training if the Ray cluster cannot ever fit a training worker group with its data
+    reading (data_cpus), or one validation."""
     import ray
 
     cfg = plan.config
     total = ray.cluster_resources()
-    need_train = {"CPU": cfg.scaling.num_workers * cfg.scaling.cpus_per_worker,
+    need_train = {"CPU": cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.scaling.data_cpus,
                   "GPU": cfg.scaling.num_workers if cfg.scaling.use_gpu else 0}
     need_val = {"CPU": cfg.validation.num_cpus, "GPU": cfg.validation.num_gpus, **cfg.validation.resources}
     for what, need in (("scaling", need_train), ("validation", need_val)):
@@ -50,21 +56,54 @@ logger = logging.getLogger(__name__)
 
 
 def loop_config_with_feature_stats(plan: RunPlan) -> dict[str, Any]:
-    """The loop config, with the training data's feature statistics when the built-in loop standardises.
-
-    Computed here, once per training, in one streaming pass: not in every worker, and not in the
-    preflight (which `podium promote` runs too)."""
+    """The loop config, with the training data's feature statistics when the built-in loop standardises:
+    saved with the run, computed once (one streaming pass, `load_or_compute_stats`), not in every worker."""
     config = dict(plan.loop_config)
     if plan.train_loop != BUILTIN_LOOP or not config.get("standardize") or config.get("feature_stats"):
         return config
-    from podium.training.data import open_dataset
-    from podium.training.preprocessing import compute_feature_stats
-
-    start = time.monotonic()
-    stats = compute_feature_stats(open_dataset(config["train_data"]), list(config["feature_columns"]))
-    logger.info("feature statistics of %d training rows in %.1f s", stats.count, time.monotonic() - start)
-    config["feature_stats"] = stats.to_dict()
+    config["feature_stats"] = load_or_compute_stats(plan)
     return config
+
+
+def stats_location(plan: RunPlan) -> str:
+    """Where a run's feature statistics are saved: beside its run lock, `<storage>/.podium-runs/<run>.feature-stats.json`."""
+    return join(plan.storage, ".podium-runs", f"{plan.run_name}.feature-stats.json")
+
+
+def load_or_compute_stats(plan: RunPlan) -> dict[str, Any]:
+    """The training data's statistics saved with this run, or, the first time, one streaming pass over
+    it whose result is saved. A resumed run keeps the numbers its checkpoints were trained with."""
+    from podium.training.stats import compute_data_stats
+
+    uri = stats_location(plan)
+    fs, path = fsspec_filesystem(uri)
+    try:
+        doc: dict[str, Any] = json.loads(fs.cat_file(path))
+        logger.info("feature statistics of run %s: saved with the run (%s)", plan.run_name, uri)
+        return doc
+    except FileNotFoundError:
+        pass
+    started = time.monotonic()
+    stats = compute_data_stats(plan.loop_config["train_data"], list(plan.loop_config["feature_columns"]),
+                               data_cpus=plan.config.scaling.data_cpus)
+    if not is_remote(uri):
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, json.dumps(stats.to_dict()).encode())
+    logger.info("feature statistics of run %s: %d rows in one pass, %.1f s; saved to %s", plan.run_name, stats.rows,
+                time.monotonic() - started, uri)
+    return stats.to_dict()
+
+
+def trainer_datasets(plan: RunPlan, loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The TorchTrainer's datasets: the built-in loop's training data, or, for a loop of your own that asked
+    (data.ray_datasets), `train` and `val`."""
+    cfg = plan.config
+    if plan.train_loop == BUILTIN_LOOP:
+        return ingest.builtin_datasets(loop_config, cfg.scaling.data_cpus)
+    if cfg.data.ray_datasets:
+        return ingest.user_datasets(normalize_location(cfg.data.train), normalize_location(cfg.data.val),
+                                    cfg.scaling.data_cpus)
+    return None
 
 
 def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
@@ -73,9 +112,13 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
 
     Returns the time training ended (epoch seconds)."""
     cfg = plan.config
+    loop_config = loop_config_with_feature_stats(plan)
+    datasets = trainer_datasets(plan, loop_config)
+    logger.info("run %s: starting Ray Train (%s)", cfg.run_name,
+                "data through Ray Data: " + ", ".join(sorted(datasets)) if datasets else "no datasets")
     raytrain.fit(
         train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
-        loop_config=loop_config_with_feature_stats(plan),
+        loop_config=loop_config,
         loop_datasets=cfg.training.loop_datasets,
         run_name=cfg.run_name,
         storage=plan.storage,
@@ -84,6 +127,8 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
         cpus_per_worker=cfg.scaling.cpus_per_worker,
         callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base)],
         max_failures=cfg.scaling.max_failures,
+        datasets=datasets,
+        data_cpus=cfg.scaling.data_cpus,
     )
     return time.time()
 

@@ -1,8 +1,11 @@
-"""Parquet data read with pyarrow: schema checks, synthetic data, tensors for a worker's shard."""
+"""Parquet data read with pyarrow: schema checks from the footers, batches for validation, synthetic data."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +23,10 @@ class DataSchemaError(ValueError):
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What the trainer needs to know about a dataset before it starts."""
+    """What the trainer needs to know about a dataset before it starts.
+
+    `row_groups_read` counts the row groups whose label column had to be read because their Parquet
+    statistics did not answer (every other fact comes from the files' footers)."""
 
     uri: str
     num_rows: int
@@ -31,6 +37,24 @@ class DatasetInfo:
     label_max: int = 0
     types: dict[str, str] = field(default_factory=dict)  # feature column -> "integer", "floating" or "boolean"
     non_finite: dict[str, int] = field(default_factory=dict)  # feature column -> NaN, infinite or null values
+    files: int = 1
+    row_groups_read: int = 0
+
+
+@dataclass
+class _LabelSummary:
+    rows: int = 0
+    nulls: int = 0
+    low: int | None = None
+    high: int | None = None
+    row_groups_read: int = 0
+
+    def add(self, rows: int, nulls: int, low: Any, high: Any) -> None:
+        self.rows += rows
+        self.nulls += nulls
+        if low is not None:
+            self.low = int(low) if self.low is None else min(self.low, int(low))
+            self.high = int(high) if self.high is None else max(self.high, int(high))
 
 
 def type_kind(t: pa.DataType) -> str | None:
@@ -70,7 +94,7 @@ def count_non_finite(ds: pads.Dataset, types: dict[str, str]) -> dict[str, int]:
     from_stats = _nulls_from_statistics(ds, exact) if exact else {}
     scan = [c for c, kind in types.items() if kind == "floating" or from_stats is None]
     counts = dict(from_stats or {})
-    for batch in ds.to_batches(columns=scan) if scan else []:
+    for batch in ds.to_batches(columns=scan, batch_readahead=1, fragment_readahead=1) if scan else []:
         for c in scan:
             values = batch.column(c)
             bad = values.null_count
@@ -91,15 +115,32 @@ def open_dataset(uri: str) -> pads.Dataset:
         raise DataSchemaError(f"dataset {uri!r} cannot be read as Parquet: {exc}") from None
 
 
-def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | None) -> DatasetInfo:
-    """Check the schema (label integer, features numeric) and count classes; raise naming the column.
+def _label_summary(fragment: pads.ParquetFileFragment, label_column: str) -> _LabelSummary:
+    """Rows, nulls, min and max of the label in one file: from its footer's row-group statistics, and
+    from the label column itself only in row groups whose statistics are missing or incomplete."""
+    out = _LabelSummary()
+    metadata = fragment.metadata  # the footer: one ranged read
+    paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    if label_column not in paths:
+        raise DataSchemaError(f"file {fragment.path!r} has no label column {label_column!r}")
+    col = paths.index(label_column)
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if group.num_rows == 0:
+            continue
+        stats = group.column(col).statistics
+        if stats is not None and stats.has_null_count and (stats.has_min_max or stats.null_count == group.num_rows):
+            out.add(group.num_rows, stats.null_count, stats.min if stats.has_min_max else None,
+                    stats.max if stats.has_min_max else None)
+            continue
+        labels = fragment.subset(row_group_ids=[i]).to_table(columns=[label_column]).column(label_column)
+        out.row_groups_read += 1
+        out.add(len(labels), labels.null_count, pc.min(labels).as_py(), pc.max(labels).as_py())
+    return out
 
-    The location is checked first (one quick request on S3), so an unreachable
-    endpoint, rejected credentials or a missing bucket raise StorageError at once.
-    """
-    check_location(uri, write=False)
-    ds = open_dataset(uri)
-    schema = ds.schema
+
+def _check_columns(uri: str, schema: pa.Schema, label_column: str,
+                   feature_columns: list[str] | None) -> tuple[list[str], dict[str, str]]:
     names = schema.names
     if label_column not in names:
         raise DataSchemaError(
@@ -124,30 +165,70 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
                 f"dataset {uri!r}: feature column {col!r} has type {t}, expected a numeric type"
             )
         types[col] = kind
-    labels = ds.to_table(columns=[label_column]).column(label_column)
-    if labels.null_count:
-        raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has {labels.null_count} nulls")
-    if len(labels) == 0:
+    return features, types
+
+
+FOOTER_READERS = 8  # footers read at once: on S3 each is a round trip
+
+
+def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | None) -> DatasetInfo:
+    """Check the schema (label integer, features numeric), count rows and classes; raise naming the column.
+
+    Rows and the label's range and nulls come from the Parquet footers' statistics; the label column
+    is read only in row groups written without them. Float feature columns are scanned once for NaN
+    and infinite values, which Parquet statistics cannot show (`count_non_finite`). The location is
+    checked first (one quick request on S3), so an unreachable endpoint, rejected credentials or a
+    missing bucket raise StorageError at once.
+    """
+    check_location(uri, write=False)
+    ds = open_dataset(uri)
+    features, types = _check_columns(uri, ds.schema, label_column, feature_columns)
+    fragments = list(ds.get_fragments())
+    with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_READERS, len(fragments)))) as pool:
+        parts = list(pool.map(lambda f: _label_summary(f, label_column), fragments))
+    total = _LabelSummary()
+    for part in parts:
+        total.add(part.rows, part.nulls, part.low, part.high)
+        total.row_groups_read += part.row_groups_read
+    if total.nulls:
+        raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has {total.nulls} nulls")
+    if total.rows == 0 or total.low is None or total.high is None:
         raise DataSchemaError(f"dataset {uri!r} is empty")
-    lo = pa.compute.min(labels).as_py()
-    hi = pa.compute.max(labels).as_py()
-    if lo < 0:
-        raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has negative value {lo}")
-    return DatasetInfo(uri=uri, num_rows=len(labels), feature_columns=features, label_column=label_column,
-                       num_classes=int(hi) + 1, label_min=int(lo), label_max=int(hi), types=types,
-                       non_finite=count_non_finite(ds, types))
+    if total.low < 0:
+        raise DataSchemaError(f"dataset {uri!r}: label column {label_column!r} has negative value {total.low}")
+    return DatasetInfo(uri=uri, num_rows=total.rows, feature_columns=features, label_column=label_column,
+                       num_classes=total.high + 1, label_min=total.low, label_max=total.high, types=types,
+                       non_finite=count_non_finite(ds, types), files=len(fragments),
+                       row_groups_read=total.row_groups_read)
+
+
+def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
+                batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
+    labels (int64). One file and one batch ahead are read at a time, so memory does not grow with
+    the dataset (a row group of the file being read is the largest thing held)."""
+    scanner = open_dataset(uri).scanner(columns=[*feature_columns, label_column], batch_size=batch_rows,
+                                        batch_readahead=1, fragment_readahead=1)
+    for batch in scanner.to_batches():
+        if batch.num_rows:
+            yield _to_arrays(batch, label_column, feature_columns)
+
+
+def _to_arrays(batch: pa.RecordBatch | pa.Table, label_column: str,
+               feature_columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.column_stack([batch.column(c).to_numpy(zero_copy_only=False) for c in feature_columns])
+    y = batch.column(label_column).to_numpy(zero_copy_only=False)
+    return x.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
 
 
 def load_arrays(
     uri: str, label_column: str, feature_columns: list[str], rank: int = 0, world_size: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Features (float32, rows x features) and labels (int64) of this worker's shard (every world_size-th row)."""
-    table = open_dataset(uri).to_table(columns=[*feature_columns, label_column])
-    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False) for c in feature_columns])
-    y = table.column(label_column).to_numpy(zero_copy_only=False)
-    x = x.astype(np.float32, copy=False)[rank::world_size]
-    y = y.astype(np.int64, copy=False)[rank::world_size]
-    return x, y
+    """The whole dataset in memory (for tests and small tools; training and validation stream it):
+    features (float32, rows x features) and labels (int64), every world_size-th row from `rank`."""
+    x, y = _to_arrays(open_dataset(uri).to_table(columns=[*feature_columns, label_column]), label_column,
+                      feature_columns)
+    return x[rank::world_size], y[rank::world_size]
 
 
 def make_classification_data(
@@ -159,8 +240,10 @@ def make_classification_data(
     num_classes: int = 4,
     seed: int = 0,
     label_column: str = "label",
+    row_group_rows: int | None = None,
 ) -> tuple[str, str]:
-    """Write a deterministic synthetic classification dataset as train.parquet and val.parquet.
+    """Write a deterministic synthetic classification dataset as train.parquet and val.parquet
+    (row groups of `row_group_rows`, default: pyarrow's).
 
     Classes are Gaussian blobs around random centers, partly overlapping so that
     accuracy improves over epochs without reaching 100% at once.
@@ -187,6 +270,6 @@ def make_classification_data(
         uri = join(out_dir, f"{name}.parquet")
         _, path = fsspec_filesystem(uri)
         with fs.open(path, "wb") as f:
-            pq.write_table(sample(n), f)
+            pq.write_table(sample(n), f, row_group_size=row_group_rows)
         paths.append(uri)
     return paths[0], paths[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -64,16 +65,21 @@ def build_model(spec: ModelSpec, mean: list[float] | None = None, scale: list[fl
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 4096) -> dict[str, float]:
     """Mean cross-entropy loss and accuracy of `model` on (x, y)."""
+    return evaluate_batches(model, ((x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)))
+
+
+def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Mean cross-entropy loss and accuracy of `model` over (x, y) batches, one batch in memory at a time."""
     try:
         model.eval()
     except NotImplementedError:  # a torch.export program (a served model) has no train mode to leave
         pass
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, n = 0.0, 0, 0
     with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            logits = model(x[i : i + batch_size])
-            target = y[i : i + batch_size]
+        for x, target in batches:
+            logits = model(x)
             loss_sum += nn.functional.cross_entropy(logits, target, reduction="sum").item()
-            correct += (logits.argmax(1) == target).sum().item()
-    n = max(len(x), 1)
+            correct += int((logits.argmax(1) == target).sum().item())
+            n += len(target)
+    n = max(n, 1)
     return {"loss": loss_sum / n, "accuracy": correct / n}

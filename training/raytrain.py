@@ -283,19 +283,25 @@ def fit(
     callbacks: list[Any],
     max_failures: int = 0,
     loop_datasets: dict[str, str] | None = None,
+    datasets: dict[str, Any] | None = None,
+    data_cpus: float = 1.0,
 ) -> None:
     """Run a TorchTrainer to completion; same run name and storage resume from the latest checkpoint.
 
     `loop_datasets` ({key: Parquet location}) become Ray Datasets in the loop's config under their
     keys, read here, in the process that trains: the config and every record hold only locations.
+    `datasets` (Ray Datasets by name) are the trainer's: split across the workers
+    (`ray.train.get_dataset_shard`), Ray Data using at most `data_cpus` CPUs.
     Every worker runs podium's ReportCapture, so reports' `validation=` reach the announcer."""
     from ray.train.torch import TorchTrainer  # torch loads here, in the process that trains, not on import
 
+    from podium.training.ingest import dataset_config, podium_data_context, read_parquet_dataset
+
     fs, path = arrow_filesystem(storage)
-    datasets = {key: read_parquet_dataset(uri) for key, uri in (loop_datasets or {}).items()}
+    in_config = {key: read_parquet_dataset(normalize_location(uri)) for key, uri in (loop_datasets or {}).items()}
     trainer = TorchTrainer(
         train_loop_per_worker=train_loop,
-        train_loop_config={**loop_config, **datasets},
+        train_loop_config={**loop_config, **in_config},
         scaling_config=ray.train.ScalingConfig(
             num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
         ),
@@ -308,16 +314,11 @@ def fit(
             # keep every checkpoint: promotion may pick any of them
             checkpoint_config=CheckpointConfig(num_to_keep=None),
         ),
+        datasets=datasets or None,
+        dataset_config=dataset_config(data_cpus) if datasets else None,
     )
-    trainer.fit()
-
-
-def read_parquet_dataset(uri: str) -> Any:
-    """A Ray Dataset over a Parquet file or folder (local or s3://, with podium's S3 settings)."""
-    import ray.data
-
-    fs, path = arrow_filesystem(normalize_location(uri))
-    return ray.data.read_parquet(path, filesystem=fs)
+    with podium_data_context(data_cpus):  # Ray Train copies Ray Data's context for the workers when fit starts
+        trainer.fit()
 
 
 def checkpoint_at(uri: str) -> ray.train.Checkpoint:

@@ -235,7 +235,7 @@ class S3Handler(pafs.FSSpecHandler):
     Ray Train persists and downloads checkpoints with `pyarrow.fs.copy_files`,
     which reads input streams and writes output streams in 64 MiB chunks: here
     those chunks become concurrent multipart uploads and ranged GETs. Random
-    access (`open_input_file`, used by Parquet readers) stays with s3fs.
+    access (`open_input_file`, used by Parquet readers) stays with s3fs, without its read-ahead.
     """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, part_size: int = 64 * MiB, concurrency: int = 4):
@@ -295,6 +295,14 @@ class S3Handler(pafs.FSSpecHandler):
             if info.get("type") == "file":
                 self._remember(path, int(info.get("size") or 0), info.get("ETag"))
         return [self._create_file_info(path, info) for path, info in entries.items()]
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        """Random access (Parquet readers): each read fetches the range asked for. pyarrow already merges
+        a row group's column chunks into large reads; s3fs's default 50 MB read-ahead fetched whole
+        files to read a footer's neighbourhood, one column or one sampled row group."""
+        if not self.fs.isfile(path):
+            raise FileNotFoundError(path)
+        return pa.PythonFile(self.fs.open(path, mode="rb", cache_type="none"), mode="r")
 
     def open_input_stream(self, path: str) -> pa.NativeFile:
         """A prefetching sequential reader (If-Match pins it to the listed ETag, so a stale listing fails safe)."""

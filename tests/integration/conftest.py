@@ -35,12 +35,13 @@ def prefect_api(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray runtime shared by the session, sized for 2 training workers + 2 validations."""
+    """A local Ray runtime shared by the session, sized for 2 training workers, 1 CPU of Ray Data reading
+    and 2 validations (podium's defaults)."""
     import ray
 
     from podium.training import raytrain
 
-    raytrain.ensure_ray(4, ["podium_user_code:train_func"])
+    raytrain.ensure_ray(5, ["podium_user_code:train_func"])
     yield
     ray.shutdown()
 

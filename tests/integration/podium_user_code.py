@@ -68,3 +68,57 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
         time.sleep(3600)
     time.sleep(float(config.get("sleep_s", 0)))
     return {"score": -mse}
+
+
+def _features(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of columns from Ray Data: every column but the label, stacked, and the label."""
+    x = torch.stack([batch[k].float() for k in sorted(batch) if k != "label"], dim=1)
+    return x, batch["label"].long()
+
+
+def train_func_with_datasets(config: dict) -> None:
+    """Ray's data-ingest pattern: the trainer's datasets, one shard per worker, iter_torch_batches."""
+    train_shard = ray.train.get_dataset_shard("train")
+    val_shard = ray.train.get_dataset_shard("val")
+    torch.manual_seed(0)
+    model = None
+    for epoch in range(config.get("epochs", 2)):
+        train_rows = val_rows = correct = 0
+        for batch in train_shard.iter_torch_batches(batch_size=256):
+            x, y = _features(batch)
+            if model is None:
+                model = nn.Linear(x.shape[1], 4)
+                opt = torch.optim.Adam(model.parameters(), lr=0.05)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            train_rows += len(y)
+        with torch.no_grad():
+            for batch in val_shard.iter_torch_batches(batch_size=1024):
+                x, y = _features(batch)
+                correct += int((model(x).argmax(1) == y).sum())
+                val_rows += len(y)
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if ray.train.get_context().get_world_rank() == 0:
+                torch.save(model.state_dict(), os.path.join(tmp, "softmax.pt"))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report({"epoch": epoch, "train_rows": train_rows, "val_rows": val_rows,
+                              "accuracy": correct / max(val_rows, 1)}, checkpoint=checkpoint)
+
+
+def validate_softmax(checkpoint: ray.train.Checkpoint, val_data: str) -> dict:
+    """Accuracy of train_func_with_datasets' model on the validation Parquet file."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(val_data)
+    x = torch.stack([torch.from_numpy(table.column(k).to_numpy()).float()
+                     for k in sorted(table.column_names) if k != "label"], dim=1)
+    y = torch.from_numpy(table.column("label").to_numpy())
+    with checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "softmax.pt"), weights_only=True)
+    model = nn.Linear(x.shape[1], 4)
+    model.load_state_dict(state)
+    with torch.no_grad():
+        return {"accuracy": float((model(x).argmax(1) == y).float().mean())}

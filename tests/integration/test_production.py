@@ -289,8 +289,9 @@ def team(stack):
         "serving": str(shared / "serving"),
         "data": {"train": train, "val": val},
         "training": {"epochs": 2},
-        # 1.5 CPUs per training worker: the two workers cannot share a 2-CPU node, so one runs on each
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1.5},
+        # 1.5 CPUs per training worker: the two workers cannot share a 2-CPU node, so one runs on each;
+        # Ray Data's read tasks then fit in the half CPU left on a node
+        "scaling": {"num_workers": 2, "cpus_per_worker": 1.5, "data_cpus": 0.5},
         "validation": {"concurrency": 2, "num_cpus": 0.5},
     }
     config_file = stack.root / "podium.json"
@@ -440,17 +441,22 @@ from ray.train.torch import TorchTrainer
 from podium.tasks.events import PrefectEventSink
 from podium.tasks.plan import plan_run
 from podium.config import PipelineConfig
+from podium.training.ingest import builtin_datasets, dataset_config
 from podium.training.loop import train_loop_per_worker
 from podium.training.raytrain import CheckpointAnnouncer
 
 config = PipelineConfig.model_validate(json.loads(sys.argv[1]))
 ray.init()  # RAY_ADDRESS
+loop_config = plan_run(config).loop_config
 trainer = TorchTrainer(
     train_loop_per_worker,
-    train_loop_config=plan_run(config).loop_config,
+    train_loop_config=loop_config,
     scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1.5}),
     run_config=RunConfig(name=config.run_name, storage_path=config.storage,
                          callbacks=[CheckpointAnnouncer(config.run_name, [PrefectEventSink()])]),
+    # the built-in loop reads its shard from Ray Data, here in the half CPU a node has left
+    datasets=builtin_datasets(loop_config, data_cpus=0.5),
+    dataset_config=dataset_config(data_cpus=0.5),
 )
 trainer.fit()
 """

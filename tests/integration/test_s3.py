@@ -81,7 +81,7 @@ def ray_with_s3(s3, ray_cluster):
     os.environ["RAY_TMPDIR"] = saved["RAY_TMPDIR"] or tempfile.gettempdir()  # Ray's own files stay where they were
     os.environ["TMPDIR"] = worker_tmp
     try:
-        raytrain.ensure_ray(4, ["podium_user_code:train_func"])
+        raytrain.ensure_ray(5, ["podium_user_code:train_func"])
         yield worker_tmp
     finally:
         ray.shutdown()  # the next user starts Ray again without these variables
@@ -118,6 +118,14 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
 
     records = summary.checkpoints
     assert len(records) == 2 and all(r.status == "validated" for r in records)
+    # the 2 workers read the data from the bucket through Ray Data; its statistics, from one streaming
+    # pass, are saved with the run and in every checkpoint
+    fs = s3_filesystem()
+    saved = json.loads(fs.cat_file(f"{BUCKET}/storage/.podium-runs/s3-e2e.feature-stats.json"))
+    x_train, _ = load_arrays(train, "label", [f"f{i:02d}" for i in range(16)])
+    assert saved["rows"] == 3000 and saved["mean"] == pytest.approx(x_train.astype("float64").mean(0).tolist())
+    meta = json.loads(fs.cat_file(records[-1].uri.removeprefix("s3://") + "/podium.json"))
+    assert meta["config"]["feature_stats"] == saved
     # Ray Train wrote the checkpoints into the bucket; the MLflow records point there
     for r in records:
         assert r.uri.startswith(f"{storage}/s3-e2e/checkpoint_")

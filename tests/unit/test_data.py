@@ -1,10 +1,11 @@
-"""Parquet data: synthetic data, schema checks that name the column, sharding."""
+"""Parquet data: synthetic data, schema checks that name the column, footers before rows, batches."""
 
 from __future__ import annotations
 
 import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -12,6 +13,7 @@ from podium.training.data import (
     DataSchemaError,
     count_non_finite,
     inspect_dataset,
+    iter_arrays,
     load_arrays,
     make_classification_data,
     open_dataset,
@@ -108,3 +110,65 @@ def test_make_data_refuses_counts_that_make_no_dataset(tmp_path, kwargs, expecte
     with pytest.raises(ValueError, match=re.escape(expected)):
         make_classification_data(str(tmp_path / "d"), **kwargs)
     assert not (tmp_path / "d").exists()
+# ---------------------------------------------------------------------------------------------
+# The preflight reads footers; row data only where statistics are missing
+
+
+def _write(path, table: pa.Table, **kwargs) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, **kwargs)
+    return str(path)
+
+
+def _table(labels) -> pa.Table:
+    return pa.table({"x": np.arange(len(labels), dtype=np.float32), "label": pa.array(labels, pa.int64())})
+
+
+def test_preflight_reads_no_row_data_when_the_footers_have_statistics(tmp_path):
+    path = _write(tmp_path / "d.parquet", _table([3, 0, 1, 2] * 25), row_group_size=10)
+    info = inspect_dataset(path, "label", None)
+    assert (info.num_rows, info.num_classes, info.row_groups_read) == (100, 4, 0)
+
+
+def test_preflight_reads_the_label_column_of_row_groups_without_statistics(tmp_path):
+    with_stats = _write(tmp_path / "parts/a.parquet", _table([0, 1] * 10), row_group_size=5)
+    without = _write(tmp_path / "parts/b.parquet", _table([1, 6, 2]), row_group_size=2, write_statistics=False)
+    assert pq.ParquetFile(without).metadata.row_group(0).column(1).statistics is None
+    info = inspect_dataset(str(tmp_path / "parts"), "label", None)
+    # the largest label (6) is only in b.parquet, which has no statistics: found by reading its 2 row groups
+    assert (info.num_rows, info.num_classes, info.files, info.row_groups_read) == (23, 7, 2, 2)
+    assert inspect_dataset(with_stats, "label", None).row_groups_read == 0
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["from-statistics", "from-row-data"])
+def test_preflight_finds_nulls_and_negative_labels_either_way(tmp_path, statistics):
+    nulls = _write(tmp_path / "n.parquet", _table([0, None, 1, None]), row_group_size=2, write_statistics=statistics)
+    with pytest.raises(DataSchemaError, match="has 2 nulls"):
+        inspect_dataset(nulls, "label", None)
+    negative = _write(tmp_path / "m.parquet", _table([0, 1, -3, 1]), row_group_size=2, write_statistics=statistics)
+    with pytest.raises(DataSchemaError, match="negative value -3"):
+        inspect_dataset(negative, "label", None)
+
+
+def test_preflight_all_null_label_is_reported_as_nulls(tmp_path):
+    path = _write(tmp_path / "d.parquet", _table([None, None]))
+    with pytest.raises(DataSchemaError, match="has 2 nulls"):
+        inspect_dataset(path, "label", None)
+
+
+def test_validation_batches_cover_every_row_once_and_stay_bounded(tmp_path):
+    n = 1000
+    table = pa.table({"a": np.arange(n, dtype=np.float64), "b": np.ones(n, dtype=np.int32),
+                      "label": np.arange(n) % 3})
+    path = _write(tmp_path / "v.parquet", table, row_group_size=300)
+    batches = list(iter_arrays(path, "label", ["a", "b"], batch_rows=128))
+    assert max(len(y) for _, y in batches) <= 128
+    xs = np.concatenate([x for x, _ in batches])
+    assert sorted(xs[:, 0].astype(int).tolist()) == list(range(n))
+    assert all(x.dtype == np.float32 and y.dtype == np.int64 and x.shape == (len(y), 2) for x, y in batches)
+    assert all((x[:, 0].astype(int) % 3 == y).all() for x, y in batches)  # rows stay paired
+
+
+def test_synthetic_data_row_groups(tmp_path):
+    train, _ = make_classification_data(str(tmp_path / "d"), train_rows=1000, val_rows=10, row_group_rows=256)
+    assert pq.ParquetFile(train).metadata.num_row_groups == 4

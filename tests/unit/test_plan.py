@@ -202,3 +202,20 @@ def test_a_validation_function_whose_arguments_nothing_fills_is_refused_naming_t
         "fn": "podium_validation_fns:needs_run_and_epoch", "kwargs": {"train_run_name": "a", "epoch": 1}})
     assert plan_run(ok).validate_kwargs["run_name"] == "podium-demo"
     assert "first positional argument" in plan_error(make_config(validation={"fn": "podium_validation_fns:no_checkpoint"}))
+def test_the_loop_learns_the_row_count_from_the_footers(make_config):
+    plan = plan_run(make_config())
+    assert plan.loop_config["train_rows"] == 60  # demo data: 60 training rows
+    assert (plan.loop_config["shuffle"], plan.loop_config["shuffle_window_rows"]) == ("local", 65536)
+
+
+def test_fewer_rows_than_workers_is_refused(make_config, write_parquet):
+    tiny = write_parquet("tiny.parquet", f00=[1.0, 2.0], f01=[0.0, 1.0], f02=[3.0, 4.0], label=[0, 1])
+    message = plan_error(make_config(data={"train": tiny}, scaling={"num_workers": 3}))
+    assert f"data.train = {tiny!r}: 2 rows for scaling.num_workers = 3: expected at least one row per worker" in message
+
+
+def test_shuffle_and_data_cpus_are_checked():
+    with pytest.raises(ConfigError, match=re.escape("training.shuffle = 'sorted'")):
+        build_config({"training": {"shuffle": "sorted"}})
+    with pytest.raises(ConfigError, match=re.escape("scaling.data_cpus = 0")):
+        build_config({"scaling": {"data_cpus": 0}})
