@@ -15,10 +15,13 @@ server's CPU seconds from /proc/<pid>/stat before and after.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -31,14 +34,30 @@ REPO = Path(__file__).resolve().parent.parent
 PODIUM = str(Path(sys.executable).parent / "podium")
 
 
-def podium_env(home: str) -> dict[str, str]:
-    """The environment of a podium subprocess: embedded defaults under `home`, benchmarks importable."""
-    env = dict(os.environ)
+_BENCH_PATH: str | None = None
+
+
+def benchmarks_only_path() -> str:
+    """A folder holding only `benchmarks` (a link to this one), for PYTHONPATH: podium's processes and Ray
+    workers import the validation function from it, and the repository's own `podium/` folder does not
+    shadow the podium of the installation being measured (another one, with startup.py --before)."""
+    global _BENCH_PATH
+    if _BENCH_PATH is None:
+        _BENCH_PATH = tempfile.mkdtemp(prefix="podium-bench-path-")
+        os.symlink(REPO / "benchmarks", Path(_BENCH_PATH) / "benchmarks")
+        atexit.register(shutil.rmtree, _BENCH_PATH, True)
+    return _BENCH_PATH
+
+
+def podium_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a podium subprocess: embedded defaults under `home`, benchmarks importable,
+    plus `extra` (the pinning hook of benchmarks.pinning)."""
+    env = {**os.environ, **(extra or {})}
     for k in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "RAY_ADDRESS", "PODIUM_TRACKING_URI",
               "PODIUM_PREFECT_API_URL"):
         env.pop(k, None)
     env["PODIUM_HOME"] = home
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([benchmarks_only_path(), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("DO_NOT_TRACK", "1")
     return env
 
@@ -55,6 +74,12 @@ def start_server(home: str) -> tuple[str, float]:
 def stop_server(home: str) -> None:
     """`podium server stop` under `home` (only the server this home started)."""
     subprocess.run([PODIUM, "server", "stop"], env=podium_env(home), capture_output=True, timeout=60)
+
+
+def server_url(home: str) -> str | None:
+    """API URL of the local Prefect server podium started under `home` (by `podium run` itself when cold)."""
+    p = Path(home) / "prefect" / "server.json"
+    return json.loads(p.read_text())["api_url"] if p.exists() else None
 
 
 def server_pid(home: str) -> int | None:
@@ -95,14 +120,17 @@ class PeakRss(threading.Thread):
             time.sleep(self.every_s)
 
 
-def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600) -> dict[str, Any]:
-    """`podium run --json --config <file>` under `home`; the JSON summary plus process facts."""
+def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600,
+               extra_env: dict[str, str] | None = None, podium: str = PODIUM) -> dict[str, Any]:
+    """`podium run --json --config <file>` under `home`; the JSON summary plus process facts.
+
+    `podium`: the command to run (another installation, to compare before and after a change)."""
     cfg_path = Path(workdir) / f"{config['run_name']}.json"
     cfg_path.write_text(json.dumps(config, indent=2))
-    env = podium_env(home)
+    env = podium_env(home, extra_env)
     srv = server_pid(home)
     srv_cpu0 = cpu_seconds(srv)
-    cmd = [PODIUM, "run", "--json", "--config", str(cfg_path)]
+    cmd = [podium, "run", "--json", "--config", str(cfg_path)]
     log = open(Path(workdir) / f"{config['run_name']}.log", "w")
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=workdir)

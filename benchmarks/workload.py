@@ -12,7 +12,7 @@ import math
 import os
 import platform
 import subprocess
-import threading
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +22,7 @@ from typing import Any
 import ray.train
 import torch
 
-from podium.training.checkpoint import load_model
+from podium.training.checkpoint import CheckpointMeta, load_model, save_checkpoint
 from podium.training.data import load_arrays, make_classification_data
 from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model, evaluate
@@ -181,122 +181,55 @@ class FileSink:
         append_jsonl(self.path, {"kind": "persisted", **event.to_dict()})
 
 
-class CoreSplit:
-    """Training on a core of its own; validation and everything else on the other(s).
-
-    Used as `with split:` around one way of running the job. On entry this process's
-    CPU affinity becomes the "other" cores, so every process it starts (Ray's GCS and
-    raylet, the workers, the Prefect server, `podium run`) inherits them; a watcher
-    thread moves each Ray Train worker process (process title `ray::RayTrainWorker`),
-    all of its threads, onto the training core as soon as it appears. Ray itself does
-    not pin CPUs: this does from outside, the same way for every variant, and neither
-    podium nor the loops know about it. With fewer than two usable cores it does nothing.
-    """
-
-    MARKER = b"RayTrainWorker"
-
-    def __init__(self, enabled: bool = True, poll_s: float = 0.05):
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self.enabled = enabled and len(cpus) >= 2
-        self.all = set(cpus)
-        self.train = set(cpus[:1])
-        self.other = set(cpus[1:])
-        self.poll_s = poll_s
-        self.pinned: dict[int, float] = {}  # pid -> seconds from entering the block to being pinned
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._entered = 0.0
-
-    def describe(self) -> str:
-        """How the cores were shared, for BENCHMARKS.md."""
-        if not self.enabled:
-            return "no pinning (fewer than 2 usable cores)"
-        return (f"Ray Train worker processes on core {sorted(self.train)}, everything else on core(s) "
-                f"{sorted(self.other)}")
-
-    def __enter__(self) -> CoreSplit:
-        if self.enabled:
-            self._entered = time.time()
-            os.sched_setaffinity(0, self.other)
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._watch, name="core-split", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
-        if self.enabled:
-            os.sched_setaffinity(0, self.all)
-
-    def _pin_threads(self, pid: int) -> None:
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            return
-        for tid in tids:
-            try:
-                if os.sched_getaffinity(tid) != self.train:
-                    os.sched_setaffinity(tid, self.train)
-            except OSError:  # the thread (or process) is gone
-                pass
-
-    def _watch(self) -> None:
-        ignored: set[int] = set()
-        while not self._stop.wait(self.poll_s):
-            for pid in list(self.pinned):  # threads started since the last pass
-                self._pin_threads(pid)
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                pid = int(name)
-                if pid in self.pinned or pid in ignored:
-                    continue
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmdline = f.read()
-                except OSError:
-                    continue
-                if self.MARKER in cmdline:
-                    self._pin_threads(pid)
-                    self.pinned[pid] = time.time() - self._entered
-                elif b"ray" not in cmdline:
-                    # not Ray's: never a train worker. Ray's processes are looked at again on every pass: a
-                    # worker starts as setup_worker.py or an idle default_worker.py and takes its title later
-                    ignored.add(pid)
-
-
-def calibrate(workload: Workload, train: str, val: str) -> Workload:
-    """Measure one epoch and one validation pass here (one torch thread) and set `repeat`
-    so that a validation costs about `val_cost_epochs` epochs."""
-    if workload.repeat:
-        return workload
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    cols = feature_columns(workload)
-    x, y = (torch.from_numpy(a) for a in load_arrays(train, "label", cols))
-    xv, yv = (torch.from_numpy(a) for a in load_arrays(val, "label", cols))
-    model = build_model(ModelSpec(workload.features, workload.classes, workload.hidden_size))
-    opt = torch.optim.Adam(model.parameters(), lr=workload.learning_rate)
-    steps = math.ceil(len(x) / workload.batch_size)
-    sample = min(steps, max(20, steps // 4))
-    t = time.perf_counter()
-    for b in range(sample):
-        i = slice(b * workload.batch_size, (b + 1) * workload.batch_size)
-        loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    epoch_s = (time.perf_counter() - t) * steps / sample
-    evaluate(model, xv, yv)
-    t = time.perf_counter()
-    for _ in range(3):
+def calibrate(workload: Workload, train: str, val: str, cpus: set[int] | None = None) -> Workload:
+    """Measure here, on `cpus` (the training core) with one torch thread: an epoch, twice (the two must
+    agree for the calibration to be trusted), and one validation pass. Set `repeat` (unless given) so
+    that a validation costs about `val_cost_epochs` epochs, then time one whole validation
+    (`validate_repeated` on a real checkpoint: loading included), which is what every way is checked against."""
+    before = os.sched_getaffinity(0) if cpus else None
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        cols = feature_columns(workload)
+        x, y = (torch.from_numpy(a) for a in load_arrays(train, "label", cols))
+        xv, yv = (torch.from_numpy(a) for a in load_arrays(val, "label", cols))
+        spec = ModelSpec(workload.features, workload.classes, workload.hidden_size)
+        model = build_model(spec)
+        opt = torch.optim.Adam(model.parameters(), lr=workload.learning_rate)
+        steps = math.ceil(len(x) / workload.batch_size)
+        sample = min(steps, max(20, steps // 4))
+        epochs = []
+        for _ in range(2):
+            t = time.perf_counter()
+            for b in range(sample):
+                i = slice(b * workload.batch_size, (b + 1) * workload.batch_size)
+                loss = torch.nn.functional.cross_entropy(model(x[i]), y[i])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            epochs.append((time.perf_counter() - t) * steps / sample)
         evaluate(model, xv, yv)
-    pass_s = (time.perf_counter() - t) / 3
-    workload.repeat = max(1, round(workload.val_cost_epochs * epoch_s / pass_s))
-    workload.calibration = {"epoch_s": round(epoch_s, 3), "val_pass_s": round(pass_s, 4)}
+        t = time.perf_counter()
+        for _ in range(3):
+            evaluate(model, xv, yv)
+        pass_s = (time.perf_counter() - t) / 3
+        epoch_s = min(epochs)
+        if not workload.repeat:
+            workload.repeat = max(1, round(workload.val_cost_epochs * epoch_s / pass_s))
+        with tempfile.TemporaryDirectory(prefix="bench-calibrate-") as d:
+            meta = CheckpointMeta(model=spec, epoch=1, step=1, metrics={}, config={}, feature_columns=cols,
+                                  label_column="label")
+            save_checkpoint(d, model, None, meta)
+            t = time.perf_counter()
+            validate_repeated(ray.train.Checkpoint.from_directory(d), **validate_kwargs(workload, val, None))
+            validation_s = time.perf_counter() - t
+    finally:
+        if before:
+            os.sched_setaffinity(0, before)
+    workload.calibration = {"epoch_s": round(epoch_s, 3), "epoch_spread": round(max(epochs) / min(epochs) - 1, 3),
+                            "val_pass_s": round(pass_s, 4), "validation_s": round(validation_s, 3)}
     return workload
 
 

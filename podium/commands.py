@@ -40,6 +40,9 @@ def _quiet_libraries(log_file: Path) -> None:
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # mlflow would add a stderr handler to its logger on import; without it, its records reach the file below
+    # (and mlflow is imported when it is needed, not here)
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     log_file.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_file)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -64,14 +67,32 @@ def _quiet_libraries(log_file: Path) -> None:
         "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "podium"}},
         "loggers": {"ray.data": {"level": "INFO", "handlers": ["file"], "propagate": False}}}))
     os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(ray_data_logging))
-    import mlflow  # noqa: F401  (mlflow adds a stderr handler to its logger on import)
-
-    logging.getLogger("mlflow").handlers.clear()
-    logging.getLogger("mlflow").propagate = True
+    logging.getLogger("mlflow").setLevel(logging.INFO)  # the level mlflow's own configuration would set
 
 
-def _prepare(config: Any, settings: PodiumSettings, which: str) -> tuple[str, str]:
-    """Preflight, servers. Returns (tracking_uri, api_url)."""
+class StartupClock:
+    """When each start-up phase of a command ran, in seconds since the command started (`--json` reports it)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.started_at = time.time()
+        self.phases: dict[str, list[float]] = {}
+
+    def record(self, name: str, began: float, ended: float | None = None) -> None:
+        """A phase that ran from `began` to `ended` (time.monotonic(); default: now)."""
+        self.phases[name] = [round(began - self.start, 3), round((ended or time.monotonic()) - self.start, 3)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The "startup" block of the JSON output."""
+        return {"started_at": round(self.started_at, 3), "phases": self.phases}
+
+
+def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupClock | None = None) -> tuple[str, str]:
+    """Preflight, then the servers at the same time: the Prefect server (checked or started) and, for a
+    training run (`which` = "run"), Ray (started with the validation warm-up) in background threads,
+    while this thread opens the MLflow store and loads what training needs. Returns (tracking_uri, api_url)."""
+    clock = clock or StartupClock()
+    began = time.monotonic()
     _maybe_make_demo_data(config, settings)
     from podium.config import ConfigError
     from podium.tasks.plan import plan_run
@@ -84,14 +105,38 @@ def _prepare(config: Any, settings: PodiumSettings, which: str) -> tuple[str, st
             check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    from podium.services import ServiceError, ensure_prefect_server, prepare_mlflow
+    clock.record("preflight", began)
+    from podium import services
 
+    prefect = services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
+                                  settings.prefect_api_url, name="podium-prefect-server")
+    ray_start = None
+    if which == "run":
+        from podium.tasks.train import start_ray_early
+
+        ray_start = start_ray_early(plan)
     tracking_uri = settings.resolved_tracking_uri()
+    began = time.monotonic()
+    from podium.tracking.client import apply_http_retry_defaults
+
+    apply_http_retry_defaults()  # before the first MLflow request
     try:
-        prepare_mlflow(tracking_uri)
-        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
-    except ServiceError as exc:
+        services.prepare_mlflow(tracking_uri)
+    except services.ServiceError as exc:
         raise CliError(str(exc)) from None
+    clock.record("mlflow_store", began)
+    if ray_start is not None:
+        began = time.monotonic()
+        import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
+
+        clock.record("import_torch", began)
+        ray_start.wait()  # Ray Train may load from here on (see podium.training.cluster.start_early)
+        clock.record("ray", ray_start.started, ray_start.ended)
+    try:
+        api_url = prefect.result()
+    except services.ServiceError as exc:
+        raise CliError(str(exc)) from None
+    clock.record("prefect_server", prefect.started, prefect.ended)
     return tracking_uri, api_url
 
 
@@ -107,9 +152,11 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     """`podium run` / `podium promote`: the whole pipeline, or promotion alone, as a Prefect flow run."""
     use_ray_address(args.ray_address)
     settings = PodiumSettings()
-    start = time.monotonic()
+    clock = StartupClock()
+    start = clock.start
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
+    clock.record("config_and_logging", start)
     progress = logging.getLogger("podium.progress")
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
@@ -118,10 +165,10 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     from podium.serving.layout import ServingError
     from podium.tasks.plan import RunInProgress
     from podium.tasks.train import NoCheckpointReported
-    from podium.tracking.client import TrackingUnavailable, apply_http_retry_defaults
+    from podium.tracking.client import TrackingUnavailable
 
-    apply_http_retry_defaults()  # before the first MLflow request (the store check in _prepare)
-    tracking_uri, api_url = _prepare(config, settings, which)
+    tracking_uri, api_url = _prepare(config, settings, which, clock)
+    began = time.monotonic()
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from podium.services import ui_url
@@ -132,6 +179,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             from podium.flows.pipeline import train_validate_promote as flow_fn
         else:
             from podium.flows.promote import promote_run as flow_fn
+        clock.record("import_flow", began)
+        logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
         try:
             summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
                 config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
@@ -148,6 +197,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
         out = summary_json(summary, config.serving, config)
         out["wall_time_s"] = round(elapsed, 1)
         out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
+        out["startup"] = clock.to_dict()
         print(json.dumps(out))
         return 0
     print_summary(summary, config, settings, tracking_uri, api_url, elapsed)

@@ -18,10 +18,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,36 @@ def _get_json(url: str, timeout: float = 2.0) -> Any:
             return json.loads(r.read()) if r.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+class Background:
+    """`fn(*args)` running in a daemon thread from now on; `result()` waits for it and returns its value or
+    raises its error. Daemon: a command that fails meanwhile exits without waiting for it.
+
+    `started` and `ended` (time.monotonic()) say when it ran, for the start-up timings."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, name: str):
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._error = exc
+        finally:
+            self.ended = time.monotonic()
+
+    def result(self) -> Any:
+        """Wait for the function; its value, or its exception raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _healthy(api_url: str, timeout: float = 2.0) -> bool:

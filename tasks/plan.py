@@ -88,6 +88,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if cfg.promotion.model_loader:
         imports.append(("promotion.model_loader", cfg.promotion.model_loader))
     for field, path in imports:
+        if path in (BUILTIN_LOOP, BUILTIN_VALIDATE):
+            continue  # podium's own, importable wherever podium is; importing them here would load torch
         try:
             functions[field] = resolve_callable(path, field)
         except ImportPathError as exc:
@@ -119,7 +121,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
                       f"{sorted(BUILTIN_METRICS)}")
     feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
     facts = validation_facts(cfg, feature_columns)
-    errors += validation_fn_errors(cfg, functions["validation.fn"], functions["training.train_loop"], facts)
+    if not builtin_fn:  # podium's own takes what podium gives it
+        errors += validation_fn_errors(cfg, functions["validation.fn"], functions.get("training.train_loop"), facts)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     storage = check_writable(cfg.storage, "storage")
@@ -206,7 +209,7 @@ def validation_facts(cfg: PipelineConfig, feature_columns: list[str] | None) -> 
     ) if value is not None}
 
 
-def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop: Callable[..., Any],
+def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop: Callable[..., Any] | None,
                          facts: dict[str, Any]) -> list[str]:
     """A validation function that can never be called as podium calls it, naming what is missing."""
     field = f"validation.fn = {cfg.validation.fn!r}"
@@ -214,7 +217,7 @@ def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop
     if problem:
         return [f"{field}: {problem}"]
     missing = missing_arguments(fn, [*facts, "step", *cfg.validation.kwargs])
-    if not missing or may_send_report_kwargs(train_loop):
+    if not missing or (train_loop is not None and may_send_report_kwargs(train_loop)):  # None: the built-in loop
         return []  # the loop may send them with each report (ValidationTaskConfig(fn_kwargs=...))
     return [f"{field} requires {', '.join(missing)}, which nothing fills: give them in validation.kwargs "
             "(--validate-kwargs), or send them from your loop with each report: ray.train.report(..., "

@@ -22,9 +22,9 @@ from podium.selection import Champion, CheckpointRecord, Decision, decide_promot
 from podium.serving import layout, load, staging
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
-from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.gate import comparison_summary, decide_on_same_data
 from podium.tasks.lineage import provenance, provenance_tags
+from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate

@@ -13,8 +13,12 @@ from prefect.cache_policies import NO_CACHE
 from podium.imports import resolve_callable
 from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
-from podium.training import ingest, raytrain, validation_call
+from podium.training import cluster, ingest
 from podium.training.events import CheckpointEvent, EventSink
+
+# podium.training.raytrain (Ray Train, ray.data, pandas) is imported where it is used: `podium run` calls
+# start_ray_early and then loads other libraries while Ray starts in a background thread, and no part of
+# `ray` beyond its core may load meanwhile (see cluster.start_early).
 
 
 def required_cpus(plan: RunPlan) -> float:
@@ -111,6 +115,8 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer).
 
     Returns the time training ended (epoch seconds)."""
+    from podium.training import raytrain
+
     cfg = plan.config
     loop_config = loop_config_with_feature_stats(plan)
     datasets = trainer_datasets(plan, loop_config)
@@ -158,16 +164,31 @@ def require_checkpoints(plan: RunPlan, checkpoints: int, reports: int) -> None:
 PREWARM_WAIT_S = 15.0
 
 
+def warm_up_of(plan: RunPlan) -> cluster.WarmUp:
+    """The validation warm-up this plan asks for."""
+    v = plan.config.validation
+    return cluster.WarmUp(fn=v.fn, count=v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
+                          resources=tuple(sorted(v.resources.items())))
+
+
+def start_ray_early(plan: RunPlan) -> cluster.EarlyStart:
+    """Start Ray and the validation warm-up in a background thread, for `connect_ray` to find later
+    (the `podium run` command does, while it loads the rest; see cluster.start_early)."""
+    return cluster.start_early(required_cpus(plan), [plan.train_loop, plan.config.validation.fn], warm_up_of(plan))
+
+
 def connect_ray(plan: RunPlan) -> None:
     """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation,
-    and warm up the validation workers before training starts."""
+    and warm up the validation workers before training starts (or take what `start_ray_early` started)."""
     import ray
 
-    raytrain.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
+    warm_up = warm_up_of(plan)
+    warm = cluster.take_started(warm_up)
+    cluster.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
     check_resources(plan)
-    v = plan.config.validation
-    warm = validation_call.prewarm_validation_workers(v.fn, v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
-                                               resources=v.resources)
+    if warm is None:
+        warm = cluster.prewarm_validation_workers(warm_up.fn, warm_up.count, num_cpus=warm_up.num_cpus,
+                                                  num_gpus=warm_up.num_gpus, resources=dict(warm_up.resources))
     # wait for them (a few seconds), so that the warm-up does not compete with the start of training
     # for CPU where the two share a machine; a cluster still scaling up is not waited for longer
     ray.wait(warm, num_returns=len(warm), timeout=PREWARM_WAIT_S)
@@ -175,6 +196,8 @@ def connect_ray(plan: RunPlan) -> None:
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:
     """Checkpoints Ray Train persisted for this run that were never announced to this process."""
+    from podium.training import raytrain
+
     return [e for e in raytrain.persisted_checkpoints(plan.storage, plan.run_name) if e.checkpoint_name not in seen]
 
 

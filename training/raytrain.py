@@ -9,11 +9,9 @@ podium instead of Ray's own validation manager (see `ReportCapture`).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
-import math
 import os
 from collections.abc import Callable
 from typing import Any, cast
@@ -28,7 +26,12 @@ from ray.util.queue import Empty, Queue
 
 from podium.failures import describe_failure
 from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
-from podium.storage.s3 import s3_environment
+from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
+    DEFAULT_POLL_INTERVAL_S,
+    POLL_INTERVAL_ENV,
+    code_roots,
+    ensure_ray,
+)
 from podium.training.events import (
     CheckpointEvent,
     EventSink,
@@ -39,12 +42,6 @@ from podium.training.events import (
 )
 
 logger = logging.getLogger(__name__)
-
-# Ray Train's controller polls workers every 2 s by default; a report (and so a
-# checkpoint announcement) waits for the next poll. podium polls more often
-# unless the user set the variable themselves.
-POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-DEFAULT_POLL_INTERVAL_S = "0.25"
 
 
 class RayQueueSink:
@@ -190,65 +187,6 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
                 sink.put(event)
             except Exception:  # an announcement must never stop training
                 logger.exception("checkpoint sink %r failed for %r", sink, event)
-
-
-def code_roots(import_paths: list[str]) -> list[str]:
-    """Folders that must be on a Ray worker's path for these import paths to resolve there.
-
-    Modules installed in site-packages are found anyway; a user's own module (a
-    script folder, a test tree) is not, because Ray workers do not inherit the
-    driver's sys.path.
-    """
-    roots = []
-    for path in import_paths:
-        module_name = path.partition(":")[0]
-        if module_name.split(".")[0] == "podium":  # installed beside Ray: the workers import it as the driver does
-            continue
-        module = importlib.import_module(module_name)
-        file = getattr(module, "__file__", None)
-        if not file or "site-packages" in file or "dist-packages" in file:
-            continue
-        root = os.path.dirname(os.path.abspath(file))
-        depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
-        for _ in range(depth):
-            root = os.path.dirname(root)
-        if root not in roots:
-            roots.append(root)
-    return roots
-
-
-def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
-    """Connect to RAY_ADDRESS if set, else start a local Ray with at least `num_cpus` logical CPUs.
-
-    On a small machine the logical CPU count may exceed the cores: training and
-    validation then share cores, which is the user's stated resource split.
-    User code named by `import_paths` is made importable on the workers.
-    """
-    os.environ.setdefault(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)
-    if ray.is_initialized():
-        return
-    roots = code_roots(import_paths or [])
-    if os.environ.get("RAY_ADDRESS"):
-        # a remote cluster gets the user's packages uploaded with the job
-        py_modules = []
-        for path in import_paths or []:
-            top = importlib.import_module(path.partition(":")[0].split(".")[0])
-            if top.__file__ and any(top.__file__.startswith(r) for r in roots):
-                py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
-                                  else top.__file__)
-        # the endpoint/region settings go along (never credentials: each node has its own chain)
-        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
-        if py_modules:
-            runtime_env["py_modules"] = sorted(set(py_modules))
-        ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
-        return
-    env_vars = {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV]}
-    pythonpath = [*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    if pythonpath:
-        env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
-    cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             runtime_env={"env_vars": env_vars})
 
 
 def open_event_queue() -> Queue:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -139,28 +138,3 @@ def validate_remote(
     except ray.exceptions.RayTaskError as exc:
         # re-raise the user's own exception, not Ray's wrapper
         raise exc.as_instanceof_cause() from None
-
-
-def _warm_up(fn_path: str, hold_s: float) -> None:
-    resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
-    time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
-
-
-def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
-                               resources: dict[str, float]) -> list[ray.ObjectRef]:
-    """Start `count` worker processes with the validation function imported; returns their refs.
-
-    A validation task needs its own worker process; a cold one spends seconds
-    starting Python and importing torch, which would delay the first checkpoints'
-    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
-    before training starts (tasks.train.connect_ray), so the warm-up does not
-    compete with the start of training for CPU.
-    """
-    import ray
-
-    task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
-                                        name="podium-validate-warmup", max_retries=0)
-    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
-    # one returns at once, freeing its CPU for the first validation
-    hold_s = 0.5 if count > 1 else 0.0
-    return [task.remote(fn_path, hold_s) for _ in range(count)]

@@ -1,0 +1,80 @@
+"""`podium run` starts Ray in a background thread while its main thread loads MLflow and torch: the thread
+must load nothing but Ray's own modules and what was loaded before it started, and the flow must take
+the warm-up it submitted instead of starting another."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.commands._prepare).
+PROBE = r"""
+import importlib.abc, json, sys, threading
+
+loaded_by_thread = []
+
+class Recorder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread().name == "podium-ray-start":
+            loaded_by_thread.append(name)
+        return None
+
+from podium.training import cluster
+
+before = set()
+original_start = cluster.EarlyStart.start
+def start(self):
+    before.update(m.split(".")[0] for m in sys.modules)
+    sys.meta_path.insert(0, Recorder())
+    original_start(self)
+cluster.EarlyStart.start = start
+
+import ray
+from podium import commands
+from podium.cli import build_parser, config_from_args
+from podium.settings import PodiumSettings
+from podium.tasks.plan import plan_run
+from podium.tasks.train import connect_ray, warm_up_of
+
+args = build_parser().parse_args(["run", "--epochs", "1", "--num-workers", "1", "--concurrency", "1",
+                                  "--train-data", sys.argv[1], "--val-data", sys.argv[2],
+                                  "--storage", sys.argv[3] + "/storage", "--serving", sys.argv[3] + "/serving"])
+settings = PodiumSettings()
+config = config_from_args(args, settings)
+commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
+clock = commands.StartupClock()
+commands._prepare(config, settings, clock, start_ray=True)
+assert ray.is_initialized()
+plan = plan_run(config)
+handed = cluster._started is not None and cluster._started.warm_up == warm_up_of(plan)
+submitted = []
+original_prewarm = cluster.prewarm_validation_workers
+cluster.prewarm_validation_workers = lambda *a, **k: submitted.append(a) or original_prewarm(*a, **k)
+connect_ray(plan)
+# only what was loaded (a failed optional import is no risk), by top-level package
+new = sorted({m.split(".")[0] for m in loaded_by_thread if m in sys.modules} - before - {"ray"})
+print(json.dumps({"new": [m for m in new if not m.startswith("_cython")], "handed": handed,
+                  "prewarmed_again": len(submitted), "phases": sorted(clock.phases)}))
+ray.shutdown()
+"""
+
+
+def test_ray_starts_in_the_background_loading_only_ray(prefect_api, dataset, tmp_path):
+    env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", PROBE, dataset[0], dataset[1], str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # a package first loaded by the Ray thread could be initialised by both threads at once: add it to
+    # podium.training.cluster.RAY_LAZY_IMPORTS
+    assert out["new"] == [], out["new"]
+    assert out["handed"] and out["prewarmed_again"] == 0
+    assert {"preflight", "mlflow_store", "ray", "prefect_server"} <= set(out["phases"])

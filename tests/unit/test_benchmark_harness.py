@@ -1,0 +1,127 @@
+"""The benchmark harness refuses measurements whose preconditions failed, and scores goals at the median
+of the repeats (benchmarks/guard.py, benchmarks/report.py, benchmarks/pinning.py). Nothing is timed here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks/ is not installed
+
+from benchmarks import report
+from benchmarks.guard import Expectations, Monitor, Window, check_attempt
+from benchmarks.pinning import CHAINED_ENV, CoreSplit, runtime_env_hook
+
+
+def window(**kw) -> Window:
+    w = Window(start=0.0, end=10.0)
+    for k, v in kw.items():
+        setattr(w, k, v)
+    return w
+
+
+def measured(**figures) -> dict:
+    return {"summary": {"checkpoints": 3, "n": 3, **figures}, "measured": True, "attempts": [{"reasons": []}]}
+
+
+NOT_MEASURED = {"summary": None, "measured": False,
+                "attempts": [{"reasons": ["machine busy"]}, {"reasons": ["training not pinned"]}]}
+
+
+def test_a_clean_attempt_is_a_measurement():
+    expect = Expectations(epochs=3, validates=True, pinned=True, validation_s=2.0)
+    w = window(pins=[{"pid": 1}])
+    assert check_attempt({"checkpoints": 3, "n": 3, "val_p50": 2.4}, w, expect) == []
+
+
+def test_each_failed_precondition_is_named():
+    expect = Expectations(epochs=3, validates=True, pinned=True, validation_s=3.9, max_foreign_cores=0.1)
+    w = window(foreign_ticks={"pytest[42]": 15 * os.sysconf("SC_CLK_TCK")}, pins=[],
+               violations=["process 7 (raylet) allowed on the training core (cores [0, 1])"])
+    reasons = check_attempt({"checkpoints": 3, "n": 2, "val_p50": 9.0}, w, expect)
+    text = " | ".join(reasons)
+    assert "machine busy" in text and "pytest[42]" in text
+    assert "training not pinned: 0 of 1" in text
+    assert "pinning violated: process 7" in text
+    assert "2 of 3 checkpoints have metrics" in text
+    assert "validation not as calibrated: p50 9.00 s against 3.90 s" in text
+    assert check_attempt(None, window(pins=[{"pid": 1}]), expect, "run failed: exit 1") == ["run failed: exit 1"]
+
+
+def test_goals_are_scored_at_the_median_of_paired_rounds():
+    results = {"a": [measured(train_wall=10.0, process_wall=20.0), measured(train_wall=10.0, process_wall=20.0),
+                     measured(train_wall=10.0, process_wall=20.0)],
+               "d": [measured(train_wall=10.2, val_p50=2.0, promoted=5.5, last_wait=1.0, excess_p95=0.3),
+                     measured(train_wall=11.0, val_p50=2.0, promoted=5.0, last_wait=1.0, excess_p95=0.4),
+                     measured(train_wall=10.4, val_p50=2.0, promoted=5.0, last_wait=1.0, excess_p95=1.5)]}
+    goals = {g: (m, v) for g, m, v in report.score_goals(results)}
+    ratio = next(v for g, v in goals.items() if "1.05×" in g)
+    assert ratio == ("1.04× (1.02–1.10×), median of 3", "met")  # one round over the limit: the median holds
+    promotion = next(v for g, v in goals.items() if "promotion" in g)
+    assert promotion[1] == "met" and promotion[0].startswith("2.0 (2.0–2.5)")
+    assert report.all_good(results)
+    assert "1.04× (1.02–1.10×)" in report.table(results)
+
+
+def test_a_way_with_a_repeat_not_measured_gives_no_number_and_fails_the_check():
+    results = {"a": [measured(train_wall=10.0, process_wall=20.0)] * 2,
+               "d0": [measured(train_wall=10.0, process_wall=22.0), NOT_MEASURED]}
+    assert report.way_summaries(results, "d0") is None
+    row = next(line for line in report.table(results).splitlines() if line.startswith("| (d0)"))
+    assert "not measured" in row and "22.0" not in row
+    why = report.not_measured_reason(results, "d0")
+    assert why == "repeat 2: machine busy; then training not pinned"
+    goal = next(r for r in report.score_goals(results) if "(d0)" in r[0])
+    assert goal[2] == "not measured"
+    assert not report.all_good(results)
+
+
+def test_spread_is_median_and_range():
+    assert report.spread([3.0, 1.0, 2.0]) == "2.0 (1.0–3.0)"
+    assert report.spread([1.234], 2) == "1.23"
+    assert report.spread(None) == "–"
+
+
+def test_the_ray_hook_adds_the_pinning_setup_hook_and_chains_one_already_set():
+    assert runtime_env_hook(None) == {"worker_process_setup_hook": "benchmarks.pinning.setup_worker"}
+    env = runtime_env_hook({"env_vars": {"A": "1"}, "worker_process_setup_hook": "benchmarks.instrument.install"})
+    assert env["worker_process_setup_hook"] == "benchmarks.pinning.setup_worker"
+    assert env["env_vars"] == {"A": "1", CHAINED_ENV: "benchmarks.instrument.install"}
+
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
+
+
+def test_the_monitor_counts_other_processes_not_ours(tmp_path):
+    # "another session": a busy process that is not our descendant (started in a new session by a
+    # shell that exits at once, so it is reparented away from us before the window opens)
+    pid_file = tmp_path / "pid"
+    subprocess.run(["sh", "-c", f"setsid {sys.executable} -c '{BUSY.format(s=3)}' & echo $! > {pid_file}"],
+                   check=True)
+    foreign = int(pid_file.read_text())
+    ours = subprocess.Popen([sys.executable, "-c", BUSY.format(s=3)])
+    with Monitor(CoreSplit(enabled=False), every_s=0.2) as monitor, monitor.window() as w:
+        time.sleep(2)
+    ours.wait()
+    names = set(w.foreign_ticks)
+    assert any(name.endswith(f"[{foreign}]") for name in names), names
+    assert not any(name.endswith(f"[{ours.pid}]") for name in names)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_the_monitor_reports_a_process_of_ours_on_the_training_core(tmp_path):
+    split = CoreSplit()
+    train = sorted(split.train)[0]
+    stray = subprocess.Popen([sys.executable, "-c",
+                              f"import os, time; os.sched_setaffinity(0, {{{train}}}); time.sleep(3)"])
+    pins = tmp_path / "pins.jsonl"
+    pins.write_text("")
+    with Monitor(split, every_s=0.2) as monitor, split, monitor.window(str(pins)) as w:
+        time.sleep(1.5)
+    stray.wait()
+    assert any(f"process {stray.pid}" in v for v in w.violations), w.violations

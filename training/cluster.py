@@ -1,0 +1,229 @@
+"""Starting (or joining) the Ray cluster and warming up the validation workers: Ray core only.
+
+Kept apart from raytrain.py, which loads Ray Train (and with it ray.data and pandas), so that the
+`podium` command can start Ray in a background thread while its main thread loads the other libraries
+(`start_early`). Nothing here imports torch, Prefect or MLflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from podium.imports import resolve_callable
+from podium.storage.s3 import s3_environment
+
+# Ray Train's controller polls workers every 2 s by default; a report (and so a
+# checkpoint announcement) waits for the next poll. podium polls more often
+# unless the user set the variable themselves.
+POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+DEFAULT_POLL_INTERVAL_S = "0.25"
+
+# Third-party packages that `ray.init` and the first task submission import lazily (ray 2.60; measured by
+# tests/integration/test_startup.py). `start_early` imports them in the calling thread first: a package
+# initialised by two threads at once can fail with "deadlock detected by _ModuleLock" (CPython 3.11), and
+# the main thread goes on importing MLflow and torch while Ray starts.
+RAY_LAZY_IMPORTS = ("aiohttp", "aiohttp.web", "click", "cloudpickle", "email.policy", "email.headerregistry",
+                    "ctypes.util", "gettext", "optparse", "netrc", "numpy", "pyarrow", "pydantic", "anyio",
+                    "starlette", "zoneinfo", "sysconfig", "colorsys")
+
+
+def code_roots(import_paths: list[str]) -> list[str]:
+    """Folders that must be on a Ray worker's path for these import paths to resolve there.
+
+    Modules installed in site-packages are found anyway; a user's own module (a
+    script folder, a test tree) is not, because Ray workers do not inherit the
+    driver's sys.path.
+    """
+    roots = []
+    for path in import_paths:
+        module_name = path.partition(":")[0]
+        if module_name.split(".")[0] == "podium":  # installed beside Ray: the workers import it as the driver does
+            continue
+        module = importlib.import_module(module_name)
+        file = getattr(module, "__file__", None)
+        if not file or "site-packages" in file or "dist-packages" in file:
+            continue
+        root = os.path.dirname(os.path.abspath(file))
+        depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
+        for _ in range(depth):
+            root = os.path.dirname(root)
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
+    """Connect to RAY_ADDRESS if set, else start a local Ray with at least `num_cpus` logical CPUs.
+
+    On a small machine the logical CPU count may exceed the cores: training and
+    validation then share cores, which is the user's stated resource split.
+    User code named by `import_paths` is made importable on the workers.
+    """
+    os.environ.setdefault(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)
+    if ray.is_initialized():
+        return
+    roots = code_roots(import_paths or [])
+    if os.environ.get("RAY_ADDRESS"):
+        # a remote cluster gets the user's packages uploaded with the job
+        py_modules = []
+        for path in import_paths or []:
+            top = importlib.import_module(path.partition(":")[0].split(".")[0])
+            if top.__file__ and any(top.__file__.startswith(r) for r in roots):
+                py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
+                                  else top.__file__)
+        # the endpoint/region settings go along (never credentials: each node has its own chain)
+        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
+        if py_modules:
+            runtime_env["py_modules"] = sorted(set(py_modules))
+        ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
+        return
+    env_vars = {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV]}
+    pythonpath = [*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    if pythonpath:
+        env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
+    cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+             runtime_env={"env_vars": env_vars})
+
+
+def _warm_up(fn_path: str, hold_s: float) -> None:
+    resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
+    time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
+
+
+def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
+                               resources: dict[str, float]) -> list[ray.ObjectRef]:
+    """Start `count` worker processes with the validation function imported; returns their refs.
+
+    A validation task needs its own worker process; a cold one spends seconds
+    starting Python and importing torch, which would delay the first checkpoints'
+    verdicts. Ray keeps idle workers for reuse. The caller waits for the refs
+    before training starts (tasks.train.connect_ray), so the warm-up does not
+    compete with the start of training for CPU.
+    """
+    task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
+                                        name="podium-validate-warmup", max_retries=0)
+    # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
+    # one returns at once, freeing its CPU for the first validation
+    hold_s = 0.5 if count > 1 else 0.0
+    return [task.remote(fn_path, hold_s) for _ in range(count)]
+
+
+# ---------------------------------------------------------------- starting early, in a thread
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What the validation warm-up is for: the function and the resources of its tasks."""
+
+    fn: str
+    count: int
+    num_cpus: float
+    num_gpus: float
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
+class _Started:
+    warm_up: WarmUp
+    refs: list[ray.ObjectRef]
+    error: BaseException | None
+
+
+_started: _Started | None = None
+
+
+class _NotFromMainThread(logging.Filter):
+    """Drops Ray's warning that it set no SIGTERM handler from a thread: start_early sets the same one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.exit(signum)  # what ray.init installs from the main thread: exit handlers (ray.shutdown) run
+
+
+def _fits(warm_up: WarmUp) -> bool:
+    total = ray.cluster_resources()
+    need = {"CPU": warm_up.num_cpus, "GPU": warm_up.num_gpus, **dict(warm_up.resources)}
+    return all(not amount or total.get(res, 0) >= amount for res, amount in need.items())
+
+
+class EarlyStart(threading.Thread):
+    """`ensure_ray` and the validation warm-up's submission, in a daemon thread. `wait()` for it before the
+    flow starts; `started` and `ended` (time.monotonic()) say when it ran.
+
+    The thread never ends: Ray starts its GCS and raylet with PR_SET_PDEATHSIG (ray._private.services
+    `fate_share`), which the kernel ties to the *thread* that started them, so they would be killed the moment
+    this thread returned. It parks instead, and goes with the process (ray.shutdown at exit stops them)."""
+
+    def __init__(self, num_cpus: float, import_paths: list[str], warm_up: WarmUp):
+        super().__init__(name="podium-ray-start", daemon=True)
+        self.args = (num_cpus, import_paths, warm_up)
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        """Start Ray, submit the warm-up, hand both (or the error) to `take_started`, then park."""
+        global _started
+        num_cpus, import_paths, warm_up = self.args
+        try:
+            ensure_ray(num_cpus, import_paths)
+            refs = []
+            if _fits(warm_up):  # else connect-ray reports what is missing, as without an early start
+                refs = prewarm_validation_workers(warm_up.fn, warm_up.count, num_cpus=warm_up.num_cpus,
+                                                  num_gpus=warm_up.num_gpus, resources=dict(warm_up.resources))
+            _started = _Started(warm_up, refs, None)
+        except BaseException as exc:  # handed to connect-ray, which raises it inside the flow as before
+            _started = _Started(warm_up, [], exc)
+        finally:
+            self.ended = time.monotonic()
+            self._done.set()
+        threading.Event().wait()
+
+    def wait(self) -> None:
+        """Until Ray is up and the warm-up submitted (or that failed)."""
+        self._done.wait()
+
+
+def start_early(num_cpus: float, import_paths: list[str], warm_up: WarmUp) -> EarlyStart:
+    """Start (or join) Ray and submit the validation warm-up in a background thread; returns the thread.
+
+    Call from the main thread once the configuration is checked. What the thread got (the warm-up's refs,
+    or its error) is handed to the next `take_started` with the same warm-up, which the flow's connect-ray
+    task calls. Until `wait()` returns, the caller must not import Ray Train or other parts of `ray` (the
+    thread is importing parts of `ray` meanwhile); other libraries are fine.
+    """
+    for name in RAY_LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional dependency Ray would do without as well
+            pass
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    logging.getLogger("ray._private.worker").addFilter(_NotFromMainThread())
+    thread = EarlyStart(num_cpus, import_paths, warm_up)
+    thread.start()
+    return thread
+
+
+def take_started(warm_up: WarmUp) -> list[ray.ObjectRef] | None:
+    """The warm-up refs of an early start for this warm-up, once (raising its error); None if there was none."""
+    global _started
+    started, _started = _started, None
+    if started is None or started.warm_up != warm_up or (started.error is None and not ray.is_initialized()):
+        return None
+    if started.error is not None:
+        raise started.error
+    return started.refs
