@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from benchmarks.workload import load_average, machine_description, markdown_table, start_moto, update_markdown_section
 from podium.storage.datasets import dataset_digest
 from podium.storage.locations import arrow_filesystem
 from podium.storage.s3 import s3_filesystem
@@ -40,16 +40,6 @@ ROW_BYTES = FEATURES * 4 + 8  # float32 features and an int64 label; random floa
 def log(msg: str) -> None:
     """Progress on stderr."""
     print(f"[digest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def start_moto(workdir: Path):
-    """moto in server mode on loopback (the tests' server), with fake credentials for this process."""
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
-    from s3_server import start_s3_server
-
-    server = start_s3_server(workdir / "moto.log")
-    os.environ.update(server.env())
-    return server
 
 
 def write_dataset(folder: Path, size_mb: int, files: int) -> None:

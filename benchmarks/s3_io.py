@@ -35,7 +35,7 @@ if __package__ in (None, ""):
 import pyarrow.fs as pafs
 
 from benchmarks.checkpoint_io import ray_download, ray_upload, write_checkpoint
-from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from benchmarks.workload import load_average, machine_description, markdown_table, start_moto, update_markdown_section
 from podium.serving import staging
 from podium.storage.locations import arrow_filesystem
 from podium.storage.s3 import s3_filesystem, s3_settings
@@ -48,16 +48,6 @@ METHODS = ["upload raw", "upload podium", "upload fsspec", "upload ray-default",
 def log(msg: str) -> None:
     """Progress on stderr."""
     print(f"[s3_io {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def start_moto(workdir: Path):
-    """moto in server mode on loopback, the same server the tests use; fake credentials for this process."""
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
-    from s3_server import start_s3_server
-
-    server = start_s3_server(workdir / "moto.log")
-    os.environ.update(server.env())
-    return server
 
 
 def filesystems() -> dict[str, pafs.FileSystem]:

@@ -324,3 +324,16 @@ def fmt(v: float | None, digits: int = 1, suffix: str = "") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
     return f"{v:.{digits}f}{suffix}"
+
+
+def start_moto(workdir: Path) -> Any:
+    """moto in server mode on loopback (the same server the tests use), with fake credentials for this
+    process; the caller stops it (`.stop()`)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+    from s3_server import start_s3_server
+
+    server = start_s3_server(workdir / "moto.log")
+    os.environ.update(server.env())
+    return server
