@@ -50,10 +50,11 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
 
 def _metrics_text(metrics: dict[str, float]) -> str:
     """Metrics as people read them: 4 significant digits, the step and epoch left out."""
-    return " ".join(f"{k}={_g(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
+    return " ".join(f"{k}={short_number(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
 
 
-def _g(value: Any) -> str:
+def short_number(value: Any) -> str:
+    """A number as podium prints it for people: 4 significant digits."""
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
@@ -66,12 +67,12 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
         note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}{note}")
     m = mine.manifest if mine else {}
-    print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={_g(m.get('value'))})"
+    print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={short_number(m.get('value'))})"
                                    if mine else "nothing"))
     if reason:
         print(f"  why: {reason}")
     print(f"champion of model {config.model} at {config.serving}: " + (
-        f"{champion['version']} (step {champion['step']}, {champion['metric']}={_g(champion['value'])}, "
+        f"{champion['version']} (step {champion['step']}, {champion['metric']}={short_number(champion['value'])}, "
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
 
 

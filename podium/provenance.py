@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from podium.cli import CliError, ServerUnreachable
+from podium.output import short_number
 from podium.settings import PodiumSettings
 
 DIGEST_RE = re.compile(r"^[0-9a-f]{8,64}$")
@@ -35,7 +36,7 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
     lin = manifest.get("lineage") or {}
     ml, tags = lin.get("mlflow") or {}, lin.get("tags") or {}
     lines = [f"{version}{' (current)' if current else ''}: step {manifest.get('step')} of run {manifest.get('run_name')}, "
-             f"{manifest.get('metric')} = {manifest.get('value')}",
+             f"{manifest.get('metric')} = {short_number(manifest.get('value'))}",
              f"  checkpoint: {manifest.get('source')}",
              f"  MLflow:     run {manifest.get('mlflow_run_id')}, LoggedModel {manifest.get('model_id')}"
              + (f", experiment {ml['experiment_id']} at {ml.get('tracking_uri')}" if ml.get("experiment_id") else "")]
@@ -143,6 +144,7 @@ def status_report(tracking: Any, serving: str) -> tuple[list[str], dict[str, Any
     """What `podium status` adds: the run's data and lineage, the last promotion's comparison, the
     champion's lineage. Returns (lines, JSON keys)."""
     from podium.serving.layout import read_current
+    from podium.tracking.client import TAG_REASON
     from podium.tracking.datasets import TAG_COMPARISON, lineage_tags
     from podium.tracking.runs import run_tags
 
@@ -159,7 +161,7 @@ def status_report(tracking: Any, serving: str) -> tuple[list[str], dict[str, Any
     if lineage.get("mlflow.source.git.commit"):
         lines.append(f"code: {lineage.get('podium.code.package')} at git commit {lineage['mlflow.source.git.commit']}")
     last = json.loads(tags[TAG_COMPARISON]) if TAG_COMPARISON in tags else None
-    if last:
+    if last and last["reason"] != tags.get(TAG_REASON):  # `podium status` says that reason already ("why:")
         lines.append(f"last promotion decision: {'promoted' if last['promote'] else 'not promoted'}: {last['reason']}")
     current = read_current(serving)
     if current is not None:

@@ -60,13 +60,16 @@ def _started_by(flow_run_id: str, deployment_id: str) -> tuple[str, str]:
 def prefect_lineage() -> dict[str, str]:
     """The current Prefect flow run (id, name, URL), and the deployment and schedule that started it."""
     from prefect.runtime import deployment, flow_run
+    from prefect.utilities.urls import url_for
 
     try:
         flow_run_id = flow_run.id
         if not flow_run_id:
             return {}
         out = {"podium.prefect.flow_run_id": str(flow_run_id), "podium.prefect.flow_run_name": flow_run.name,
-               "podium.prefect.flow": flow_run.flow_name, "podium.prefect.flow_run_url": flow_run.ui_url}
+               "podium.prefect.flow": flow_run.flow_name,
+               # the link the UI itself uses (runs/flow-run/<id>), on this server's UI
+               "podium.prefect.flow_run_url": url_for("flow-run", obj_id=str(flow_run_id)) or ""}
         deployment_id = deployment.id
         if deployment_id:
             started, schedule = _started_by(str(flow_run_id), str(deployment_id))
