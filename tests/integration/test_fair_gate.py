@@ -43,9 +43,9 @@ ROWS = 20000  # the accuracy of a model on this many rows is within about 0.01 o
 def _night(pipeline, tmp_path, locations, calls_log, night: int, angle: float, val: str):
     train = write_data(str(tmp_path / f"night-{night}" / "train.parquet"), 2000, 0.0, seed=100 + night)
     cfg = {"run_name": f"night-{night}", "storage": locations["storage"], "serving": locations["serving"],
-           "data": {"train": train, "val": val},
-           "training": {"train_loop": "podium_nightly_code:train_func", "epochs": 2,
-                        "train_loop_config": {"angle_deg": angle}},
+           "data": {"train": train, "val": val, "feature_columns": list(FEATURES)},  # for the validation function
+           "training": {"train_loop": "podium_nightly_code:train_func",
+                        "train_loop_config": {"epochs": 2, "angle_deg": angle}},
            "scaling": {"num_workers": 1},
            "validation": {"fn": "podium_nightly_code:validate_fn", "kwargs": {"calls_log": calls_log},
                           "concurrency": 1},
