@@ -469,7 +469,8 @@ def main() -> None:
             s3.close()
     results.sort(key=lambda r: (-1.0 if r["scale"] == "demo" else float(r["scale"]), r["variant"] != "before"))
     body = (f"Measured {time.strftime('%Y-%m-%d')} on this machine ({os.cpu_count()} cores), `python "
-            f"benchmarks/data_scale.py --scales ... --epochs {a.epochs} --repeat {a.repeat}`; 2 workers, batch 128. "
+            f"benchmarks/data_scale.py --before-venv DIR --scales {a.scales} --epochs {a.epochs} --repeat {a.repeat}`"
+            f"{' --no-s3' if a.no_s3 else ''}; 2 workers, batch 128. "
             "Times are medians of the runs on local files, memory the highest peak of any run.\n\n"
             + table(results))
     write_section(Path(a.output), body)
