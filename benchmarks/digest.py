@@ -13,7 +13,6 @@ S3 filesystem caches no listings).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile

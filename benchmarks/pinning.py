@@ -63,13 +63,25 @@ class CoreSplit:
                 LOG_ENV: pin_log}
 
     def __enter__(self) -> CoreSplit:
-        if self.enabled:
-            os.sched_setaffinity(0, self.other)
+        if self.enabled:  # every thread of the harness (its monitor thread too), not only the calling one
+            set_process_affinity(self.other)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.enabled:
-            os.sched_setaffinity(0, self.all)
+            set_process_affinity(self.all)
+
+
+def set_process_affinity(cpus: set[int]) -> int:
+    """Move every thread of this process to `cpus` (os.sched_setaffinity(0, ...) moves only the calling
+    thread); threads started later inherit it. Returns the number of threads moved."""
+    tids = os.listdir("/proc/self/task")
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread ended meanwhile
+            pass
+    return len(tids)
 
 
 def read_pins(pin_log: str) -> list[dict[str, Any]]:
@@ -111,15 +123,10 @@ def setup_worker() -> None:
 def pin_this_process() -> None:
     """Move every thread of this process to $BENCH_TRAIN_CPUS and record it in $BENCH_PIN_LOG."""
     cpus = {int(c) for c in os.environ[CPUS_ENV].split(",")}
-    tids = os.listdir("/proc/self/task")
-    for tid in tids:
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # the thread ended meanwhile
-            pass
+    threads = set_process_affinity(cpus)
     log = os.environ.get(LOG_ENV)
     if log:
-        record = {"pid": os.getpid(), "t": time.time(), "threads": len(tids), "cpus": sorted(cpus)}
+        record = {"pid": os.getpid(), "t": time.time(), "threads": threads, "cpus": sorted(cpus)}
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (json.dumps(record) + "\n").encode())
