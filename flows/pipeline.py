@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import cast
 
 from prefect import flow
 from prefect.futures import PrefectConcurrentFuture
 from prefect.runtime import flow_run
+from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from podium import prefect_api
 from podium.config import PipelineConfig
+from podium.flows.stop import STOP_GRACE_S, RunStopped, StopRequest, stop_on_signals
 from podium.flows.stream import CheckpointStream
-from podium.flows.summary import RunSummary, summarize_run
+from podium.flows.summary import RunSummary, hand_off, summarize_run
 from podium.flows.validation import ValidationQueue
 from podium.tasks.lineage import record_lineage_task
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
-from podium.tasks.resume import Resume, check_resume_task
+from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
-from podium.tracking.client import TrackingUnavailable
+from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run
 from podium.training.events import TrainingRestart
+
+logger = logging.getLogger(__name__)
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
@@ -39,9 +45,34 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     plan = plan_run_task(config)
     for warning in plan.data_warnings:
         say("data: %s (allowed by data.allow)", warning)
-    with run_lock(plan):  # a second run of the same name is refused (RunInProgress), not interleaved
+    # Prefect mirrors the run and is not on its critical path: with its server down, the run goes on.
+    # SIGINT / SIGTERM stop it cleanly: the flow run ends Cancelled, and running the same name resumes.
+    with prefect_api.watching(), stop_on_signals() as stop, run_lock(plan):  # a second run of the name is refused
         say_resume(plan, check_resume_task(plan))  # a resume that would change the model's shape is refused here
-        return _train_validate_promote(plan, tracking_uri, mlflow_ui)
+        try:
+            return hand_off(_train_validate_promote(plan, tracking_uri, mlflow_ui, stop))
+        except RunStopped as exc:
+            return Cancelled(message=str(exc))  # type: ignore[return-value]  (a State returned ends the flow run)
+
+
+def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue, stream: CheckpointStream,
+              training: PrefectConcurrentFuture | None, stopped: RunStopped) -> RunStopped:
+    """Stop cleanly: running validations get STOP_GRACE_S to record their verdicts (the others stay
+    pending), training is aborted (its persisted checkpoints stay), the MLflow run is marked KILLED.
+    Returns the RunStopped to raise, its message the one line that says how to resume."""
+    left = validations.stop(STOP_GRACE_S)
+    if training is not None and not stream.stop_training(training):
+        logger.warning("training did not stop in time; Ray stops with this process")
+    try:
+        close_tracking_run(tracking, status="KILLED")
+    except TrackingUnavailable as exc:
+        say("%s", exc)
+    counted = validations.tally()
+    message = (f"{stopped}: {counted}, {len(left)} checkpoint(s) left pending. Run `podium run` again with the same "
+               f"--run-name ({plan.run_name}) to resume: training continues from its latest checkpoint and the "
+               "pending checkpoints are validated")
+    say("%s", message)
+    return RunStopped(stopped.signum, message)
 
 
 def say_resume(plan: RunPlan, resume: Resume | None) -> None:
@@ -57,8 +88,10 @@ def say_resume(plan: RunPlan, resume: Resume | None) -> None:
             plan.config.training.epochs, resume.from_epoch)
 
 
-def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None) -> RunSummary:
+def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
+                            stop: StopRequest) -> RunSummary:
     config = plan.config
+    mark_abandoned_flow_run_task(tracking_uri, config.experiment, config.run_name)  # a killed attempt's flow run
     connect_ray_task(plan)
     tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
                                       config.model_dump(mode="json"))
@@ -67,8 +100,11 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     stream = CheckpointStream()
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)
+    validations.check_stop = stop.check
+    validations.stopping = lambda: stop.requested
     seen: set[str] = set()
     reports = announced = restarts = 0
+    training: PrefectConcurrentFuture | None = None
     try:
         validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
         training = cast(PrefectConcurrentFuture,  # the flow's thread pool
@@ -93,6 +129,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 progress.update(epoch=event.epoch)
             validations.pump()
             progress.update(validated=validations.validated)
+            stop.check()  # a stop asked for: here, with every announced checkpoint recorded
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
@@ -100,8 +137,15 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         require_checkpoints(plan, len(records), reports)
         say("training done: %d checkpoint(s) in the run, %d new in this attempt%s; %s", len(records),
             announced, f", {restarts} worker restart(s)" if restarts else "", validations.tally())
+        stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
         outcome = promote_best_checkpoint_task(plan, tracking)
+    except RunStopped as exc:
+        raise _stop_run(plan, tracking, validations, stream, training, exc) from None
     except BaseException as exc:
+        if stop.requested and isinstance(exc, Exception):  # what failed failed because of the stop (Ray signalled too)
+            logger.info("after the stop was asked for: %s: %s", type(exc).__name__, exc)
+            raise _stop_run(plan, tracking, validations, stream, training, RunStopped(stop.signum or 2)) from None
+        validations.check_stop = lambda: None  # failing already: a stop asked for now changes nothing
         tracking_down = isinstance(exc, TrackingUnavailable)
         if tracking_down:  # nothing more can be recorded: verdicts not written stay pending for a resume
             say("%s; stopping (run it again once the server answers: it resumes)", exc)

@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 from prefect import flow
 from prefect.runtime import flow_run
 
+from podium import prefect_api
 from podium.config import PipelineConfig
-from podium.flows.summary import RunSummary, summarize_run
+from podium.flows.summary import RunSummary, hand_off, summarize_run
 from podium.tasks.plan import plan_run_task
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.tracking import find_tracking_run_task
@@ -19,7 +20,8 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
                 mlflow_ui: str | None = None) -> RunSummary:
     """Promote the best validated checkpoint of an existing run if it beats the champion."""
     config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
-    plan = plan_run_task(config)
-    tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
-    outcome = promote_best_checkpoint_task(plan, tracking)
-    return summarize_run(config, tracking, outcome, mlflow_ui)
+    with prefect_api.watching():  # Prefect mirrors the promotion and is not on its critical path
+        plan = plan_run_task(config)
+        tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
+        outcome = promote_best_checkpoint_task(plan, tracking)
+        return hand_off(summarize_run(config, tracking, outcome, mlflow_ui))

@@ -9,7 +9,7 @@ from prefect.futures import PrefectConcurrentFuture
 
 from podium.tasks.events import emit_checkpoint_event
 from podium.training import raytrain
-from podium.training.events import CheckpointEvent, TrainingRestart
+from podium.training.events import CheckpointEvent, TrainingRestart, TrainingStarted
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +19,7 @@ class CheckpointStream:
     def __init__(self) -> None:
         self.queue = raytrain.open_event_queue()
         self.sink = raytrain.RayQueueSink(self.queue)
+        self.controller: object | None = None  # Ray Train's controller, once it has started (for a clean stop)
 
     def follow(self, training: PrefectConcurrentFuture,
                poll_s: float = 0.2) -> Iterator[list[CheckpointEvent | TrainingRestart]]:
@@ -26,7 +27,12 @@ class CheckpointStream:
         none, every `poll_s` seconds at most, until training has ended and the queue is empty."""
         while True:
             done = training.wrapped_future.done()  # in-process: no API round trip per poll
-            events = raytrain.drain(self.queue, timeout=poll_s)
+            events: list[CheckpointEvent | TrainingRestart] = []
+            for item in raytrain.drain(self.queue, timeout=poll_s):
+                if isinstance(item, TrainingStarted):
+                    self.controller = item.controller
+                else:
+                    events.append(item)
             for event in events:
                 if isinstance(event, CheckpointEvent) and event.has_checkpoint:
                     try:
@@ -36,6 +42,25 @@ class CheckpointStream:
             yield events
             if done and not events:
                 return
+
+    def stop_training(self, training: PrefectConcurrentFuture, timeout_s: float = 60.0) -> bool:
+        """Abort training (the run is stopping) and wait up to `timeout_s` for its task to end. Checkpoints
+        persisted so far stay for the resume. True if training has ended."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not training.wrapped_future.done() and time.monotonic() < deadline:
+            for item in raytrain.drain(self.queue, timeout=0.2):  # the controller's handle may be on its way
+                if isinstance(item, TrainingStarted):
+                    self.controller = item.controller
+            if self.controller is not None:
+                raytrain.abort_training(self.controller, timeout_s=max(deadline - time.monotonic(), 1.0))
+                break
+        try:
+            training.wrapped_future.exception(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception:  # still running, or cancelled before it started
+            pass
+        return training.wrapped_future.done()
 
     def close(self) -> None:
         """Stop the queue actor."""

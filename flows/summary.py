@@ -25,6 +25,23 @@ class RunSummary(BaseModel):
     flow_run_id: str | None = None
 
 
+# The summaries of flows that ran to their end in this process, by run name. A flow's return value
+# reaches its caller through Prefect's engine, which raises instead when it cannot record the flow
+# run's final state (the server is down): the CLI then reads what the run did from here.
+_FINISHED: dict[str, RunSummary] = {}
+
+
+def hand_off(summary: RunSummary) -> RunSummary:
+    """Keep a finished run's summary for its caller in this process (see `finished_summary`); returns it."""
+    _FINISHED[summary.run_name] = summary
+    return summary
+
+
+def finished_summary(run_name: str) -> RunSummary | None:
+    """The summary of a flow that ran to its end in this process, whatever Prefect recorded (taken once)."""
+    return _FINISHED.pop(run_name, None)
+
+
 def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,
                   mlflow_ui: str | None, training_ended_at: float | None = None) -> RunSummary:
     """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
@@ -34,4 +51,4 @@ def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: Promot
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
-                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id))
+                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id) if flow_run.id else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import wait
 from typing import cast
 
@@ -11,6 +12,7 @@ from prefect.futures import PrefectConcurrentFuture
 
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.tasks.plan import RunPlan
+from podium.tasks.report import say
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
 from podium.tasks.validate import (
@@ -23,6 +25,7 @@ from podium.tasks.validate import (
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import mark_failed, mark_skipped
 from podium.training.events import ValidationRequest
+from podium.training.validation_call import ValidationStopped, cancel_validations, refuse_new_validations
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,10 @@ class ValidationQueue:
         self.running: dict[str, tuple[CheckpointRecord, PrefectConcurrentFuture]] = {}
         self.done: dict[str, CheckpointRecord] = {}
         self.unrecorded: dict[str, CheckpointRecord] = {}  # validated, but the verdict could not be written
+        self.stopped: dict[str, CheckpointRecord] = {}  # its validation ended with a stop: pending for the resume
+        self.check_stop: Callable[[], None] = lambda: None  # raises where the run is asked to stop (flows.stop)
+        self.failure_shown = False  # the user's traceback of a failed validation is shown once
+        self.stopping: Callable[[], bool] = lambda: False  # a stop was asked for: a failure now is no verdict
 
     def add(self, record: CheckpointRecord, request: ValidationRequest | None = None) -> None:
         """Queue a checkpoint as its report asked (`request`; None: validate with validation.kwargs).
@@ -104,8 +111,14 @@ class ValidationQueue:
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries
+                    if self.stopping() or isinstance(exc, ValidationStopped):
+                        logger.info("validation of step %d ended with the stop (%s): it stays pending", record.step,
+                                    type(exc).__name__)
+                        self.stopped[key] = record
+                        continue
                     reason = f"{type(exc).__name__}: {exc}"
                     logger.warning("validation of step %d (%s) failed: %s", record.step, key, reason)
+                    self._say_failure(record, exc, reason)
                     self.done[key] = mark_failed(self.tracking, record, reason)
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
@@ -118,6 +131,17 @@ class ValidationQueue:
             record, arguments = self.pending.popleft()
             future = validation_task(self.plan, record).submit(self.plan, self.tracking, record, arguments)
             self.running[record.uri] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
+
+    def _say_failure(self, record: CheckpointRecord, exc: BaseException, reason: str) -> None:
+        """On the terminal: the first failure of the validation function with the user's own frames, the
+        later ones in one line each (every reason is in MLflow, every full trace in the log file)."""
+        text = getattr(exc, "podium_traceback", None)
+        if text and not self.failure_shown:
+            self.failure_shown = True
+            say("validation of step %d failed (marked failed, never promoted); %s raised:\n%s", record.step,
+                self.plan.config.validation.fn, text)
+        else:
+            say("validation of step %d failed (marked failed, never promoted): %s", record.step, reason[:300])
 
     @property
     def validated(self) -> int:
@@ -134,6 +158,7 @@ class ValidationQueue:
         """Wait for every queued and running validation; returns all records by step."""
         while self.pending or self.running:
             self.pump()
+            self.check_stop()
             if self.running:
                 wait([f.wrapped_future for _, f in self.running.values()], timeout=poll_s, return_when="FIRST_COMPLETED")
         return sorted(self.done.values(), key=lambda r: (r.step, r.uri))
@@ -159,6 +184,46 @@ class ValidationQueue:
             if self.running:
                 wait([f.wrapped_future for _, f in self.running.values()], timeout=poll_s,
                      return_when="FIRST_COMPLETED")
+
+    def stop(self, grace_s: float, poll_s: float = 0.1) -> list[CheckpointRecord]:
+        """The run is stopping: start nothing more; validations already running get `grace_s` seconds
+        to finish and record their verdicts, then are cancelled. A validation that did not finish is
+        no verdict: its checkpoint stays pending (never marked failed for the stop) and is validated
+        when the run resumes. Returns the records left pending."""
+        import time
+
+        left = [record for record, _ in self.pending] + list(self.stopped.values())
+        self.pending.clear()
+        refuse_new_validations()  # a retry of a validation that fails now would start a new one
+        deadline = time.monotonic() + grace_s
+        cancelled = False
+        while self.running:
+            if not cancelled and time.monotonic() >= deadline:
+                cancelled = True
+                n = cancel_validations()
+                logger.info("stopping: %d validation(s) still running after %g s cancelled", n, grace_s)
+            for key, (record, future) in list(self.running.items()):
+                if not future.wrapped_future.done():
+                    continue
+                del self.running[key]
+                try:
+                    self.done[key] = future.result()
+                except (ValidationStopped, TrackingUnavailable) as exc:
+                    logger.info("step %d stays pending: %s", record.step, exc)
+                    left.append(record)
+                except BaseException as exc:  # finished with a real failure before the stop took it
+                    if cancelled:
+                        left.append(record)
+                        continue
+                    reason = f"{type(exc).__name__}: {exc}"
+                    try:
+                        self.done[key] = mark_failed(self.tracking, record, reason)
+                    except TrackingUnavailable:
+                        left.append(record)
+            if self.running:
+                wait([f.wrapped_future for _, f in self.running.values()], timeout=poll_s,
+                     return_when="FIRST_COMPLETED")
+        return sorted(left, key=lambda r: (r.step, r.uri))
 
     def wind_down(self, validate_queued: bool) -> None:
         """The run is failing. With `validate_queued` (the tracking server answers), every queued

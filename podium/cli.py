@@ -90,6 +90,11 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
 ]
 
 
+# `podium run` / `podium promote` did all their work (trained, validated, recorded in MLflow, promoted),
+# but the Prefect server stopped answering: the flow run's end (and what was held for it) is not in Prefect
+NOT_RECORDED_EXIT = 4
+
+
 class CliError(Exception):
     """A user error: printed without a traceback, exit code 2."""
 
@@ -328,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"podium: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before a run started (or after it ended): nothing to stop cleanly
+        print("podium: interrupted", file=sys.stderr)
+        return 130
     finally:
         # the output is written: spare the exit a last garbage collection over every loaded library
         # (measured at seconds with torch, ray, prefect and mlflow loaded)

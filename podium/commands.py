@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podium.cli import CliError, RunFailed, ServerUnreachable, config_from_args, tracking_outage_message
+from podium.cli import (
+    NOT_RECORDED_EXIT,
+    CliError,
+    RunFailed,
+    ServerUnreachable,
+    config_from_args,
+    tracking_outage_message,
+)
 from podium.output import print_mlflow_links, print_status, print_summary, summary_json
 from podium.settings import PodiumSettings
 
@@ -39,6 +46,9 @@ def _quiet_libraries(log_file: Path) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    from podium.prefect_api import bound_client_settings
+
+    bound_client_settings(os.environ)  # Prefect's client reads them when it is imported, below
     os.environ.setdefault("TQDM_DISABLE", "1")
     # mlflow would add a stderr handler to its logger on import; without it, its records reach the file below
     # (and mlflow is imported when it is needed, not here)
@@ -162,6 +172,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
     from podium.config import ConfigError
+    from podium.failures import UserCodeError
     from podium.serving.layout import ServingError
     from podium.tasks.plan import RunInProgress
     from podium.tasks.train import NoCheckpointReported
@@ -169,6 +180,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
 
     tracking_uri, api_url = _prepare(config, settings, which, clock)
     began = time.monotonic()
+    from prefect.exceptions import CancelledRun
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from podium.services import ui_url
@@ -181,9 +193,23 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             from podium.flows.promote import promote_run as flow_fn
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
+        from podium import prefect_api
+        from podium.flows.summary import finished_summary
+
+        flow_end_recorded = True
         try:
-            summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
-                config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
+            try:
+                summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
+                    config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
+                finished_summary(config.run_name)
+            except Exception as exc:
+                done = finished_summary(config.run_name)
+                if done is None or not prefect_api.is_unreachable(exc):
+                    raise
+                # the run did its work; only Prefect's engine could not record the flow run's final state
+                logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: %s: %s",
+                                                    type(exc).__name__, exc)
+                summary, flow_end_recorded = done, False
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
         except (RunInProgress, ConfigError, ServingError, LookupError) as exc:
@@ -192,15 +218,33 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             raise CliError(str(exc)) from None
         except NoCheckpointReported as exc:
             raise RunFailed(str(exc)) from None
+        except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log
+            raise RunFailed(f"{exc}\n(the full trace, with Ray's frames: {settings.home_dir / 'logs' / 'podium.log'})"
+                            ) from None
+        except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
+            from podium.flows.stop import STOP, exit_code
+
+            if STOP.signum is None:
+                raise  # cancelled from Prefect's side: Prefect's own handling stands
+            prefect_api.link().settle(True)
+            print(f"podium: {exc}", file=sys.stderr, flush=True)
+            return exit_code(STOP.signum)
+        not_recorded = prefect_api.link().settle(flow_end_recorded)
     elapsed = time.monotonic() - start
     if args.json:
         out = summary_json(summary, config.serving, config)
         out["wall_time_s"] = round(elapsed, 1)
         out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         out["startup"] = clock.to_dict()
+        if not_recorded:
+            out["prefect_not_recorded"] = not_recorded
         print(json.dumps(out))
-        return 0
-    print_summary(summary, config, settings, tracking_uri, api_url, elapsed)
+    else:
+        print_summary(summary, config, settings, tracking_uri, api_url, elapsed)
+    if not_recorded:
+        print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
+              "and the serving location have it.", file=sys.stderr, flush=True)
+        return NOT_RECORDED_EXIT
     return 0
 
 

@@ -34,3 +34,38 @@ def describe_failure(error: BaseException | None, limit: int = 300) -> str:
         text = named or (lines[0] if lines else type(exc).__name__)
         parts.append((f"rank {rank}: " if rank >= 0 else "") + text[:limit])
     return "; ".join(parts)
+
+
+# frames that are Ray's or Python's machinery around the user's code, never the user's own
+_MACHINERY = re.compile(r'File "[^"]*(/site-packages/ray/|/ray/_private/|/ray/train/|/ray/util/|/threading\.py|'
+                        r'/concurrent/futures/|/podium/training/validation_call\.py|/training/validation_call\.py)')
+
+
+def user_frames(traceback_text: str) -> str:
+    """A remote traceback as text, with the frames of Ray's and Python's machinery left out: what remains
+    is the user's own frames and their exception (the full text goes to the log file)."""
+    lines = plain_text(traceback_text).rstrip().splitlines()
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line.startswith("  File "):
+            skipping = bool(_MACHINERY.search(line))
+            if not skipping:
+                out.append(line)
+            continue
+        if line.startswith("    ") and skipping:
+            continue  # the source line (and carets) of a frame left out
+        skipping = False
+        out.append(line)
+    return "\n".join(out)
+
+
+class UserCodeError(RuntimeError):
+    """The user's training loop raised: their exception and their own frames, said once.
+
+    `where` names the code (and the rank); `traceback_text` holds the user's frames only (the full Ray
+    trace is in the log file)."""
+
+    def __init__(self, where: str, traceback_text: str):
+        self.where, self.traceback_text = where, traceback_text
+        super().__init__(f"{where} raised:\n{traceback_text}")

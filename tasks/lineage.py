@@ -18,6 +18,7 @@ from uuid import UUID
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from podium import prefect_api
 from podium.redaction import redact_uri
 from podium.selection import CheckpointRecord, Decision
 from podium.tasks.gate import comparison_summary
@@ -72,7 +73,10 @@ def prefect_lineage() -> dict[str, str]:
                "podium.prefect.flow_run_url": url_for("flow-run", obj_id=str(flow_run_id)) or ""}
         deployment_id = deployment.id
         if deployment_id:
-            started, schedule = _started_by(str(flow_run_id), str(deployment_id))
+            # bounded, and skipped while the server is down (podium.prefect_api): lineage leaves out what it cannot ask
+            asked = prefect_api.call("reading the flow run's origin", lambda: _started_by(str(flow_run_id),
+                                                                                      str(deployment_id)))
+            started, schedule = asked if asked is not None else ("", "")
             out.update({"podium.prefect.deployment_id": str(deployment_id),
                         "podium.prefect.deployment": f"{flow_run.flow_name}/{deployment.name}",
                         "podium.prefect.started_by": started, "podium.prefect.schedule": schedule})

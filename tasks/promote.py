@@ -167,9 +167,16 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
             still_locked()
             log_model_files(tracking, record.model_id, served.local_folder)
     still_locked()
-    layout.seal_version(plan.serving, version)
-    still_locked()
-    layout.switch_current(plan.serving, version, decision.reason, origin=origin())
+    try:
+        layout.seal_version(plan.serving, version)
+        still_locked()
+        layout.switch_current(plan.serving, version, decision.reason, origin=origin())
+    except OSError as exc:  # CURRENT is switched last, by a rename: a disk that filled up left it as it was
+        pointer = layout.read_pointer(plan.serving) or {}
+        if not layout.is_disk_full(exc) or pointer.get("version") == version.version:
+            raise
+        layout.discard_version(join(normalize_location(plan.serving), "versions", version.version))
+        raise layout.full_location_error(plan.serving, version.version, exc) from None
     mlflow_version = _register(plan, tracking, record, version, decision.value)
     logger.info("promoted step %d as %s (MLflow %s v%s @%s)", record.step, version.version,
                 p.registered_model, mlflow_version, p.alias)
@@ -237,6 +244,15 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[
 def record_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome) -> None:
     """Every promotion attempt, promoted or not, is kept under <serving>/attempts/."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
+    try:
+        _write_attempt(serving, tracking, outcome, stamp)
+    except OSError as exc:  # the decision stands and serving is consistent: only its record is missing
+        if not layout.is_disk_full(exc):
+            raise
+        logger.warning("no space left at %s for the attempt record (%s)", serving, outcome.reason)
+
+
+def _write_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome, stamp: str) -> None:
     layout.write_json(join(normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
                    {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "at": time.time(),
                     **outcome.model_dump(mode="json")})

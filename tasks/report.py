@@ -17,6 +17,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
 from podium.selection import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
@@ -200,15 +201,20 @@ def publish_reports(run_name: str, tracking: TrackingRun, records: list[Checkpoi
     """Checkpoint table, promotion report and chart as Prefect artifacts; on the MLflow run, the report,
     the chart and the outcome (a tag the runs table can show, and the run's description)."""
     champion_step = outcome.promoted.step if outcome.promoted else None
-    create_table_artifact(table=checkpoint_rows(records, champion_step), key=artifact_key(run_name, "checkpoints"),
-                          description=f"Checkpoints of {run_name} with training and validation metrics")
+    # Prefect artifacts mirror the run: bounded calls, held while the server is down (podium.prefect_api)
+    rows, key = checkpoint_rows(records, champion_step), artifact_key(run_name, "checkpoints")
+    prefect_api.call("the checkpoints artifact", lambda: create_table_artifact(
+        table=rows, key=key, description=f"Checkpoints of {run_name} with training and validation metrics"), key=key)
     report = promotion_markdown(run_name, outcome, tracking_url)
-    create_markdown_artifact(markdown=report, key=artifact_key(run_name, "promotion"),
-                             description=f"Promotion report of {run_name}")
+    report_key = artifact_key(run_name, "promotion")
+    prefect_api.call("the promotion report artifact", lambda: create_markdown_artifact(
+        markdown=report, key=report_key, description=f"Promotion report of {run_name}"), key=report_key)
     winner, reference = chart_marks(records, metric, outcome)
     fig = metric_figure(records, metric, mode, f"{run_name}: {metric} per checkpoint", winner, reference)
-    create_markdown_artifact(markdown=chart_markdown(records, metric, mode, outcome, figure_png(fig) if fig else None),
-                             key=artifact_key(run_name, "chart"), description=f"{metric} per checkpoint")
+    chart, chart_key = chart_markdown(records, metric, mode, outcome, figure_png(fig) if fig else None), \
+        artifact_key(run_name, "chart")
+    prefect_api.call("the chart artifact", lambda: create_markdown_artifact(
+        markdown=chart, key=chart_key, description=f"{metric} per checkpoint"), key=chart_key)
     line, description = outcome_texts(run_name, records, metric, outcome)
     with reaching_tracking(tracking.tracking_uri, "writing the promotion report and chart"):
         tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
@@ -226,12 +232,10 @@ class Progress:
         self.validated = 0
         self.announced = 0
         self.id: UUID | None = None
-        try:
-            self.id = cast(UUID, create_progress_artifact(  # sync outside an event loop
-               progress=0.0, key=artifact_key(run_name, "progress"),
-                                               description="Training epochs done (validations follow)"))
-        except Exception:
-            logger.warning("could not create the progress artifact", exc_info=True)
+        self.key = artifact_key(run_name, "progress")
+        created = prefect_api.call("the progress artifact", lambda: create_progress_artifact(  # sync outside a loop
+            progress=0.0, key=self.key, description="Training epochs done (validations follow)"))
+        self.id = cast(UUID, created) if created is not None else None
 
     def update(self, *, epoch: float | None = None, validated: int | None = None) -> None:
         """Record progress: training by epoch, then validations."""
@@ -242,9 +246,7 @@ class Progress:
             self.validated = validated
         if self.id is None or (self.trained, self.validated) == before:
             return  # the flow polls several times a second: one API call per actual change
-        pct = 100.0 * self.trained / self.total
-        try:
-            update_progress_artifact(self.id, progress=pct,
-                                     description=f"{self.trained:g}/{self.total} epochs, {self.validated} validated")
-        except Exception:
-            logger.debug("progress update failed", exc_info=True)
+        pct, artifact_id = 100.0 * self.trained / self.total, self.id
+        description = f"{self.trained:g}/{self.total} epochs, {self.validated} validated"
+        prefect_api.call("a progress update", lambda: update_progress_artifact(
+            artifact_id, progress=pct, description=description), key=self.key)

@@ -102,3 +102,48 @@ def check_resume_task(plan: RunPlan) -> Resume | None:
     resume = check_resume(plan)
     record_run_settings(plan)
     return resume
+
+
+def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name: str) -> str | None:
+    """An earlier attempt of this run whose process died (SIGKILL, a lost machine) left its Prefect flow
+    run Running: mark it Crashed, saying so. The earlier attempt is the flow run the MLflow run names
+    (tag `podium.prefect_flow_run_id`); returns its id if it was marked. Bounded and skipped while the Prefect
+    server does not answer (podium.prefect_api)."""
+    from uuid import UUID
+
+    from prefect.runtime import flow_run
+
+    from podium import prefect_api
+    from podium.tracking.client import TAG_FLOW_RUN, TrackingUnavailable, resolve_tracking_uri
+    from podium.tracking.runs import find_tracking_run, run_tags
+
+    try:
+        earlier = run_tags(find_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name)).get(TAG_FLOW_RUN)
+    except (LookupError, TrackingUnavailable):
+        return None  # a first start (or a store that does not answer: opening the run will say so)
+    if not earlier or earlier == str(flow_run.id):
+        return None
+
+    def mark() -> bool:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(earlier)).state
+            if state is None or state.is_final() or not (state.is_running() or state.is_pending()):
+                return False
+            client.set_flow_run_state(UUID(earlier), Crashed(
+                message=f"its process stopped without ending it; found when run {run_name} was resumed by "
+                        f"flow run {flow_run.id}"), force=True)
+            return True
+
+    if prefect_api.call("marking an abandoned flow run Crashed", mark):
+        logger.info("flow run %s of an earlier attempt of %s was left running: marked Crashed", earlier, run_name)
+        return earlier
+    return None
+
+
+@task(name="mark-abandoned-flow-run", cache_policy=NO_CACHE)
+def mark_abandoned_flow_run_task(tracking_uri: str | None, experiment: str, run_name: str) -> str | None:
+    """Mark Crashed the flow run of an earlier attempt of this run that was left Running."""
+    return mark_abandoned_flow_run(tracking_uri, experiment, run_name)

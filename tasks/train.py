@@ -10,6 +10,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from podium.failures import UserCodeError, user_frames
 from podium.imports import resolve_callable
 from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
@@ -122,6 +123,25 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     datasets = trainer_datasets(plan, loop_config)
     logger.info("run %s: starting Ray Train (%s)", cfg.run_name,
                 "data through Ray Data: " + ", ".join(sorted(datasets)) if datasets else "no datasets")
+    try:
+        _fit(plan, sink, step_base, loop_config, datasets)
+    except Exception as exc:
+        failures = raytrain.user_failures(exc)
+        if not failures:
+            raise
+        logger.error("run %s: the training loop %s raised (the full trace)", cfg.run_name, plan.train_loop,
+                     exc_info=True)
+        rank, _, text = failures[0]
+        others = f"; {len(failures) - 1} other rank(s) failed too" if len(failures) > 1 else ""
+        raise UserCodeError(f"the training loop {plan.train_loop} (rank {rank}{others})", user_frames(text)) from None
+    return time.time()
+
+
+def _fit(plan: RunPlan, sink: EventSink, step_base: int, loop_config: dict[str, Any],
+         datasets: dict[str, Any] | None) -> None:
+    from podium.training import raytrain
+
+    cfg = plan.config
     raytrain.fit(
         train_loop=resolve_callable(plan.train_loop, "training.train_loop"),
         loop_config=loop_config,
@@ -131,12 +151,13 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
-        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base)],
+        # the flow's own queue gets the controller's handle: a clean stop aborts training through it
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base,
+                                                announce_controller=isinstance(sink, raytrain.RayQueueSink))],
         max_failures=cfg.scaling.max_failures,
         datasets=datasets,
         data_cpus=cfg.scaling.data_cpus,
     )
-    return time.time()
 
 
 @task(name="train-model", cache_policy=NO_CACHE)

@@ -93,8 +93,8 @@ def validate_checkpoint(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
 def retry_unless_tracking_down(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect retry condition: a validation that raised is retried, one whose metrics could not be
     written is not (MLflow's client has already retried the write for its whole window, and running
-    the validation again would not bring the server back)."""
-    return not isinstance(state.data, TrackingUnavailable)
+    the validation again would not bring the server back), nor one stopped because the run stops."""
+    return not isinstance(state.data, (TrackingUnavailable, validation_call.ValidationStopped))
 
 
 def validation_task(plan: RunPlan, record: CheckpointRecord):

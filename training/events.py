@@ -77,6 +77,15 @@ class TrainingRestart:
     at: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True)
+class TrainingStarted:
+    """Ray Train's controller started: `controller` is its actor handle, for a clean stop (`raytrain.abort_training`).
+    Announced only to the orchestrating process's own queue (`CheckpointAnnouncer(announce_controller=True)`)."""
+
+    run_name: str
+    controller: Any
+
+
 class EventSink(Protocol):
     """Anything that takes announcements: a Ray queue, a Prefect event emitter, a list in a test."""
 

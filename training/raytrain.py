@@ -36,6 +36,7 @@ from podium.training.events import (
     CheckpointEvent,
     EventSink,
     TrainingRestart,
+    TrainingStarted,
     ValidationRequest,
     numeric_metrics,
     step_of,
@@ -50,7 +51,7 @@ class RayQueueSink:
     def __init__(self, queue: Queue):
         self.queue = queue
 
-    def put(self, event: CheckpointEvent | TrainingRestart) -> None:
+    def put(self, event: CheckpointEvent | TrainingRestart | TrainingStarted) -> None:
         """Enqueue without blocking the controller. The event goes as it is (pickled by Ray): its
         validation request may hold a Ray Dataset, which travels by reference."""
         self.queue.put_nowait(event)
@@ -146,11 +147,19 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     `step_base` (the run's last recorded step) starts the count where that index is not known.
     """
 
-    def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0):
+    def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0, announce_controller: bool = False):
         self.run_name = run_name
         self.sinks = sinks
         self._index = step_base
         self._restarts = 0
+        self.announce_controller = announce_controller  # the orchestrating process's own queue: it may stop training
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        """Called on the controller when it starts: with `announce_controller`, hand its actor handle to
+        the sinks, so that the process that started training can stop it cleanly (`abort_training`)."""
+        if self.announce_controller:
+            controller = ray.get_runtime_context().current_actor
+            self._announce(TrainingStarted(run_name=self.run_name, controller=controller))  # type: ignore[arg-type]
 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
         """Called on the controller after a report; rank 0's metrics go with the checkpoint."""
@@ -181,7 +190,7 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
         self._announce(TrainingRestart(run_name=self.run_name, restart=self._restarts,
                                        cause=describe_failure(getattr(current_state, "training_failed_error", None))))
 
-    def _announce(self, event: CheckpointEvent | TrainingRestart) -> None:
+    def _announce(self, event: CheckpointEvent | TrainingRestart | TrainingStarted) -> None:
         for sink in self.sinks:
             try:
                 sink.put(event)
@@ -189,12 +198,25 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
                 logger.exception("checkpoint sink %r failed for %r", sink, event)
 
 
+def abort_training(controller: Any, timeout_s: float = 30.0) -> None:
+    """Stop a training run cleanly, as Ray Train's own Ctrl-C handler does: its controller aborts the
+    worker group (a checkpoint being uploaded is not registered) and exits, and `fit()` returns with an
+    error in the thread that waits on it. Checkpoints already persisted stay for the resume."""
+    try:
+        ray.get(controller.abort.remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        logger.warning("Ray Train's controller did not abort in %g s: killed", timeout_s)
+        ray.kill(controller)
+    except ray.exceptions.RayActorError:
+        pass  # it exits as it aborts: the answer to the call is its death
+
+
 def open_event_queue() -> Queue:
     """A Ray queue actor for announcements (lives as long as this driver)."""
     return Queue(actor_options={"num_cpus": 0})
 
 
-def drain(queue: Queue, timeout: float) -> list[CheckpointEvent | TrainingRestart]:
+def drain(queue: Queue, timeout: float) -> list[CheckpointEvent | TrainingRestart | TrainingStarted]:
     """Wait up to `timeout` for one announcement, then take every other one already there."""
     try:
         first = queue.get(block=True, timeout=timeout)
@@ -257,6 +279,21 @@ def fit(
     )
     with podium_data_context(data_cpus):  # Ray Train copies Ray Data's context for the workers when fit starts
         trainer.fit()
+
+
+def user_failures(error: BaseException) -> list[tuple[int, BaseException, str]]:
+    """(rank, the user's exception, its traceback as text) for each failed worker of a training run that
+    raised in the user's loop (Ray Train's WorkerGroupError); empty for other failures."""
+    failures = getattr(error, "worker_failures", None)
+    if not isinstance(failures, dict):
+        return []
+    out = []
+    for rank, exc in sorted(failures.items()):
+        base = getattr(exc, "_base_exc", None)  # ray.train.v2 UserExceptionWithTraceback: the exception and its text
+        text = getattr(exc, "_traceback_str", None)
+        if isinstance(base, BaseException) and isinstance(text, str):
+            out.append((int(rank), base, text))
+    return out
 
 
 def checkpoint_at(uri: str) -> ray.train.Checkpoint:

@@ -14,12 +14,15 @@ The convention (`validation_arguments`), stated once and checked before training
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from podium.failures import user_frames
 from podium.imports import resolve_callable
 from podium.training.events import ValidationResult, read_validation_result
 
@@ -109,6 +112,38 @@ def keep_arguments(user: dict[str, Any]) -> ray.ObjectRef:
     return ray.put(user)
 
 
+class ValidationStopped(RuntimeError):
+    """A validation cancelled because the run is stopping (not a verdict: the checkpoint stays pending)."""
+
+
+# validations running as Ray tasks in this process (ref -> checkpoint), for a clean stop to cancel
+_IN_FLIGHT: dict[Any, str] = {}
+_STOPPED: set[Any] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # the run is stopping: no validation starts any more
+
+
+def refuse_new_validations() -> None:
+    """The run is stopping: from now on a validation (a retry included) raises ValidationStopped at once."""
+    _STOPPING.set()
+
+
+def cancel_validations() -> int:
+    """Cancel every validation running from this process (the run is stopping); each raises
+    ValidationStopped in the thread that waits for it. Returns how many were cancelled."""
+    import ray
+
+    with _IN_FLIGHT_LOCK:
+        refs = list(_IN_FLIGHT)
+        _STOPPED.update(refs)
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # already finished, or Ray is going away
+            logger.debug("could not cancel %s", ref, exc_info=True)
+    return len(refs)
+
+
 def validate_remote(
     fn_path: str,
     checkpoint_uri: str,
@@ -129,12 +164,27 @@ def validate_remote(
         num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,
         name=f"podium-validate:{os.path.basename(checkpoint_uri)}",
     )
+    if _STOPPING.is_set():
+        raise ValidationStopped(f"validation of {checkpoint_uri} not started: the run is stopping")
     ref = task.remote(fn_path, checkpoint_uri, facts, user)
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[ref] = checkpoint_uri
     try:
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         ray.cancel(ref, force=True)
         raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s") from None
-    except ray.exceptions.RayTaskError as exc:
-        # re-raise the user's own exception, not Ray's wrapper
-        raise exc.as_instanceof_cause() from None
+    except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError, ray.exceptions.RayTaskError) as exc:
+        if ref in _STOPPED:
+            raise ValidationStopped(f"validation of {checkpoint_uri} stopped: the run is stopping") from None
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            # re-raise the user's own exception, not Ray's wrapper, with their frames as text (for the terminal)
+            cause = exc.as_instanceof_cause()
+            with contextlib.suppress(AttributeError, TypeError):
+                cause.podium_traceback = user_frames(str(getattr(exc, "traceback_str", "") or ""))
+            raise cause from None
+        raise
+    finally:
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.pop(ref, None)
+            _STOPPED.discard(ref)

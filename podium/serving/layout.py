@@ -188,6 +188,47 @@ def claim_version(serving: str) -> tuple[str, str]:
     raise ServingError(f"{serving}: could not allocate a new version")
 
 
+class ServingFull(ServingError):
+    """The serving location ran out of space (or quota) while a version was written."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether an error is a full disk or an exhausted quota (ENOSPC, EDQUOT), also as the cause of another."""
+    import errno
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def discard_version(version_dir: str) -> None:
+    """Remove a version that never became current (a copy that failed half way): its files and its claim.
+    Best effort: what remains of it is unreferenced (no manifest, not in CURRENT)."""
+    fs, root = fsspec_filesystem(version_dir)
+    try:
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+    except OSError:
+        pass
+
+
+def full_location_error(serving: str, version: str, exc: BaseException) -> ServingFull:
+    """One sentence for a version that did not fit: where, what was undone, what serves now."""
+    try:
+        current = read_pointer(serving)
+    except (ServingError, OSError):
+        current = None
+    now = f"{current['version']} stays current" if current and current.get("version") else "nothing was being served"
+    undone = f"the partial {version} was removed" if version.startswith("v") else "nothing was written"
+    return ServingFull(f"no space left at the serving location {serving} while writing {version} "
+                       f"({getattr(exc, 'strerror', None) or exc}): {undone} and {now}; "
+                       "free space there and run `podium promote` with the same --run-name to promote again")
+
+
 def seal_version(serving: str, version: PromotedVersion) -> None:
     """Write the version's manifest: from now on it is complete and may become current."""
     write_json(join(normalize_location(serving), "versions", version.version, MANIFEST), version.manifest)

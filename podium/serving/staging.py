@@ -29,6 +29,9 @@ from podium.serving.layout import (
     ServingError,
     claim_version,
     content_of,
+    discard_version,
+    full_location_error,
+    is_disk_full,
     parallel,
     safe_relpath,
 )
@@ -266,9 +269,20 @@ def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: s
     serving = normalize_location(serving)
     objects = list_objects(files_uri)
     manifest = build_manifest(files_uri, info, objects)
-    version, version_dir = claim_version(serving)
+    try:
+        version, version_dir = claim_version(serving)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise full_location_error(serving, "a new version", exc) from None
     manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
     target = join(version_dir, content_of(manifest))
-    verified = copy_checkpoint(files_uri, target, manifest["files"], {rel: o["etag"] for rel, o in objects.items()})
+    try:
+        verified = copy_checkpoint(files_uri, target, manifest["files"], {rel: o["etag"] for rel, o in objects.items()})
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        discard_version(version_dir)
+        raise full_location_error(serving, version, exc) from None
     verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
     return PromotedVersion(version=version, uri=target, manifest=manifest)

@@ -136,9 +136,9 @@ def tag_outcome(tr: TrackingRun, outcome: str, description: str, tags: dict[str,
 
 
 @tracking_call("closing the MLflow run")
-def close_tracking_run(tr: TrackingRun, failed: bool = False) -> None:
-    """Mark the MLflow run finished (or failed)."""
-    tr.client().set_terminated(tr.run_id, status="FAILED" if failed else "FINISHED")
+def close_tracking_run(tr: TrackingRun, failed: bool = False, status: str | None = None) -> None:
+    """Mark the MLflow run finished (or failed; or `status`, e.g. KILLED for a run stopped by a signal)."""
+    tr.client().set_terminated(tr.run_id, status=status or ("FAILED" if failed else "FINISHED"))
 
 
 @tracking_call("finding the run's MLflow run")

@@ -33,6 +33,9 @@ def train_func(config: dict) -> None:
         if marker and epoch == config.get("die_at_epoch") and not os.path.exists(marker):
             open(marker, "w").close()  # die once: the restarted worker group carries on
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(config.get("epoch_s", 0)))  # a longer epoch, for tests that act while training runs
+        if epoch == config.get("raise_at_epoch"):
+            _check_batch(epoch)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -41,8 +44,15 @@ def train_func(config: dict) -> None:
             checkpoint = None
             if ray.train.get_context().get_world_rank() == 0:
                 torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(tmp, "state.pt"))
+                if config.get("pad_bytes"):  # a bigger checkpoint, for tests of space running out
+                    with open(os.path.join(tmp, "pad.bin"), "wb") as f:
+                        f.write(os.urandom(int(config["pad_bytes"])))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report({"loss": loss.item(), "epoch": epoch}, checkpoint=checkpoint)
+
+
+def _check_batch(epoch: int) -> None:
+    raise ValueError(f"bad batch at epoch {epoch}")
 
 
 def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:

@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect_queries import task_runs
 
-from podium.serving.layout import read_history
+from podium.serving.layout import read_current, read_history, read_pointer
+from podium.serving.staging import verify_files
 from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS
 
 pytestmark = pytest.mark.integration
@@ -109,3 +110,151 @@ def test_flow_process_killed_then_rerun_finishes_without_duplicates(prefect_api,
         assert counts[step] == 1, f"step {step} validated {counts[step]} times"
     assert set(counts) == set(range(6))
     assert result["promoted"] is not None and len(read_history(locations["serving"])) == 1
+    # the killed attempt's flow run, left Running, was marked Crashed when the run resumed
+    states = _flow_run_states("flow-dies-run")
+    assert sorted(states) == ["COMPLETED", "CRASHED"], states
+
+
+def _flow_run_states(name: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    return [r.state.type.value for r in runs if r.state]
+
+
+def _podium_env(prefect_api, locations, tmp_path):
+    env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": locations["tracking_uri"],
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_the_process_group_stops_cleanly_then_resumes(sig, prefect_api, dataset, locations, tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM to the group: the running
+    validation records its verdict or stays pending, the flow run ends Cancelled, the MLflow run KILLED,
+    one line says how to resume, exit code 128 + the signal; running it again finishes the run."""
+    name = f"stop-{sig.name.lower()}"
+    calls = tmp_path / "validations.log"
+    config = _user_config(name, dataset, locations, epochs=5, loop_extra={"epoch_s": 1.0},
+                          validate_extra={"calls_log": str(calls), "sleep_s": 2})
+    config["validation"]["concurrency"] = 1
+    (tmp_path / "podium.json").write_text(json.dumps(config))
+    env = _podium_env(prefect_api, locations, tmp_path)
+
+    proc = _podium(["run", "--config", str(tmp_path / "podium.json")], env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # stop once a verdict is in and more checkpoints wait for one
+        statuses = [m[0].tags.get(TAG_STATUS) for m in _models_by_checkpoint(locations["tracking_uri"]).values()]
+        if statuses.count("validated") >= 1 and statuses.count("pending") >= 1:
+            break
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + sig, f"exit {proc.returncode}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"podium: stopped by {sig.name}") and f"--run-name ({name}) to resume" in last, last
+    by = _models_by_checkpoint(locations["tracking_uri"])
+    assert all(len(v) == 1 for v in by.values()), "no MLflow record duplicated"
+    statuses = {n: m[0].tags.get(TAG_STATUS) for n, m in by.items()}
+    assert set(statuses.values()) <= {"validated", "pending"}, f"a stop is no verdict: {statuses}"
+    for (model,) in by.values():  # every record written completely: its training metrics are there
+        assert "loss" in {m.key for m in model.metrics or []}, model.tags
+    client = MlflowClient(locations["tracking_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
+    assert run.info.status == "KILLED"
+    assert _flow_run_states(f"{name}-run") == ["CANCELLED"]
+    assert not read_history(locations["serving"]), "nothing promoted by a stopped run"
+
+    proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [c["status"] for c in result["checkpoints"]] == ["validated"] * 5
+    by = _models_by_checkpoint(locations["tracking_uri"])
+    assert len(by) == 5 and all(len(v) == 1 for v in by.values())
+    counts = collections.Counter(int(x) for x in calls.read_text().split())
+    assert set(counts) == set(range(5)) and max(counts.values()) <= 2, counts
+    assert len(read_history(locations["serving"])) == 1
+    assert sorted(_flow_run_states(f"{name}-run")) == ["CANCELLED", "COMPLETED"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a filesystem that fills up for real (mounting it needs root)."""
+    mnt = tmp_path / "small-disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root: the disk-full test cannot run as this user")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder, leave_bytes: int) -> None:
+    """Fill the filesystem of `folder` until about `leave_bytes` are free."""
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    with open(os.path.join(folder, "filler.bin"), "wb") as f:
+        f.write(b"\0" * max(free - leave_bytes, 0))
+
+
+def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_champion(
+        prefect_api, dataset, locations, tmp_path, small_disk):
+    serving = str(small_disk / "serving")
+    env = _podium_env(prefect_api, locations, tmp_path)
+    first = _user_config("disk-first", dataset, {**locations, "serving": serving}, epochs=2)
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    proc = _podium(["run", "--config", str(tmp_path / "first.json")], env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert (read_pointer(serving) or {}).get("version") == "v000001"
+
+    _fill(small_disk, leave_bytes=512 * 1024)  # the next champion's 2 MiB checkpoint does not fit
+    second = _user_config("disk-second", dataset, {**locations, "serving": serving}, epochs=2,
+                          loop_extra={"pad_bytes": 2 * 1024 * 1024})
+    second["promotion"]["always"] = True
+    (tmp_path / "second.json").write_text(json.dumps(second))
+    proc = _podium(["run", "--config", str(tmp_path / "second.json")], env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2, f"exit {proc.returncode}:\n{err[-3000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    message = err.strip().splitlines()[-1]
+    assert message.startswith(f"podium: no space left at the serving location {serving} while writing v000002"), message
+    assert "v000001 stays current" in message and "removed" in message, message
+    assert sorted(os.listdir(os.path.join(serving, "versions"))) == ["v000001"], "the partial version was removed"
+    assert read_current(serving).version == "v000001"
+    verify_files(os.path.join(serving, "versions", "v000001"), read_current(serving).manifest)
+
+
+def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, dataset, locations, tmp_path):
+    """A training loop that raises, and a validation function that raises: each is reported as the user's
+    exception with their own frames, once; Ray's frames stay in the log file."""
+    config = _user_config("user-raises", dataset, locations, epochs=4, loop_extra={"raise_at_epoch": 3},
+                          validate_extra={"fail_epoch": 1})
+    config["scaling"] = {"max_failures": 0}
+    config["validation"]["retries"] = 0
+    (tmp_path / "podium.json").write_text(json.dumps(config))
+    proc = _podium(["run", "--config", str(tmp_path / "podium.json")], _podium_env(prefect_api, locations, tmp_path))
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, f"exit {proc.returncode}:\n{err[-4000:]}"
+    shown = out + err
+    # the training loop's error: once, on stderr, with the user's frames and none of Ray's
+    assert err.count("ValueError: bad batch at epoch 3") == 1, err[-4000:]
+    assert "podium: the training loop podium_user_code:train_func (rank 0) raised:" in err, err[-4000:]
+    assert 'podium_user_code.py", line' in err and "in _check_batch" in err and "in train_func" in err
+    # the validation function's error: once, with its frames
+    assert shown.count("RuntimeError: validation data unavailable for epoch 1") == 1, shown[-4000:]
+    assert "in validate_fn" in shown
+    assert shown.count("Traceback (most recent call last)") == 2, shown[-6000:]
+    assert "site-packages/ray" not in shown and "WorkerGroupError" not in shown, shown[-6000:]
+    assert len(shown.splitlines()) < 60, f"more than a screen:\n{shown}"
+    log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
+    assert "WorkerGroupError" in log and "site-packages/ray" in log, "the full Ray trace goes to the log file"

@@ -323,3 +323,142 @@ def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_serve
     (listed,) = list_records(tr)
     assert listed.model_id == record.model_id and listed.status == "validated"
     assert listed.metrics["val_loss"] == 0.25 and listed.metrics["loss"] == 0.5
+
+
+# ---- the Prefect server goes away during a run: the run goes on without it
+
+class PrefectServer:
+    """This test's own `prefect server` process (podium's embedded-defaults server, in a home of its own),
+    on a fixed port and database across restarts."""
+
+    def __init__(self, home: Path):
+        from podium.services import ensure_prefect_server
+
+        self.home, self.port = home, _free_port()
+        self.url = ensure_prefect_server(home, self.port)
+
+    def pid(self) -> int:
+        return json.loads((self.home.resolve() / "prefect" / "server.json").read_text())["pid"]
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group: connections are refused until it is started again."""
+        try:
+            os.killpg(self.pid(), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 30
+        while _answers(self.url) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def start(self) -> None:
+        """Start it again, on the same port and database."""
+        from podium.services import ensure_prefect_server
+
+        assert ensure_prefect_server(self.home, self.port) == self.url
+
+    def stop(self) -> None:
+        from podium.services import stop_prefect_server
+
+        stop_prefect_server(self.home)
+
+
+def _answers(api_url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    server = PrefectServer(tmp_path / "prefect-home")
+    yield server
+    server.stop()
+
+
+def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
+    path = _config(tmp_path, dataset, run_name, calls)
+    config = json.loads(path.read_text())
+    # 6 epochs of about 1.5 s, and validations of 1 s: the outage starts with most of the run ahead
+    config["training"]["train_loop_config"] = {"epochs": 6, "epoch_s": 1.5}
+    config["validation"]["kwargs"]["sleep_s"] = 1
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _sqlite_store(tmp_path: Path, template_db: Path) -> str:
+    """An MLflow store on SQLite, its schema migrated before podium or the test opens it."""
+    shutil.copy(template_db, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _sqlite_models(tracking_uri: str) -> dict[str, list]:
+    return _models_by_checkpoint(tracking_uri)
+
+
+def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefect_server, podium_runs, dataset,
+                                                                           tmp_path, mlflow_template_db):
+    calls = tmp_path / "validations.log"
+    config = _prefect_outage_config(tmp_path, dataset, "prefect-down", calls)
+    tracking_uri = _sqlite_store(tmp_path, mlflow_template_db)
+    run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri))
+    run.wait_until(lambda: len(_sqlite_models(tracking_uri)) >= 1, "the first checkpoint record")
+    prefect_server.kill()
+
+    rc, out, err = run.finish()
+    assert rc == 4, f"exit {rc}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("podium: done, but not recorded in Prefect: the Prefect server " + prefect_server.url), last
+    # the work itself is all done: every checkpoint validated once and recorded, the best promoted
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [c["step"] for c in result["checkpoints"]] == list(range(6))
+    assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
+    assert result["promoted"] is not None and result["prefect_not_recorded"]
+    counts = collections.Counter(int(x) for x in calls.read_text().split())
+    assert counts == {step: 1 for step in range(6)}, counts
+    assert len(read_history(str(tmp_path / "serving"))) == 1
+    client = MlflowClient(tracking_uri)
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
+                                       filter_string=f"tags.`{TAG_RUN}` = 'prefect-down'")
+    assert mlflow_run.info.status == "FINISHED", "the MLflow run must not be left RUNNING"
+    # the outage is said once on the terminal and once in the log, not once per event or call
+    assert sum("does not answer" in line for line in err.splitlines()) == 1, err[-4000:]
+    log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
+    assert log.count("stopped answering") == 1, "the outage is logged once"
+    assert "failed to process item" not in log and "Error logging to API" not in err + log
+    print(f"wall time with the Prefect server down from the first checkpoint: {result['wall_time_s']} s")
+
+
+def test_prefect_server_back_after_an_outage_the_records_catch_up(prefect_server, podium_runs, dataset, tmp_path,
+                                                                  mlflow_template_db):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_queries import artifact_keys, flow_run_state, task_runs
+
+    calls = tmp_path / "validations.log"
+    config = _prefect_outage_config(tmp_path, dataset, "prefect-back", calls)
+    tracking_uri = _sqlite_store(tmp_path, mlflow_template_db)
+    run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri))
+    run.wait_until(lambda: len(_sqlite_models(tracking_uri)) >= 1, "the first checkpoint record")
+    prefect_server.kill()
+    run.wait_until(lambda: len(_sqlite_models(tracking_uri)) >= 3, "checkpoints recorded while Prefect is down")
+    prefect_server.start()  # same port, same database
+
+    rc, out, err = run.finish()
+    assert rc == 0, f"exit {rc}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    assert any("answers again" in line for line in err.splitlines()), err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert all(c["status"] == "validated" for c in result["checkpoints"]) and len(result["checkpoints"]) == 6
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.url}):
+        assert flow_run_state("prefect-back-run").is_completed()
+        # task runs whose states were held during the outage reached the server when it came back
+        runs = task_runs("prefect-back-run", expect_at_least=12)
+        validations = sorted(r.name for r in runs if r.name.startswith("validate-step-"))
+        assert validations == [f"validate-step-{s}" for s in range(6)], validations
+        assert all(r.state.is_completed() for r in runs if r.name.startswith("validate-step-"))
+        assert {"prefect-back-checkpoints", "prefect-back-promotion", "prefect-back-chart",
+                "prefect-back-progress"} <= artifact_keys("prefect-back-run")

@@ -1,0 +1,101 @@
+"""Orchestration state: a clean stop on SIGINT (Ctrl-C) or SIGTERM.
+
+A signal does not interrupt whatever the flow's thread is doing (an MLflow write half done, a
+promotion between its copy and its switch): it sets a request that the flow reads where it can
+stop cleanly (`check`). Then running validations get a grace period to finish and record their
+verdicts; the others stay pending for the resume; training is aborted through Ray Train's
+controller; the MLflow run is marked KILLED and the flow run ends Cancelled. A second signal stops
+the process at once (as a resume would after a kill: the run resumes just the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+logger = logging.getLogger(__name__)
+progress_logger = logging.getLogger("podium.progress")
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_GRACE_S = 30.0  # how long running validations may take to finish once a stop is asked for
+
+
+class RunStopped(Exception):
+    """The run was asked to stop (a signal): raised where the flow can stop cleanly."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+
+class StopRequest:
+    """Whether, and by which signal, this process was asked to stop its run."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        """A stop was asked for."""
+        return self._event.is_set()
+
+    def request(self, signum: int) -> None:
+        """Ask for a stop (the signal handler; also usable from code)."""
+        if self.signum is None:
+            self.signum = signum
+        self._event.set()
+
+    def check(self) -> None:
+        """Raise RunStopped if a stop was asked for: called where the flow can stop cleanly."""
+        if self.signum is not None:
+            raise RunStopped(self.signum)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a stop request; True if there is one."""
+        return self._event.wait(timeout)
+
+
+STOP = StopRequest()  # one per process: signals are
+
+
+def exit_code(signum: int) -> int:
+    """The shell's convention for a process ended by a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
+    return 128 + signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """While the flow runs: SIGINT and SIGTERM ask for a clean stop (a second one exits at once).
+
+    Installed from inside the flow, in the main thread: Prefect's engine installs a SIGTERM handler of
+    its own when the flow starts (a crash), which this one replaces for the flow's body. Elsewhere
+    (a flow run in a thread) signals are left as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield STOP
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if STOP.requested:  # the second signal: stop at once, as a kill would (the run still resumes)
+            sys.stderr.write(f"\npodium: {signal.Signals(signum).name} again: stopping at once\n")
+            sys.stderr.flush()
+            os._exit(exit_code(signum))
+        STOP.request(signum)
+        progress_logger.info("%s: stopping cleanly (the record being written and the validations running finish "
+                             "first; %s again to stop at once)", signal.Signals(signum).name,
+                             "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
+        signal.signal(sig, handler)
+    try:
+        yield STOP
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

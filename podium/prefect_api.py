@@ -1,0 +1,379 @@
+"""The Prefect API as a podium run uses it: a mirror of the run, never on its critical path.
+
+Training, validation, MLflow records and promotion never wait on Prefect:
+
+- every call podium makes itself (artifacts, lineage reads) goes through `call()`: it runs under a
+  deadline, and is skipped while the server is known to be down (an artifact is kept, the latest per
+  key, and written when the server answers again);
+- Prefect's own background senders are held back while the server is down instead of failing once
+  per item: the run's log lines wait in a bounded buffer (`log_sink`), and events (task-run states,
+  checkpoint announcements) stay in Prefect's events client (`HeldEventsClient`), which resends them
+  when it reconnects;
+- the server's absence is said once: one log line and one progress line when it stops answering,
+  one when it answers again. Prefect's per-item failure records are counted, not logged.
+
+A watch thread probes `/health` while a run is on, so an outage is noticed within seconds whether or
+not podium happens to be calling Prefect. The flow engine's own calls (the flow run's states) are
+bounded by Prefect's client settings, which the CLI sets (`bound_client_settings`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+progress_logger = logging.getLogger("podium.progress")
+
+T = TypeVar("T")
+
+# Prefect's client settings for a podium process, unless already set: a request gives up after 10 s
+# without an answer, and a refused connection is retried twice (2 s, then 4 s apart) where Prefect's
+# defaults (60 s, 5 retries 2-32 s apart) hold each call for over a minute
+CLIENT_DEFAULTS = {"PREFECT_API_REQUEST_TIMEOUT": "10", "PREFECT_CLIENT_MAX_RETRIES": "2"}
+CALL_DEADLINE_S = 15.0  # the most a call of podium's own waits, whatever the client settings
+PROBE_S = 1.0  # how often the watch probes /health while a run is on
+MAX_HELD_LOGS = 20_000
+MAX_HELD_EVENTS = 5_000
+
+
+def bound_client_settings(environ: dict[str, str]) -> None:
+    """Set Prefect's client timeouts and retries for a podium process (before Prefect is imported),
+    unless the environment sets them already."""
+    for name, value in CLIENT_DEFAULTS.items():
+        environ.setdefault(name, value)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether an exception from a Prefect call means the server did not answer (rather than refused
+    the request): a connection refused or cut, a timeout, a 5xx answer."""
+    import httpx
+
+    if isinstance(exc, (httpx.TransportError, TimeoutError, FutureTimeout, ConnectionError)):
+        return True
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and status >= 500:
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and is_unreachable(cause)
+
+
+def _healthy(api_url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class PrefectLink:
+    """This process's view of the Prefect server: up or down since when, and what waits for it."""
+
+    def __init__(self, api_url: str | None):
+        self.api_url = api_url
+        self.down_since: float | None = None  # time.time() of the first failure of the current outage
+        self.outages = 0
+        self.down_s = 0.0  # seconds of outages that have ended
+        self._lock = threading.Lock()
+        self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="podium-prefect")
+        self._artifacts: OrderedDict[str, Callable[[], Any]] = OrderedDict()  # key -> the latest write
+        self._logs: deque[dict[str, Any]] = deque(maxlen=MAX_HELD_LOGS)
+        self.logs_dropped = 0
+        self.failures_seen = 0  # Prefect's own failure records swallowed while it was down
+        self._watch: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---- state
+
+    @property
+    def down(self) -> bool:
+        """The server is known not to answer."""
+        return self.down_since is not None
+
+    def mark_down(self, reason: str) -> None:
+        """The server stopped answering: said once per outage."""
+        with self._lock:
+            if self.down_since is not None:
+                return
+            self.down_since = time.time()
+            self.outages += 1
+        logger.warning("Prefect server %s stopped answering (%s): the run goes on; its Prefect records "
+                       "(task runs, events, logs, artifacts) are held and sent if it answers again", self.api_url,
+                       reason)
+        progress_logger.info("Prefect server %s does not answer: the run goes on without it (its records are "
+                             "sent if it comes back)", self.api_url)
+
+    def mark_up(self) -> None:
+        """The server answers again: send what was held."""
+        with self._lock:
+            if self.down_since is None:
+                return
+            lasted = time.time() - self.down_since
+            self.down_s += lasted
+            self.down_since = None
+            artifacts, self._artifacts = list(self._artifacts.values()), OrderedDict()
+            logs = list(self._logs)
+            self._logs.clear()
+        for write in artifacts:
+            self._run(write, "a held artifact")
+        if logs:
+            from prefect.logging.handlers import APILogWorker
+
+            worker = APILogWorker.instance()
+            for log in logs:
+                worker.send(log)
+        _nudge_events()
+        logger.warning("Prefect server %s answers again after %.0f s: %d held artifact(s) and %d log line(s) sent, "
+                       "events resent by Prefect's client", self.api_url, lasted, len(artifacts), len(logs))
+        progress_logger.info("Prefect server answers again after %.0f s: the run's records catch up", lasted)
+
+    def probe(self, timeout: float = 2.0) -> bool:
+        """Ask /health once; mark the server up or down by the answer. True if it answers."""
+        if not self.api_url:
+            return True
+        ok = _healthy(self.api_url, timeout)
+        if ok:
+            self.mark_up()
+        else:
+            self.mark_down("its /health does not answer")
+        return ok
+
+    # ---- calls of podium's own
+
+    def call(self, what: str, fn: Callable[[], T], *, key: str | None = None) -> T | None:
+        """`fn()` (a Prefect API call), bounded: its value, or None where the server does not answer
+        (noticed once) or refuses it (logged). With `key`, a write skipped for an outage is kept (the
+        latest per key) and done when the server answers again."""
+        if self.down:
+            if key is not None:
+                with self._lock:
+                    self._artifacts[key] = _in_context(fn)
+                    self._artifacts.move_to_end(key)
+            return None
+        return self._run(_in_context(fn), what, key=key)
+
+    def _run(self, fn: Callable[[], T], what: str, key: str | None = None) -> T | None:
+        future = self._calls.submit(fn)
+        try:
+            return future.result(timeout=CALL_DEADLINE_S)
+        except BaseException as exc:
+            if not is_unreachable(exc):
+                logger.warning("Prefect refused %s: %s: %s", what, type(exc).__name__, exc)
+                return None
+            self.mark_down(f"{what}: {type(exc).__name__}: {exc}".strip()[:300])
+            if key is not None:
+                with self._lock:
+                    self._artifacts[key] = fn
+            return None
+
+    # ---- Prefect's background senders
+
+    def log_sink(self, log: dict[str, Any]) -> None:
+        """Prefect's API log sink: a log line goes to Prefect's log worker, or waits while the server is down."""
+        if self.down:
+            with self._lock:
+                if len(self._logs) == self._logs.maxlen:
+                    self.logs_dropped += 1
+                self._logs.append(log)
+            return
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.instance().send(log)
+
+    def swallow(self, record: logging.LogRecord) -> bool:
+        """Whether a failure record of Prefect's background senders is left out of the logs: it is
+        while the server is down (counted; the outage was said once), or once a probe finds it down."""
+        if not self.down and self.probe(timeout=1.0):
+            return False
+        self.failures_seen += 1
+        return True
+
+    # ---- the watch
+
+    def watch(self) -> None:
+        """Probe /health every PROBE_S seconds from now on (a daemon thread), and hold Prefect's
+        background senders while the server is down."""
+        if self._watch is not None or not self.api_url:
+            return
+        self._stop.clear()
+        self._watch = threading.Thread(target=self._watching, name="podium-prefect-watch", daemon=True)
+        self._watch.start()
+
+    def _watching(self) -> None:
+        while not self._stop.wait(PROBE_S):
+            try:
+                self.probe(timeout=PROBE_S * 2)
+            except Exception:  # the watch must never die of a bad answer
+                logger.debug("Prefect probe failed", exc_info=True)
+
+    def stop_watch(self) -> None:
+        """Stop probing."""
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=PROBE_S * 4)
+            self._watch = None
+
+    def settle(self, flow_end_recorded: bool) -> str | None:
+        """At the end of a command: a last probe; while the server is down, drop what waits for it (so
+        that the process exits without waiting on Prefect's senders) and say, in one sentence, what was
+        not recorded. None if the server answers and the flow run's end was recorded."""
+        self.stop_watch()
+        if self.probe(timeout=3.0) and flow_end_recorded:
+            return None
+        with self._lock:
+            artifacts, logs = len(self._artifacts), len(self._logs) + self.logs_dropped
+            self._artifacts.clear()
+            self._logs.clear()
+        events, queued_logs = _drop_held_events()
+        since = time.strftime("%H:%M:%S", time.localtime(self.down_since or time.time()))
+        lost = [f"{n} {what}" for n, what in ((artifacts, "artifact(s)"), (logs + queued_logs, "log line(s)"),
+                                                (events, "event(s)")) if n]
+        return (f"the Prefect server {self.api_url} has not answered since {since}: "
+                + ("the flow run's final state" if not flow_end_recorded else "")
+                + (", " if lost and not flow_end_recorded else "") + ", ".join(lost) + " were not recorded there")
+
+
+_LINK: PrefectLink | None = None
+_LINK_LOCK = threading.Lock()
+
+
+def link() -> PrefectLink:
+    """This process's link to the Prefect API it is configured with (PREFECT_API_URL)."""
+    global _LINK
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    with _LINK_LOCK:
+        if _LINK is None or _LINK.api_url != api_url:  # a process that talks to another server now (tests)
+            if _LINK is not None:
+                _LINK.stop_watch()
+            _LINK = PrefectLink(api_url)
+        return _LINK
+
+
+def call(what: str, fn: Callable[[], T], *, key: str | None = None) -> T | None:
+    """`fn()`, a Prefect API call of podium's own, through this process's link (see PrefectLink.call)."""
+    return link().call(what, fn, key=key)
+
+
+def _in_context(fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn` bound to the caller's context (the flow or task run an artifact belongs to), for another thread."""
+    ctx = contextvars.copy_context()
+    return lambda: ctx.run(fn)
+
+
+# ---- Prefect's background senders, held while the server is down
+
+class _SwallowOutageFailures(logging.Filter):
+    """Drops Prefect's per-item failure records of its background senders while the server is down."""
+
+    MESSAGES = ("Service %r failed to process item", "Unable to connect to", "Still processing items")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        if not msg.startswith(self.MESSAGES):
+            return True
+        current = _LINK  # not link(): this runs in Prefect's threads, outside the run's settings context
+        return current is None or not current.swallow(record)
+
+
+_FILTER = _SwallowOutageFailures()
+# the loggers Prefect's background senders report their failures on
+_SENDER_LOGGERS = ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker", "APILogWorker")
+
+
+def _held_events_client() -> type:
+    from prefect.events.clients import PrefectEventsClient
+
+    class HeldEventsClient(PrefectEventsClient):
+        """Prefect's events client, except that while the server is down an event is not sent (and not
+        retried ten times): it joins the client's unconfirmed events, which Prefect resends when the
+        client reconnects."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("reconnection_attempts", 2)
+            super().__init__(*args, **kwargs)
+
+        async def _emit(self, event: Any) -> None:
+            if _LINK is not None and _LINK.down:
+                if len(self._unconfirmed_events) >= MAX_HELD_EVENTS:
+                    self._unconfirmed_events.pop(0)
+                self._unconfirmed_events.append(event)
+                return
+            await super()._emit(event)
+
+    return HeldEventsClient
+
+
+def hold_background_senders() -> None:
+    """From now on, in this process: Prefect's log lines and events wait while the server is down,
+    and the failures of its senders are counted instead of logged one by one."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import set_api_log_sink
+
+    current = link()
+    set_api_log_sink(current.log_sink)
+    EventsWorker.set_client_override(_held_events_client())
+    for name in _SENDER_LOGGERS:
+        lg = logging.getLogger(name)
+        if _FILTER not in lg.filters:
+            lg.addFilter(_FILTER)
+
+
+def _nudge_events() -> None:
+    """Make the events client reconnect now (it resends what it holds on reconnecting) instead of at its
+    next periodic checkpoint: by emitting one event of podium's own."""
+    try:
+        from prefect.events import emit_event
+
+        emit_event(event="podium.prefect.reconnected", resource={"prefect.resource.id": "podium.prefect-link"})
+    except Exception:
+        logger.debug("could not emit the reconnection event", exc_info=True)
+
+
+def _drop_held_events() -> tuple[int, int]:
+    """(events, log lines) not sent, dropped so that the process exits without waiting for a server that
+    is down: at exit, Prefect drains its senders' queues, each item waiting out its retries."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    dropped = {EventsWorker: 0, APILogWorker: 0}
+    for kind in dropped:
+        for worker in list(getattr(kind, "_instances", {}).values()):  # Prefect's private registry of senders
+            if not isinstance(worker, kind):
+                continue
+            queue = worker._queue
+            while True:
+                try:
+                    item = queue.get_nowait()
+                except Exception:
+                    break
+                queue.task_done()
+                if item is not None:
+                    dropped[kind] += 1
+            client = getattr(worker, "_client", None)
+            dropped[kind] += len(getattr(client, "_unconfirmed_events", None) or [])
+    return dropped[EventsWorker], dropped[APILogWorker]
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[PrefectLink]:
+    """A run's span: the watch probes the server and Prefect's senders are held while it is down."""
+    current = link()
+    hold_background_senders()
+    current.watch()
+    try:
+        yield current
+    finally:
+        current.stop_watch()

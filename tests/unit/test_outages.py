@@ -1,0 +1,147 @@
+"""Pure pieces of podium's answers to outages and stops: the Prefect link's bookkeeping, a clean stop's
+signal handling, the user's frames of a remote traceback, a full disk told apart."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+
+import pytest
+
+from podium import prefect_api
+from podium.failures import user_frames
+from podium.flows.stop import RunStopped, StopRequest, exit_code, stop_on_signals
+from podium.serving.layout import is_disk_full
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/api"  # nothing listens there once the socket is closed
+
+
+def test_a_call_to_a_server_that_is_down_is_skipped_said_once_and_replayed_when_it_returns(caplog):
+    link = prefect_api.PrefectLink(_dead_url())
+    calls: list[int] = []
+
+    def failing() -> int:
+        import httpx
+
+        raise httpx.ConnectError("All connection attempts failed")
+
+    with caplog.at_level(logging.WARNING, logger="podium.prefect_api"):
+        assert link.call("an artifact", failing, key="a") is None
+        assert link.down
+        for i in range(5):  # while down: not called, the latest write per key kept
+            assert link.call("an artifact", lambda i=i: calls.append(i), key="a") is None
+        assert link.call("a read", lambda: calls.append(99)) is None
+    assert calls == []
+    assert sum("stopped answering" in r.getMessage() for r in caplog.records) == 1
+    link.mark_up()
+    assert calls == [4], "the latest held write is sent when the server answers again"
+    assert not link.down and link.outages == 1
+
+
+def test_a_refused_request_is_logged_not_taken_for_an_outage(caplog):
+    link = prefect_api.PrefectLink(_dead_url())
+
+    def refused() -> None:
+        raise ValueError("422 Unprocessable Entity")
+
+    assert link.call("an artifact", refused, key="a") is None
+    assert not link.down
+
+
+def test_held_log_lines_wait_while_down_and_settle_says_what_was_not_recorded():
+    link = prefect_api.PrefectLink(_dead_url())
+    link.mark_down("test")
+    for i in range(3):
+        link.log_sink({"message": str(i)})
+    link.call("an artifact", lambda: None, key="chart")
+    said = link.settle(flow_end_recorded=False)
+    assert said is not None and said.startswith(f"the Prefect server {link.api_url} has not answered since ")
+    assert "the flow run's final state, 1 artifact(s), 3 log line(s)" in said
+
+
+def test_unreachable_is_a_transport_failure_a_timeout_or_a_5xx():
+    import httpx
+
+    assert prefect_api.is_unreachable(httpx.ConnectError("refused"))
+    assert prefect_api.is_unreachable(httpx.ReadTimeout("slow"))
+    assert prefect_api.is_unreachable(TimeoutError())
+    response = httpx.Response(503, request=httpx.Request("GET", "http://x"))
+    assert prefect_api.is_unreachable(httpx.HTTPStatusError("503", request=response.request, response=response))
+    bad = httpx.Response(422, request=httpx.Request("GET", "http://x"))
+    assert not prefect_api.is_unreachable(httpx.HTTPStatusError("422", request=bad.request, response=bad))
+    assert not prefect_api.is_unreachable(ValueError("no"))
+
+
+def test_client_settings_are_bounded_unless_set():
+    env = {"PREFECT_API_REQUEST_TIMEOUT": "30"}
+    prefect_api.bound_client_settings(env)
+    assert env == {"PREFECT_API_REQUEST_TIMEOUT": "30", "PREFECT_CLIENT_MAX_RETRIES": "2"}
+
+
+def test_a_signal_asks_for_a_stop_instead_of_interrupting():
+    stop = StopRequest()
+    stop.check()  # nothing asked
+    stop.request(signal.SIGTERM)
+    with pytest.raises(RunStopped, match="stopped by SIGTERM"):
+        stop.check()
+    assert exit_code(signal.SIGINT) == 130 and exit_code(signal.SIGTERM) == 143
+
+
+def test_sigint_inside_the_flow_sets_the_request_and_the_handlers_are_restored():
+    before = signal.getsignal(signal.SIGINT)
+    from podium.flows import stop as stop_module
+
+    stop_module.STOP = fresh = StopRequest()
+    try:
+        with stop_on_signals() as stop:
+            assert stop is fresh
+            os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: a request
+            assert stop.wait(5) and stop.signum == signal.SIGINT
+    finally:
+        stop_module.STOP = StopRequest()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+RAY_TRACE = '''Traceback (most recent call last):
+  File "/venv/lib/python3.12/site-packages/ray/train/v2/_internal/execution/thread_runner.py", line 48, in _run_target
+    result = target()
+             ^^^^^^^^
+  File "/home/me/proj/mypkg/train.py", line 30, in train_func
+    check(batch)
+  File "/home/me/proj/mypkg/train.py", line 12, in check
+    raise ValueError("bad batch")
+ValueError: bad batch'''
+
+
+def test_user_frames_leave_out_rays_machinery():
+    text = user_frames(RAY_TRACE)
+    assert "site-packages/ray" not in text and "result = target()" not in text
+    assert text.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/home/me/proj/mypkg/train.py", line 30, in train_func',
+        "    check(batch)",
+        '  File "/home/me/proj/mypkg/train.py", line 12, in check',
+        '    raise ValueError("bad batch")',
+        "ValueError: bad batch"]
+
+
+def test_disk_full_is_told_apart_also_as_a_cause():
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert is_disk_full(full)
+    try:
+        try:
+            raise full
+        except OSError as exc:
+            raise RuntimeError("copy failed") from exc
+    except RuntimeError as wrapped:
+        assert is_disk_full(wrapped)
+    assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
