@@ -93,6 +93,7 @@ class PrefectLink:
         self.failures_seen = 0  # Prefect's own failure records swallowed while it was down
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
+        self._misses = 0  # failed probes in a row
 
     # ---- state
 
@@ -122,11 +123,11 @@ class PrefectLink:
             lasted = time.time() - self.down_since
             self.down_s += lasted
             self.down_since = None
-            artifacts, self._artifacts = list(self._artifacts.values()), OrderedDict()
+            artifacts, self._artifacts = list(self._artifacts.items()), OrderedDict()
             logs = list(self._logs)
             self._logs.clear()
-        for write in artifacts:
-            self._run(write, "a held artifact")
+        for key, write in artifacts:
+            self._run(write, "a held artifact", key=key)
         if logs:
             from prefect.logging.handlers import APILogWorker
 
@@ -138,15 +139,19 @@ class PrefectLink:
                        "events resent by Prefect's client", self.api_url, lasted, len(artifacts), len(logs))
         progress_logger.info("Prefect server answers again after %.0f s: the run's records catch up", lasted)
 
-    def probe(self, timeout: float = 2.0) -> bool:
-        """Ask /health once; mark the server up or down by the answer. True if it answers."""
+    def probe(self, timeout: float = 2.0, misses_to_down: int = 1) -> bool:
+        """Ask /health once; mark the server up, or down after `misses_to_down` failed probes in a row
+        (a busy server may miss one). True if it answers."""
         if not self.api_url:
             return True
         ok = _healthy(self.api_url, timeout)
         if ok:
+            self._misses = 0
             self.mark_up()
         else:
-            self.mark_down("its /health does not answer")
+            self._misses += 1
+            if self._misses >= misses_to_down:
+                self.mark_down("its /health does not answer")
         return ok
 
     # ---- calls of podium's own
@@ -194,7 +199,7 @@ class PrefectLink:
     def swallow(self, record: logging.LogRecord) -> bool:
         """Whether a failure record of Prefect's background senders is left out of the logs: it is
         while the server is down (counted; the outage was said once), or once a probe finds it down."""
-        if not self.down and self.probe(timeout=1.0):
+        if not self.down and self.probe(timeout=3.0):
             return False
         self.failures_seen += 1
         return True
@@ -207,13 +212,15 @@ class PrefectLink:
         if self._watch is not None or not self.api_url:
             return
         self._stop.clear()
-        self._watch = threading.Thread(target=self._watching, name="podium-prefect-watch", daemon=True)
+        ctx = contextvars.copy_context()  # the run's settings (its API URL) and flow run, for what it sends
+        self._watch = threading.Thread(target=ctx.run, args=(self._watching,), name="podium-prefect-watch",
+                                       daemon=True)
         self._watch.start()
 
     def _watching(self) -> None:
         while not self._stop.wait(PROBE_S):
             try:
-                self.probe(timeout=PROBE_S * 2)
+                self.probe(timeout=PROBE_S * 3, misses_to_down=2)
             except Exception:  # the watch must never die of a bad answer
                 logger.debug("Prefect probe failed", exc_info=True)
 
@@ -321,10 +328,14 @@ def hold_background_senders() -> None:
     and the failures of its senders are counted instead of logged one by one."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import set_api_log_sink
+    from prefect.settings import PREFECT_CLOUD_API_URL
 
     current = link()
     set_api_log_sink(current.log_sink)
-    EventsWorker.set_client_override(_held_events_client())
+    if current.api_url and not current.api_url.startswith(PREFECT_CLOUD_API_URL.value()):
+        # Prefect Cloud's events client is left as it is; a server's is held (its URL given: the events
+        # worker's thread does not see the run's settings)
+        EventsWorker.set_client_override(_held_events_client(), api_url=current.api_url)
     for name in _SENDER_LOGGERS:
         lg = logging.getLogger(name)
         if _FILTER not in lg.filters:
