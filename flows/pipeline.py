@@ -71,7 +71,7 @@ def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue
     message = (f"{stopped}: {counted}, {len(left)} checkpoint(s) left pending. Run `podium run` again with the same "
                f"--run-name ({plan.run_name}) to resume: training continues from its latest checkpoint and the "
                "pending checkpoints are validated")
-    say("%s", message)
+    logger.warning("%s", message)  # the flow run's Cancelled state says it too, and the CLI's last line
     return RunStopped(stopped.signum, message)
 
 
