@@ -66,6 +66,10 @@ def _quiet_libraries(log_file: Path) -> None:
             if isinstance(h, prefect.logging.handlers.PrefectConsoleHandler):
                 lg.removeHandler(h)
     logging.getLogger().addHandler(handler)
+    # Prefect's log sender writes "--- Error logging to API ---" and the error to stderr for each batch the
+    # server did not take, unless logging.raiseExceptions is off: the terminal is for progress lines, and an
+    # outage of the server is said once (podium.prefect_api)
+    logging.raiseExceptions = False
     logging.getLogger("podium").setLevel(logging.INFO)  # podium's own INFO records reach the file (root says WARNING)
     # Ray Data configures its logger with a console handler when it is imported (here and in the local
     # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
@@ -186,14 +190,15 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     from podium.services import ui_url
 
     progress.info("Prefect UI: %s", ui_url(api_url))
-    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+    from podium import prefect_api
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url, **prefect_api.engine_settings()}):
         if which == "run":
             from podium.flows.pipeline import train_validate_promote as flow_fn
         else:
             from podium.flows.promote import promote_run as flow_fn
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
-        from podium import prefect_api
         from podium.flows.summary import finished_summary
 
         flow_end_recorded = True
@@ -229,6 +234,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
             prefect_api.link().settle(True)
             print(f"podium: {exc}", file=sys.stderr, flush=True)
             return exit_code(STOP.signum)
+        if not flow_end_recorded:  # the server may be back by now: then the CLI records the end itself
+            flow_end_recorded = prefect_api.record_flow_end(summary.flow_run_id, f"{config.run_name}: done")
         not_recorded = prefect_api.link().settle(flow_end_recorded)
     elapsed = time.monotonic() - start
     if args.json:

@@ -47,11 +47,28 @@ MAX_HELD_LOGS = 20_000
 MAX_HELD_EVENTS = 5_000
 
 
+_RETRIES_OURS = False  # PREFECT_CLIENT_MAX_RETRIES is podium's default, not the user's
+
+
 def bound_client_settings(environ: dict[str, str]) -> None:
     """Set Prefect's client timeouts and retries for a podium process (before Prefect is imported),
     unless the environment sets them already."""
+    global _RETRIES_OURS
+    _RETRIES_OURS = "PREFECT_CLIENT_MAX_RETRIES" not in environ
     for name, value in CLIENT_DEFAULTS.items():
         environ.setdefault(name, value)
+
+
+def engine_settings() -> dict[Any, Any]:
+    """Settings for the flow call itself, outside the flow's body: Prefect's engine records the flow run's
+    states with no retries of its own (its transport still retries a refused connection briefly). The
+    server was checked just before the flow starts; at its end, a server that is down costs a second or
+    two instead of half a minute, and the CLI records the end itself if the server is back by then
+    (`record_flow_end`). The body runs with the configured retries (`watching`). Empty where the user set
+    PREFECT_CLIENT_MAX_RETRIES."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    return {PREFECT_CLIENT_MAX_RETRIES: 0} if _RETRIES_OURS else {}
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -170,8 +187,20 @@ class PrefectLink:
 
     def _run(self, fn: Callable[[], T], what: str, key: str | None = None) -> T | None:
         future = self._calls.submit(fn)
+        deadline = time.monotonic() + CALL_DEADLINE_S
         try:
-            return future.result(timeout=CALL_DEADLINE_S)
+            while True:  # until it answers, the deadline, or the watch finds the server down meanwhile
+                try:
+                    return future.result(timeout=0.2)
+                except FutureTimeout:
+                    if not self.down and time.monotonic() < deadline:
+                        continue
+                    if self.down and key is not None:
+                        with self._lock:
+                            self._artifacts[key] = fn
+                    if self.down:
+                        return None  # the call goes on in its thread; its outcome no longer matters
+                    raise
         except BaseException as exc:
             if not is_unreachable(exc):
                 logger.warning("Prefect refused %s: %s: %s", what, type(exc).__name__, exc)
@@ -195,6 +224,27 @@ class PrefectLink:
         from prefect.logging.handlers import APILogWorker
 
         APILogWorker.instance().send(log)
+
+    def hold_queued_logs(self) -> int:
+        """Take the log lines waiting in Prefect's log sender into the held ones: when the flow ends, its
+        engine flushes that sender, waiting up to 5 s each time for lines it cannot send. Returns how many."""
+        from prefect.logging.handlers import APILogWorker
+
+        taken = 0
+        for worker in list(getattr(APILogWorker, "_instances", {}).values()):  # Prefect's registry of senders
+            if not isinstance(worker, APILogWorker):
+                continue
+            while True:
+                try:
+                    item = worker._queue.get_nowait()
+                except Exception:
+                    break
+                worker._queue.task_done()
+                if item is not None:
+                    with self._lock:
+                        self._logs.append(item)
+                    taken += 1
+        return taken
 
     def swallow(self, record: logging.LogRecord) -> bool:
         """Whether a failure record of Prefect's background senders is left out of the logs: it is
@@ -272,6 +322,26 @@ def link() -> PrefectLink:
 def call(what: str, fn: Callable[[], T], *, key: str | None = None) -> T | None:
     """`fn()`, a Prefect API call of podium's own, through this process's link (see PrefectLink.call)."""
     return link().call(what, fn, key=key)
+
+
+def current_deployment() -> tuple[str, str] | None:
+    """(id, name) of the deployment that started the current flow run, or None for a flow run without one.
+
+    Read from the flow run's context: `prefect.runtime.deployment` asks the API for every flow run without a
+    deployment (and fails when the server is down). Only the name of an actual deployment is asked, bounded."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    deployment_id = getattr(getattr(ctx, "flow_run", None), "deployment_id", None)
+    if deployment_id is None:
+        return None
+
+    def name() -> str | None:
+        from prefect.runtime import deployment
+
+        return deployment.name
+
+    return str(deployment_id), call("reading the deployment's name", name) or ""
 
 
 def _in_context(fn: Callable[[], T]) -> Callable[[], T]:
@@ -381,10 +451,42 @@ def _drop_held_events() -> tuple[int, int]:
 @contextlib.contextmanager
 def watching() -> Iterator[PrefectLink]:
     """A run's span: the watch probes the server and Prefect's senders are held while it is down."""
+    import os
+
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    retries = os.environ.get("PREFECT_CLIENT_MAX_RETRIES")  # the body's calls retry as configured (see engine_settings)
+    body = temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: int(retries)}) if retries else contextlib.nullcontext()
+    with body:
+        current = link()
+        hold_background_senders()
+        current.watch()
+        try:
+            yield current
+        finally:
+            current.stop_watch()
+            if current.down:
+                current.hold_queued_logs()
+
+
+def record_flow_end(flow_run_id: str | None, summary_line: str) -> bool:
+    """The engine could not record the flow run's end (the server was down then): record it now, Completed,
+    if the server answers again. True if it did."""
+    if not flow_run_id:
+        return False
+
+    def record() -> bool:
+        from uuid import UUID
+
+        from prefect.client.orchestration import get_client
+        from prefect.states import Completed
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(UUID(flow_run_id), Completed(message=summary_line), force=True)
+        return True
+
     current = link()
-    hold_background_senders()
-    current.watch()
-    try:
-        yield current
-    finally:
-        current.stop_watch()
+    return bool(current.probe(timeout=3.0) and current.call("recording the flow run's end", record))
+
+
+

@@ -60,7 +60,7 @@ def _started_by(flow_run_id: str, deployment_id: str) -> tuple[str, str]:
 
 def prefect_lineage() -> dict[str, str]:
     """The current Prefect flow run (id, name, URL), and the deployment and schedule that started it."""
-    from prefect.runtime import deployment, flow_run
+    from prefect.runtime import flow_run
     from prefect.utilities.urls import url_for
 
     try:
@@ -71,14 +71,15 @@ def prefect_lineage() -> dict[str, str]:
                "podium.prefect.flow": flow_run.flow_name,
                # the link the UI itself uses (runs/flow-run/<id>), on this server's UI
                "podium.prefect.flow_run_url": url_for("flow-run", obj_id=str(flow_run_id)) or ""}
-        deployment_id = deployment.id
-        if deployment_id:
+        started_by = prefect_api.current_deployment()  # from the flow run's context, not the API
+        if started_by:
+            deployment_id, deployment_name = started_by
             # bounded, and skipped while the server is down (podium.prefect_api): lineage leaves out what it cannot ask
             asked = prefect_api.call("reading the flow run's origin", lambda: _started_by(str(flow_run_id),
-                                                                                      str(deployment_id)))
+                                                                                      deployment_id))
             started, schedule = asked if asked is not None else ("", "")
-            out.update({"podium.prefect.deployment_id": str(deployment_id),
-                        "podium.prefect.deployment": f"{flow_run.flow_name}/{deployment.name}",
+            out.update({"podium.prefect.deployment_id": deployment_id,
+                        "podium.prefect.deployment": f"{flow_run.flow_name}/{deployment_name}",
                         "podium.prefect.started_by": started, "podium.prefect.schedule": schedule})
         return {k: str(v) for k, v in out.items() if v}
     except Exception:  # lineage is a record of facts: a question the API cannot answer leaves it out

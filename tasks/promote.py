@@ -79,7 +79,9 @@ def read_champion(serving: str) -> Champion | None:
 def origin(command: str | None = None) -> dict[str, Any]:
     """What started a switch of CURRENT, for its history record: the Prefect flow run (and deployment)
     or the command, and who ran it where."""
-    from prefect.runtime import deployment, flow_run
+    from prefect.runtime import flow_run
+
+    from podium.prefect_api import current_deployment
 
     try:
         user = getpass.getuser()
@@ -90,8 +92,9 @@ def origin(command: str | None = None) -> dict[str, Any]:
         out["command"] = command
     if flow_run.id:
         out.update(flow=flow_run.flow_name, flow_run=flow_run.name, flow_run_id=str(flow_run.id))
-        if deployment.name:
-            out["deployment"] = deployment.name
+        started_by = current_deployment()
+        if started_by and started_by[1]:
+            out["deployment"] = started_by[1]
     return out
 
 
