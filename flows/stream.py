@@ -49,13 +49,16 @@ class CheckpointStream:
         import time
 
         deadline = time.monotonic() + timeout_s
-        while not training.wrapped_future.done() and time.monotonic() < deadline:
-            for item in raytrain.drain(self.queue, timeout=0.2):  # the controller's handle may be on its way
-                if isinstance(item, TrainingStarted):
-                    self.controller = item.controller
-            if self.controller is not None:
-                raytrain.abort_training(self.controller, timeout_s=max(deadline - time.monotonic(), 1.0))
-                break
+        try:
+            while not training.wrapped_future.done() and time.monotonic() < deadline:
+                for item in raytrain.drain(self.queue, timeout=0.2):  # the controller's handle may be on its way
+                    if isinstance(item, TrainingStarted):
+                        self.controller = item.controller
+                if self.controller is not None:
+                    raytrain.abort_training(self.controller, timeout_s=max(deadline - time.monotonic(), 1.0))
+                    break
+        except Exception as exc:  # Ray itself is going (a SIGTERM to the process group reached it too)
+            logger.info("training could not be aborted through Ray Train's controller: %s: %s", type(exc).__name__, exc)
         try:
             training.wrapped_future.exception(timeout=max(deadline - time.monotonic(), 0.1))
         except Exception:  # still running, or cancelled before it started
