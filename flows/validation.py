@@ -208,18 +208,10 @@ class ValidationQueue:
                 del self.running[key]
                 try:
                     self.done[key] = future.result()
-                except (ValidationStopped, TrackingUnavailable) as exc:
-                    logger.info("step %d stays pending: %s", record.step, exc)
+                except BaseException as exc:  # stopped, or failed while the run stops (Ray may be going too):
+                    # not a verdict to keep; the resume validates it again, and a real failure fails again
+                    logger.info("step %d stays pending: %s: %s", record.step, type(exc).__name__, exc)
                     left.append(record)
-                except BaseException as exc:  # finished with a real failure before the stop took it
-                    if cancelled:
-                        left.append(record)
-                        continue
-                    reason = f"{type(exc).__name__}: {exc}"
-                    try:
-                        self.done[key] = mark_failed(self.tracking, record, reason)
-                    except TrackingUnavailable:
-                        left.append(record)
             if self.running:
                 wait([f.wrapped_future for _, f in self.running.values()], timeout=poll_s,
                      return_when="FIRST_COMPLETED")
