@@ -202,6 +202,11 @@ class ValidationQueue:
                 cancelled = True
                 n = cancel_validations()
                 logger.info("stopping: %d validation(s) still running after %g s cancelled", n, grace_s)
+            if time.monotonic() >= deadline + 15:  # cancelled, and still not back (Ray itself may be gone)
+                left += [record for record, _ in self.running.values()]
+                logger.warning("stopping: %d validation(s) did not end after being cancelled", len(self.running))
+                self.running.clear()
+                break
             for key, (record, future) in list(self.running.items()):
                 if not future.wrapped_future.done():
                     continue
