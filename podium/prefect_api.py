@@ -467,6 +467,10 @@ def watching() -> Iterator[PrefectLink]:
             current.stop_watch()
             if current.down:
                 current.hold_queued_logs()
+            else:  # nothing held: events after the run go through Prefect's own client, to whatever server is set
+                from prefect.events.worker import EventsWorker
+
+                EventsWorker.set_client_override(None)
 
 
 def record_flow_end(flow_run_id: str | None, summary_line: str) -> bool:
