@@ -192,7 +192,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress.info("Prefect UI: %s", ui_url(api_url))
     from podium import prefect_api
 
-    with temporary_settings(updates={PREFECT_API_URL: api_url, **prefect_api.engine_settings()}):
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
         if which == "run":
             from podium.flows.pipeline import train_validate_promote as flow_fn
         else:

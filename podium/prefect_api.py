@@ -47,28 +47,13 @@ MAX_HELD_LOGS = 20_000
 MAX_HELD_EVENTS = 5_000
 
 
-_RETRIES_OURS = False  # PREFECT_CLIENT_MAX_RETRIES is podium's default, not the user's
-
-
 def bound_client_settings(environ: dict[str, str]) -> None:
     """Set Prefect's client timeouts and retries for a podium process (before Prefect is imported),
     unless the environment sets them already."""
-    global _RETRIES_OURS
-    _RETRIES_OURS = "PREFECT_CLIENT_MAX_RETRIES" not in environ
     for name, value in CLIENT_DEFAULTS.items():
         environ.setdefault(name, value)
 
 
-def engine_settings() -> dict[Any, Any]:
-    """Settings for the flow call itself, outside the flow's body: Prefect's engine records the flow run's
-    states with no retries of its own (its transport still retries a refused connection briefly). The
-    server was checked just before the flow starts; at its end, a server that is down costs a second or
-    two instead of half a minute, and the CLI records the end itself if the server is back by then
-    (`record_flow_end`). The body runs with the configured retries (`watching`). Empty where the user set
-    PREFECT_CLIENT_MAX_RETRIES."""
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
-
-    return {PREFECT_CLIENT_MAX_RETRIES: 0} if _RETRIES_OURS else {}
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -451,26 +436,19 @@ def _drop_held_events() -> tuple[int, int]:
 @contextlib.contextmanager
 def watching() -> Iterator[PrefectLink]:
     """A run's span: the watch probes the server and Prefect's senders are held while it is down."""
-    import os
+    current = link()
+    hold_background_senders()
+    current.watch()
+    try:
+        yield current
+    finally:
+        current.stop_watch()
+        if current.down:
+            current.hold_queued_logs()
+        else:  # nothing held: events after the run go through Prefect's own client, to whatever server is set
+            from prefect.events.worker import EventsWorker
 
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    retries = os.environ.get("PREFECT_CLIENT_MAX_RETRIES")  # the body's calls retry as configured (see engine_settings)
-    body = temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: int(retries)}) if retries else contextlib.nullcontext()
-    with body:
-        current = link()
-        hold_background_senders()
-        current.watch()
-        try:
-            yield current
-        finally:
-            current.stop_watch()
-            if current.down:
-                current.hold_queued_logs()
-            else:  # nothing held: events after the run go through Prefect's own client, to whatever server is set
-                from prefect.events.worker import EventsWorker
-
-                EventsWorker.set_client_override(None)
+            EventsWorker.set_client_override(None)
 
 
 def record_flow_end(flow_run_id: str | None, summary_line: str) -> bool:
