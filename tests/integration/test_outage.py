@@ -351,10 +351,11 @@ class PrefectServer:
             time.sleep(0.2)
 
     def start(self) -> None:
-        """Start it again, on the same port and database."""
-        from podium.services import ensure_prefect_server
+        """Start it again, on the same port and database (the port may still be in TIME_WAIT, which the
+        server's own bind allows but podium's free-port check does not: started directly)."""
+        from podium.services import _start_prefect_server
 
-        assert ensure_prefect_server(self.home, self.port) == self.url
+        assert _start_prefect_server(self.home.resolve() / "prefect", self.port, 180.0, {}) == self.url
 
     def stop(self) -> None:
         from podium.services import stop_prefect_server
