@@ -77,6 +77,8 @@ def stop_on_signals() -> Iterator[StopRequest]:
     Installed from inside the flow, in the main thread: Prefect's engine installs a SIGTERM handler of
     its own when the flow starts (a crash), which this one replaces for the flow's body. Elsewhere
     (a flow run in a thread) signals are left as they are."""
+    global STOP
+    STOP = StopRequest()  # a new request for each flow run in this process
     if threading.current_thread() is not threading.main_thread():
         yield STOP
         return

@@ -99,15 +99,13 @@ def test_sigint_inside_the_flow_sets_the_request_and_the_handlers_are_restored()
     before = signal.getsignal(signal.SIGINT)
     from podium.flows import stop as stop_module
 
-    stop_module.STOP = fresh = StopRequest()
-    try:
-        with stop_on_signals() as stop:
-            assert stop is fresh
-            os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: a request
-            assert stop.wait(5) and stop.signum == signal.SIGINT
-    finally:
-        stop_module.STOP = StopRequest()
+    with stop_on_signals() as stop:
+        assert stop is stop_module.STOP and not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: a request
+        assert stop.wait(5) and stop.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before
+    with stop_on_signals() as again:  # the next flow run in the process starts with no request
+        assert not again.requested
 
 
 RAY_TRACE = '''Traceback (most recent call last):
