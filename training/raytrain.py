@@ -282,18 +282,32 @@ def fit(
 
 
 def user_failures(error: BaseException) -> list[tuple[int, BaseException, str]]:
-    """(rank, the user's exception, its traceback as text) for each failed worker of a training run that
-    raised in the user's loop (Ray Train's WorkerGroupError); empty for other failures."""
+    """(rank, the user's exception, the traceback as Ray Train reported it) for each worker whose loop
+    raised (Ray Train's WorkerGroupError: `worker_failures` holds the user's exceptions, its message their
+    tracebacks); empty for other failures, and for workers that died rather than raised."""
     failures = getattr(error, "worker_failures", None)
     if not isinstance(failures, dict):
         return []
+    text = str(getattr(error, "_error_message", "") or error)
     out = []
     for rank, exc in sorted(failures.items()):
-        base = getattr(exc, "_base_exc", None)  # ray.train.v2 UserExceptionWithTraceback: the exception and its text
-        text = getattr(exc, "_traceback_str", None)
-        if isinstance(base, BaseException) and isinstance(text, str):
-            out.append((int(rank), base, text))
+        exc = getattr(exc, "_base_exc", exc)  # older releases kept the wrapper
+        if isinstance(exc, ray.exceptions.RayError) or not isinstance(exc, BaseException):
+            continue  # a worker process that died, a lost node: not the user's code
+        out.append((int(rank), exc, first_traceback(text)))
     return out
+
+
+def first_traceback(text: str) -> str:
+    """The first Python traceback in a text (Ray Train's error message groups the ranks' tracebacks)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return text.strip()
+    end = start + 1
+    while end < len(lines) and lines[end].strip() and not lines[end].startswith("[Rank"):
+        end += 1
+    return "\n".join(lines[start:end])
 
 
 def checkpoint_at(uri: str) -> ray.train.Checkpoint:

@@ -248,7 +248,7 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     shown = out + err
     # the training loop's error: once, on stderr, with the user's frames and none of Ray's
     assert err.count("ValueError: bad batch at epoch 3") == 1, err[-4000:]
-    assert "podium: the training loop podium_user_code:train_func (rank 0) raised:" in err, err[-4000:]
+    assert "podium: the training loop podium_user_code:train_func (rank 0" in err, err[-4000:]
     assert 'podium_user_code.py", line' in err and "in _check_batch" in err and "in train_func" in err
     # the validation function's error: once, with its frames
     assert shown.count("RuntimeError: validation data unavailable for epoch 1") == 1, shown[-4000:]
