@@ -5,10 +5,10 @@ Training, validation, MLflow records and promotion never wait on Prefect:
 - every call podium makes itself (artifacts, lineage reads) goes through `call()`: it runs under a
   deadline, and is skipped while the server is known to be down (an artifact is kept, the latest per
   key, and written when the server answers again);
-- Prefect's own background senders are held back while the server is down instead of failing once
-  per item: the run's log lines wait in a bounded buffer (`log_sink`), and events (task-run states,
-  checkpoint announcements) stay in Prefect's events client (`HeldEventsClient`), which resends them
-  when it reconnects;
+- Prefect's own background senders do not fail slowly once per item: the run's log lines wait in a
+  bounded buffer while the server is down (`log_sink`), and events (task-run states, checkpoint
+  announcements) stay in the unconfirmed buffer of Prefect's events client, which gives an event up
+  after 2 reconnection attempts and resends the buffer when it reconnects;
 - the server's absence is said once: one log line and one progress line when it stops answering,
   one when it answers again. Prefect's per-item failure records are counted, not logged.
 
@@ -44,7 +44,6 @@ CLIENT_DEFAULTS = {"PREFECT_API_REQUEST_TIMEOUT": "10", "PREFECT_CLIENT_MAX_RETR
 CALL_DEADLINE_S = 15.0  # the most a call of podium's own waits, whatever the client settings
 PROBE_S = 1.0  # how often the watch probes /health while a run is on
 MAX_HELD_LOGS = 20_000
-MAX_HELD_EVENTS = 5_000
 
 
 def bound_client_settings(environ: dict[str, str]) -> None:
@@ -355,29 +354,6 @@ _FILTER = _SwallowOutageFailures()
 _SENDER_LOGGERS = ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker", "APILogWorker")
 
 
-def _held_events_client() -> type:
-    from prefect.events.clients import PrefectEventsClient
-
-    class HeldEventsClient(PrefectEventsClient):
-        """Prefect's events client, except that while the server is down an event is not sent (and not
-        retried ten times): it joins the client's unconfirmed events, which Prefect resends when the
-        client reconnects."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("reconnection_attempts", 2)
-            super().__init__(*args, **kwargs)
-
-        async def _emit(self, event: Any) -> None:
-            if _LINK is not None and _LINK.down:
-                if len(self._unconfirmed_events) >= MAX_HELD_EVENTS:
-                    self._unconfirmed_events.pop(0)
-                self._unconfirmed_events.append(event)
-                return
-            await super()._emit(event)
-
-    return HeldEventsClient
-
-
 def hold_background_senders() -> None:
     """From now on, in this process: Prefect's log lines and events wait while the server is down,
     and the failures of its senders are counted instead of logged one by one."""
@@ -388,9 +364,13 @@ def hold_background_senders() -> None:
     current = link()
     set_api_log_sink(current.log_sink)
     if current.api_url and not current.api_url.startswith(PREFECT_CLOUD_API_URL.value()):
-        # Prefect Cloud's events client is left as it is; a server's is held (its URL given: the events
-        # worker's thread does not see the run's settings)
-        EventsWorker.set_client_override(_held_events_client(), api_url=current.api_url)
+        # Prefect's own events client (emit_event sends only through its known client classes), told to
+        # give up an event after 2 reconnection attempts instead of 10 with 1 s pauses: an event it could
+        # not send stays in its unconfirmed buffer and is resent when it reconnects. Its URL is given: the
+        # events worker's thread does not see the run's settings. Prefect Cloud's client is left as it is.
+        from prefect.events.clients import PrefectEventsClient
+
+        EventsWorker.set_client_override(PrefectEventsClient, api_url=current.api_url, reconnection_attempts=2)
     for name in _SENDER_LOGGERS:
         lg = logging.getLogger(name)
         if _FILTER not in lg.filters:
