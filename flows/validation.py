@@ -10,6 +10,7 @@ from typing import cast
 
 from prefect.futures import PrefectConcurrentFuture
 
+from podium.failures import plain_text
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.tasks.plan import RunPlan
 from podium.tasks.report import say
@@ -141,7 +142,8 @@ class ValidationQueue:
             say("validation of step %d failed (marked failed, never promoted); %s raised:\n%s", record.step,
                 self.plan.config.validation.fn, text)
         else:
-            say("validation of step %d failed (marked failed, never promoted): %s", record.step, reason[:300])
+            say("validation of step %d failed (marked failed, never promoted): %s", record.step,
+                plain_text(reason).splitlines()[0][:300] if reason.strip() else reason)
 
     @property
     def validated(self) -> int:

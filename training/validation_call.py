@@ -178,8 +178,11 @@ def validate_remote(
         if ref in _STOPPED:
             raise ValidationStopped(f"validation of {checkpoint_uri} stopped: the run is stopping") from None
         if isinstance(exc, ray.exceptions.RayTaskError):
-            # re-raise the user's own exception, not Ray's wrapper, with their frames as text (for the terminal)
-            cause = exc.as_instanceof_cause()
+            # re-raise the user's own exception as they raised it, not Ray's wrapper, with their frames as
+            # text for the terminal (the wrapper's message is Ray's whole remote trace)
+            cause = getattr(exc, "cause", None)
+            if not isinstance(cause, Exception):
+                raise exc.as_instanceof_cause() from None
             with contextlib.suppress(AttributeError, TypeError):
                 cause.podium_traceback = user_frames(str(getattr(exc, "traceback_str", "") or ""))
             raise cause from None
