@@ -26,7 +26,12 @@ from podium.tasks.validate import (
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import mark_failed, mark_skipped
 from podium.training.events import ValidationRequest
-from podium.training.validation_call import ValidationStopped, cancel_validations, refuse_new_validations
+from podium.training.validation_call import (
+    ValidationStopped,
+    accept_validations,
+    cancel_validations,
+    refuse_new_validations,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +63,7 @@ class ValidationQueue:
         self.check_stop: Callable[[], None] = lambda: None  # raises where the run is asked to stop (flows.stop)
         self.failure_shown = False  # the user's traceback of a failed validation is shown once
         self.stopping: Callable[[], bool] = lambda: False  # a stop was asked for: a failure now is no verdict
+        accept_validations()  # an earlier run in this process may have stopped
 
     def add(self, record: CheckpointRecord, request: ValidationRequest | None = None) -> None:
         """Queue a checkpoint as its report asked (`request`; None: validate with validation.kwargs).

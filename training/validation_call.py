@@ -123,6 +123,11 @@ _IN_FLIGHT_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # the run is stopping: no validation starts any more
 
 
+def accept_validations() -> None:
+    """A new run in this process: validations start again (after an earlier run's stop)."""
+    _STOPPING.clear()
+
+
 def refuse_new_validations() -> None:
     """The run is stopping: from now on a validation (a retry included) raises ValidationStopped at once."""
     _STOPPING.set()
