@@ -52,7 +52,8 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
         try:
             return hand_off(_train_validate_promote(plan, tracking_uri, mlflow_ui, stop))
         except RunStopped as exc:
-            return Cancelled(message=str(exc))  # type: ignore[return-value]  (a State returned ends the flow run)
+            # a State returned ends the flow run in that state
+            return Cancelled(message=str(exc))  # type: ignore[return-value]
 
 
 def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue, stream: CheckpointStream,

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
@@ -46,7 +46,7 @@ PROBE_S = 1.0  # how often the watch probes /health while a run is on
 MAX_HELD_LOGS = 20_000
 
 
-def bound_client_settings(environ: dict[str, str]) -> None:
+def bound_client_settings(environ: MutableMapping[str, str]) -> None:
     """Set Prefect's client timeouts and retries for a podium process (before Prefect is imported),
     unless the environment sets them already."""
     for name, value in CLIENT_DEFAULTS.items():

@@ -89,7 +89,7 @@ class TrainingStarted:
 class EventSink(Protocol):
     """Anything that takes announcements: a Ray queue, a Prefect event emitter, a list in a test."""
 
-    def put(self, event: CheckpointEvent | TrainingRestart) -> None: ...
+    def put(self, event: CheckpointEvent | TrainingRestart | TrainingStarted) -> None: ...
 
 
 STEP_KEYS = ("step", "global_step", "training_iteration", "epoch")

@@ -189,7 +189,8 @@ def validate_remote(
             if not isinstance(cause, Exception):
                 raise exc.as_instanceof_cause() from None
             with contextlib.suppress(AttributeError, TypeError):
-                cause.podium_traceback = user_frames(str(getattr(exc, "traceback_str", "") or ""))
+                cause.podium_traceback = user_frames(  # type: ignore[attr-defined]
+                    str(getattr(exc, "traceback_str", "") or ""))
             raise cause from None
         raise
     finally:
