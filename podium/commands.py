@@ -295,8 +295,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         records = list_records(tracking)
         champion = champion_json(config)
         mine = promoted_by(config.serving, tracking.run_id)
-        reason = run_tags(tracking).get(TAG_REASON)
-        lineage_lines, lineage_json = status_report(tracking, config.serving)
+        tags = run_tags(tracking)
+        reason = tags.get(TAG_REASON)
+        lineage_lines, lineage_json = status_report(tracking, config.serving, tags)
     except (LookupError, ServingError) as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:

@@ -140,15 +140,13 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_report(tracking: Any, serving: str) -> tuple[list[str], dict[str, Any]]:
+def status_report(tracking: Any, serving: str, tags: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
     """What `podium status` adds: the run's data and lineage, the last promotion's comparison, the
-    champion's lineage. Returns (lines, JSON keys)."""
+    champion's lineage; `tags` are the run's (`podium.tracking.runs.run_tags`). Returns (lines, JSON keys)."""
     from podium.serving.layout import read_current
     from podium.tracking.client import TAG_REASON
     from podium.tracking.datasets import TAG_COMPARISON, lineage_tags
-    from podium.tracking.runs import run_tags
 
-    tags = run_tags(tracking)
     lineage = lineage_tags(tags)
     lines = []
     for role in ("train", "val"):
