@@ -4,8 +4,8 @@
     python benchmarks/digest.py --size-mb 256 --files 4  # a quick look
     python benchmarks/digest.py --output BENCHMARKS.md   # also write the section there
 
-`podium.storage.datasets.dataset_digest` lists the dataset once and reads each file's 8-byte trailer
-and footer (ranged GETs), never a data page. For contrast, the same dataset read whole with pyarrow
+`podium.storage.datasets.dataset_digest` lists the dataset once and reads each file's last 64 KiB
+(one ranged GET: trailer and footer), never decoding a data page. For contrast, the same dataset read whole with pyarrow
 through podium's filesystem (once). Medians of --repeats digests; every digest lists afresh (podium's
 S3 filesystem caches no listings).
 """
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Dataset: {size / 2**20:.0f} MB of Parquet in {args.files} files, {rows} rows. Measured "
         f"{time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['versions']}.",
         "Load: " + "; ".join(loads),
-        "The digest lists the folder once and reads each file's 8-byte trailer and its footer (two ranged "
-        "GETs per file, all files at once); it reads no data page. Median of the repeats, then the range.",
+        "The digest lists the folder once and reads each file's last 64 KiB (one ranged GET per file, all "
+        "files at once: trailer and footer); it decodes no data page. Median of the repeats, then the range.",
         markdown_table(["what", "time", "range", "bytes read"], table_rows)]) + "\n"
     if args.output:
         update_markdown_section(args.output, "digest", text)

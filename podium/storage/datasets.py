@@ -5,16 +5,18 @@
 1. one listing: every file's path, size and identity (on S3 its ETag, from ListObjectsV2; locally its
    modification time). Files are chosen as `pyarrow.dataset` chooses them: none under a name starting
    with '.' or '_' (`_SUCCESS`, `_metadata`, `.tmp/`).
-2. for each file, two ranged reads, all files at once: its last 8 bytes (footer length and `PAR1`),
-   then exactly its footer (the Parquet FileMetaData: schema, row groups, row counts, column
-   statistics). On S3 both are GETs pinned to the listed ETag (If-Match), so a file replaced meanwhile
-   fails instead of mixing two versions.
+2. for each file, all files at once, one ranged read of its last 64 KiB (`TAIL_READ`, the size Arrow's own
+   Parquet reader reads speculatively): the 8-byte trailer (footer length and `PAR1`) and, in almost every
+   file, the whole footer (the Parquet FileMetaData: schema, row groups, row counts, column statistics).
+   A longer footer costs one more read, of exactly the rest. On S3 these are GETs pinned to the listed
+   ETag (If-Match), so a file replaced meanwhile fails instead of mixing two versions.
 
-No data page is read. The digest is the first 32 hex characters of a sha256 over, per file in path
-order: the path relative to the dataset, its size, its identity and the sha256 of its footer bytes.
-Consequences: on S3, the same bytes under the same relative names give the same digest wherever they
-are (an ETag is a hash of the content); a rewritten local file gets a new digest even if its bytes are
-equal (its modification time changed): that costs a re-score, never a wrong comparison.
+No data page is decoded (the tail read may carry the end of the last one, unread). The digest is the
+first 32 hex characters of a sha256 over, per file in path order: the path relative to the dataset,
+its size, its identity and the sha256 of its footer bytes. Consequences: on S3, the same bytes under
+the same relative names give the same digest wherever they are (an ETag is a hash of the content); a
+rewritten local file gets a new digest even if its bytes are equal (its modification time changed):
+that costs a re-score, never a wrong comparison.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ from podium.storage.transfer import get_range
 
 MAGIC = b"PAR1"
 TRAILER = 8  # 4-byte little-endian footer length, then the magic
+TAIL_READ = 64 << 10  # one read per file brings its footer: Arrow's default speculative footer read size
 PARALLEL_READS = 32  # footers fetched at once
 DIGEST_CHARS = 32  # MLflow keeps dataset digests of up to 36 characters
+
+Footer = tuple[bytes, int]  # a file's footer and trailer, and how many bytes were fetched to get them
+Listed = list[tuple[str, str, dict[str, Any]]]  # (path, path relative to the dataset, listing info)
 
 
 class DatasetError(ValueError):
@@ -57,7 +63,7 @@ class DatasetDigest:
     row_groups: int
     size_bytes: int
     schema: dict[str, str] = field(default_factory=dict)  # column -> Arrow type, in file order
-    bytes_read: int = 0  # trailers and footers: what describing it cost
+    bytes_read: int = 0  # what describing it fetched: each file's tail (footer and trailer)
 
     @property
     def name(self) -> str:
@@ -120,29 +126,40 @@ def _check_trailer(uri: str, rel: str, size: int, trailer: bytes) -> int:
     return length
 
 
-def _read_footers_s3(fs: fsspec.AbstractFileSystem, uri: str,
-                     files: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
-    async def footer(gate: asyncio.Semaphore, path: str, rel: str, info: dict[str, Any]) -> bytes:
+def _footer_from_tail(uri: str, rel: str, size: int, tail: bytes) -> tuple[int, bytes | None]:
+    """(footer length + trailer, the footer and trailer if `tail`, the file's last bytes, holds them all)."""
+    need = _check_trailer(uri, rel, size, tail[-TRAILER:]) + TRAILER
+    return need, (tail[-need:] if need <= len(tail) else None)
+
+
+def _read_footers_s3(fs: fsspec.AbstractFileSystem, uri: str, files: Listed) -> list[Footer]:
+    async def footer(gate: asyncio.Semaphore, path: str, rel: str, info: dict[str, Any]) -> Footer:
         size, etag = int(info["size"]), info.get("ETag")
         async with gate:
-            trailer = await get_range(fs, path, size - TRAILER, size, etag)
-            length = _check_trailer(uri, rel, size, trailer)
-            return await get_range(fs, path, size - TRAILER - length, size - TRAILER, etag) + trailer
+            tail = await get_range(fs, path, max(0, size - TAIL_READ), size, etag) if size >= TRAILER else b""
+            need, whole = _footer_from_tail(uri, rel, size, tail)
+            if whole is not None:
+                return whole, len(tail)
+            rest = await get_range(fs, path, size - need, size - len(tail), etag)
+            return rest + tail, len(rest) + len(tail)
 
-    async def all_footers() -> list[bytes]:
+    async def all_footers() -> list[Footer]:
         gate = asyncio.Semaphore(PARALLEL_READS)
         return list(await asyncio.gather(*(footer(gate, *f) for f in files)))
 
     return s3_run(fs, all_footers)
 
 
-def _read_footers(fs: fsspec.AbstractFileSystem, uri: str, files: list[tuple[str, str, dict[str, Any]]]) -> list[bytes]:
-    def footer(item: tuple[str, str, dict[str, Any]]) -> bytes:
+def _read_footers(fs: fsspec.AbstractFileSystem, uri: str, files: Listed) -> list[Footer]:
+    def footer(item: tuple[str, str, dict[str, Any]]) -> Footer:
         path, rel, info = item
         size = int(info["size"])
-        trailer = fs.cat_file(path, start=size - TRAILER, end=size) if size >= TRAILER else b""
-        length = _check_trailer(uri, rel, size, trailer)
-        return fs.cat_file(path, start=size - TRAILER - length, end=size - TRAILER) + trailer
+        tail = fs.cat_file(path, start=max(0, size - TAIL_READ), end=size) if size >= TRAILER else b""
+        need, whole = _footer_from_tail(uri, rel, size, tail)
+        if whole is not None:
+            return whole, len(tail)
+        rest = fs.cat_file(path, start=size - need, end=size - len(tail))
+        return rest + tail, len(rest) + len(tail)
 
     if len(files) == 1:
         return [footer(files[0])]
@@ -160,7 +177,7 @@ def dataset_digest(uri: str) -> DatasetDigest:
     entries: list[tuple[str, int, str, str]] = []
     rows, row_groups = 0, 0
     schema: dict[str, str] = {}
-    for (_, rel, info), footer in zip(files, footers):
+    for (_, rel, info), (footer, _) in zip(files, footers):
         try:
             meta = pq.read_metadata(pa.BufferReader(footer))
         except (pa.ArrowException, OSError) as exc:
@@ -173,4 +190,4 @@ def dataset_digest(uri: str) -> DatasetDigest:
     digest = hashlib.sha256(json.dumps({"podium-dataset": 1, "files": entries}).encode()).hexdigest()[:DIGEST_CHARS]
     return DatasetDigest(uri=location, digest=digest, files=len(files), rows=rows, row_groups=row_groups,
                          size_bytes=sum(e[1] for e in entries), schema=schema,
-                         bytes_read=sum(len(f) for f in footers))
+                         bytes_read=sum(fetched for _, fetched in footers))

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from podium.storage.datasets import DatasetError, dataset_digest
+from podium.storage.datasets import TAIL_READ, DatasetError, dataset_digest
 
 
 def write(path, rows: int = 1000, seed: int = 0) -> str:
@@ -30,9 +30,8 @@ def test_digest_describes_a_folder_from_its_footers(folder):
     assert (d.files, d.rows, d.row_groups) == (3, 3000, 9)
     assert d.schema == {"x": "double", "label": "int64"}
     assert d.size_bytes == sum(os.path.getsize(folder / f"part-{i}.parquet") for i in range(3))
-    # what it read: each file's 8-byte trailer and its footer, nothing else
-    footers = [pq.read_metadata(folder / f"part-{i}.parquet").serialized_size for i in range(3)]
-    assert d.bytes_read == sum(footers) + 3 * 8
+    # what it read: each file's last 64 KiB at most (these small files whole), once
+    assert d.bytes_read == d.size_bytes
     assert len(d.digest) == 32 and dataset_digest(str(folder)) == d, "the same data gives the same digest"
 
 
@@ -53,16 +52,29 @@ def test_a_changed_file_changes_the_digest(folder):
     assert dataset_digest(str(folder)).rows == 3010
 
 
-def test_data_pages_are_never_read(tmp_path):
+def test_data_pages_are_never_decoded(tmp_path):
     path = write(tmp_path / "data.parquet", rows=20000)
     footer = pq.read_metadata(path).serialized_size + 8
     with open(path, "r+b") as f:  # garbage over every data page: a reader of rows would fail
         f.seek(4)
         f.write(os.urandom(os.path.getsize(path) - footer - 4))
     d = dataset_digest(path)
-    assert d.rows == 20000 and d.files == 1 and d.bytes_read == footer
+    assert d.rows == 20000 and d.files == 1 and d.bytes_read == TAIL_READ < os.path.getsize(path)
     with pytest.raises(OSError):  # pyarrow's errors reading the corrupt pages
         pq.read_table(path)
+
+
+def test_a_footer_longer_than_the_tail_read_costs_one_more_read_of_the_rest(tmp_path):
+    rng = np.random.default_rng(0)
+    table = pa.table({f"c{i:03d}": rng.random(2000) for i in range(200)})
+    path = str(tmp_path / "wide.parquet")
+    pq.write_table(table, path, row_group_size=100)  # 20 row groups x 200 columns of statistics
+    footer = pq.read_metadata(path).serialized_size + 8
+    assert footer > TAIL_READ
+    d = dataset_digest(path)
+    assert (d.rows, d.row_groups, len(d.schema)) == (2000, 20, 200)
+    assert d.bytes_read == footer, "the tail, then exactly the rest of the footer"
+    assert dataset_digest(path).digest == d.digest
 
 
 def test_what_is_not_a_parquet_dataset_is_named(tmp_path):
