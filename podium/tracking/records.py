@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+from mlflow.exceptions import MlflowException
 
 from podium.failures import plain_text
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
@@ -36,6 +37,7 @@ from podium.tracking.client import (
     TAG_VALIDATED_AT,
     TAG_WITHDRAWN,
     TrackingRun,
+    is_unreachable,
     tracking_call,
 )
 from podium.tracking.datasets import TAG_VAL_DATA, TAG_VAL_DIGEST
@@ -158,6 +160,26 @@ def _one_per_checkpoint(tr: TrackingRun, models: list[Any]) -> list[Any]:
     return kept
 
 
+def list_as_output(tr: TrackingRun, model_id: str, step: int) -> None:
+    """List the LoggedModel as an output of the run (the run's page shows it); idempotent.
+
+    MLflow refuses a second identical output (the store's primary key): a request the HTTP client
+    retried after a timeout, although the server had taken it, is answered 400. That answer is
+    success when the run already lists the model."""
+    client = tr.client()
+    try:
+        client.log_outputs(tr.run_id, [LoggedModelOutput(model_id, step)])
+    except MlflowException as exc:
+        if is_unreachable(exc) or model_id not in {o.model_id for o in _run_outputs(client, tr.run_id)}:
+            raise
+        logger.info("checkpoint %s: already an output of run %s (a retried request)", model_id, tr.run_id)
+
+
+def _run_outputs(client: Any, run_id: str) -> list[LoggedModelOutput]:
+    outputs = client.get_run(run_id).outputs
+    return list(outputs.model_outputs or []) if outputs is not None else []
+
+
 @tracking_call("recording a checkpoint")
 def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
     """Create the checkpoint's LoggedModel (status pending) with its training metrics; idempotent.
@@ -181,7 +203,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
     )
     kept = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
     model_id = kept[0].model_id if kept else created.model_id
-    client.log_outputs(tr.run_id, [LoggedModelOutput(model_id, event.step)])  # listed on the run's page
+    list_as_output(tr, model_id, event.step)
     if event.metrics:
         client.log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step, model_id))
     return CheckpointRecord(step=event.step, uri=event.checkpoint_uri, status=PENDING,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from podium.selection import CheckpointRecord
 from podium.tracking.client import (
@@ -15,6 +17,8 @@ from podium.tracking.client import (
     tracking_call,
     tracking_client,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def version_source(tr: TrackingRun, model_id: str) -> str:
@@ -48,15 +52,37 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
     else:
         mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
                                          description=description)
-    client.set_registered_model_alias(name, alias, mv.version)
+    version = _one_version(client, name, served_uri, str(mv.version))
+    client.set_registered_model_alias(name, alias, version)
     if record.model_id:
         # the LoggedModel lists the versions made from it (as mlflow.register_model does): appended
         model = client.get_logged_model(record.model_id)
         listed = json.loads((model.tags or {}).get("mlflow.modelVersions") or "[]")
         client.set_logged_model_tags(record.model_id, {
-            "mlflow.modelVersions": json.dumps([*listed, {"name": name, "version": str(mv.version)}]),
+            "mlflow.modelVersions": json.dumps([*listed, {"name": name, "version": version}]),
             "podium.promoted": "true"})
-    return str(mv.version)
+    return version
+
+
+def _served_by(name: str, served_uri: str) -> str:
+    """A search for the versions of `name` made for one served copy (not all versions: a nightly model has
+    many). MLflow's filter strings take no escapes: a value with a single quote goes in double quotes."""
+    if "'" not in served_uri:
+        return f"name = '{name}' AND tags.`{TAG_SERVED_URI}` = '{served_uri}'"
+    if '"' not in served_uri:
+        return f"name = '{name}' AND tags.`{TAG_SERVED_URI}` = \"{served_uri}\""
+    return f"name = '{name}'"  # both quotes: every version of the model, compared below
+
+
+def _one_version(client: MlflowClient, name: str, served_uri: str, created: str) -> str:
+    """The one version of `name` for this served copy: the first. Others, left by a create the HTTP client
+    retried after a timeout although the server had taken it, are deleted."""
+    same = sorted(int(v.version) for v in client.search_model_versions(_served_by(name, served_uri))
+                  if (v.tags or {}).get(TAG_SERVED_URI) == served_uri)
+    for extra in same[1:]:
+        logger.warning("%s: deleting duplicate model version %s of %s (a retried create)", name, extra, served_uri)
+        client.delete_model_version(name, str(extra))
+    return str(same[0]) if same else created
 
 
 @tracking_call("reading the model registry")
