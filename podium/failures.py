@@ -41,10 +41,17 @@ _MACHINERY = re.compile(r'File "[^"]*(/site-packages/ray/|/ray/_private/|/ray/tr
                         r'/concurrent/futures/|/podium/training/validation_call\.py|/training/validation_call\.py)')
 
 
+# the first line of a Ray task's error text: "ray::podium-validate:checkpoint_000001() (pid=123, ip=...)"
+_RAY_TASK_HEADER = re.compile(r"^ray::\S*\(.*\)\s*\(pid=\d+")
+
+
 def user_frames(traceback_text: str) -> str:
     """A remote traceback as text, with the frames of Ray's and Python's machinery left out: what remains
-    is the user's own frames and their exception (the full text goes to the log file)."""
+    is the user's own frames and their exception (the full text goes to the log file). A Ray task's error
+    text (its task header, then the frames) reads as a Python traceback."""
     lines = plain_text(traceback_text).rstrip().splitlines()
+    if lines and _RAY_TASK_HEADER.match(lines[0]):
+        lines[0] = "Traceback (most recent call last):"
     out: list[str] = []
     skipping = False
     for line in lines:

@@ -189,8 +189,9 @@ def validate_remote(
             if not isinstance(cause, Exception):
                 raise exc.as_instanceof_cause() from None
             with contextlib.suppress(AttributeError, TypeError):
+                # Ray 2.60's error class keeps the remote trace as its message only (no `traceback_str`)
                 cause.podium_traceback = user_frames(  # type: ignore[attr-defined]
-                    str(getattr(exc, "traceback_str", "") or ""))
+                    str(getattr(exc, "traceback_str", None) or exc))
             raise cause from None
         raise
     finally:

@@ -256,9 +256,10 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     assert err.count("ValueError: bad batch at epoch 3") == 1, err[-4000:]
     assert "podium: the training loop podium_user_code:train_func (rank 0" in err, err[-4000:]
     assert 'podium_user_code.py", line' in err and "in _check_batch" in err and "in train_func" in err
-    # the validation function's error: once, as one plain line (its frames are not shown yet: see issue-16 notes)
+    # the validation function's error: once, with the user's frames and none of Ray's or podium's
     assert shown.count("RuntimeError: validation data unavailable for epoch 1") == 1, shown[-4000:]
-    assert shown.count("Traceback (most recent call last)") == 1, shown[-6000:]
+    assert "in validate_fn" in shown and "validation_call.py" not in shown, shown[-6000:]
+    assert shown.count("Traceback (most recent call last)") == 2, shown[-6000:]
     assert "site-packages/ray" not in shown and "WorkerGroupError" not in shown, shown[-6000:]
     assert len(shown.splitlines()) < 60, f"more than a screen:\n{shown}"
     log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")

@@ -131,6 +131,21 @@ def test_user_frames_leave_out_rays_machinery():
         "ValueError: bad batch"]
 
 
+def test_a_ray_task_error_reads_as_the_users_traceback():
+    # Ray 2.60's RayTaskError(RuntimeError) keeps the remote trace as its message, after the task's header
+    text = ("\x1b[36mray::podium-validate:checkpoint_000001()\x1b[39m (pid=15462, ip=192.0.2.2)\n"
+            '  File "/venv/lib/python3.11/site-packages/podium/training/validation_call.py", line 120, in call_validation\n'
+            "    out = fn(checkpoint, config)\n"
+            '  File "/home/me/proj/mypkg/evaluate.py", line 9, in validate\n'
+            '    raise RuntimeError("no data")\n'
+            "RuntimeError: no data")
+    assert user_frames(text).splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/home/me/proj/mypkg/evaluate.py", line 9, in validate',
+        '    raise RuntimeError("no data")',
+        "RuntimeError: no data"]
+
+
 def test_disk_full_is_told_apart_also_as_a_cause():
     full = OSError(errno.ENOSPC, "No space left on device")
     assert is_disk_full(full)
