@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime, timezone
-from typing import cast
+from typing import NoReturn, cast
 
 from prefect import flow
 from prefect.futures import PrefectConcurrentFuture
@@ -14,7 +15,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from podium import prefect_api
 from podium.config import PipelineConfig
-from podium.flows.stop import STOP_GRACE_S, RunStopped, StopRequest, stop_on_signals
+from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, hand_off, summarize_run
 from podium.flows.validation import ValidationQueue
@@ -29,6 +30,7 @@ from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run
 from podium.training.events import TrainingRestart
+from podium.training.head import watching_head
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,22 @@ def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue
     return RunStopped(stopped.signum, message)
 
 
+def _lose_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue, lost: str) -> NoReturn:
+    """End the run and the process without its Ray cluster, before Ray's reconnect window ends it with
+    nothing said: no call reaches Ray, the checkpoints without a verdict stay pending, the MLflow run is
+    marked FAILED and the flow run Failed, and one line says how to resume (exit code 3)."""
+    left = validations.leave_all()
+    try:
+        close_tracking_run(tracking, failed=True)
+    except TrackingUnavailable as exc:
+        say("%s", exc)
+    message = (f"{lost}: the run stopped with {validations.tally()}, {len(left)} checkpoint(s) left pending. "
+               f"Once the cluster is back, run `podium run` again with the same --run-name ({plan.run_name}) to "
+               "resume: training continues from its latest checkpoint and the pending checkpoints are validated")
+    prefect_api.record_flow_end(str(flow_run.id) if flow_run.id else None, message, failed=True)
+    exit_at_once(message, LOST_EXIT)  # Prefect's engine would wait for the training thread, blocked in Ray
+
+
 def say_resume(plan: RunPlan, resume: Resume | None) -> None:
     """Tell what a resumed run continues from and which settings it changes (they take effect)."""
     if resume is None:
@@ -106,6 +124,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     seen: set[str] = set()
     reports = announced = restarts = 0
     training: PrefectConcurrentFuture | None = None
+    watch = contextlib.ExitStack()  # while training and validations need Ray: losing its head ends the run cleanly
+    watch.enter_context(watching_head(stop.lose))
     try:
         validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
         training = cast(PrefectConcurrentFuture,  # the flow's thread pool
@@ -134,6 +154,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
+        watch.close()  # promotion needs no Ray
         progress.update(validated=validations.validated)
         require_checkpoints(plan, len(records), reports)
         say("training done: %d checkpoint(s) in the run, %d new in this attempt%s; %s", len(records),
@@ -143,6 +164,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     except RunStopped as exc:
         raise _stop_run(plan, tracking, validations, stream, training, exc) from None
     except BaseException as exc:
+        if stop.lost is not None and isinstance(exc, Exception):  # ClusterLost, or a call that failed with Ray
+            _lose_run(plan, tracking, validations, stop.lost)
         if stop.requested and isinstance(exc, Exception):  # what failed failed because of the stop (Ray signalled too)
             logger.info("after the stop was asked for: %s: %s", type(exc).__name__, exc)
             raise _stop_run(plan, tracking, validations, stream, training, RunStopped(stop.signum or 2)) from None
@@ -158,7 +181,9 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 say("%s", close_exc)
         raise
     finally:
-        stream.close()
+        watch.close()
+        if stop.lost is None:  # the queue is a Ray actor
+            stream.close()
     summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at)
     close_tracking_run(tracking)
     return summary

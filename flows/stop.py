@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import NoReturn
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -34,12 +35,19 @@ class RunStopped(Exception):
         super().__init__(message or f"stopped by {signal.Signals(signum).name}")
 
 
+class ClusterLost(Exception):
+    """The Ray cluster the run depends on is gone (its head stopped answering): raised where the flow can
+    end the run without Ray. The run resumes once the cluster is back."""
+
+
 class StopRequest:
-    """Whether, and by which signal, this process was asked to stop its run."""
+    """Whether, and by which signal, this process was asked to stop its run; or whether its Ray cluster
+    was lost (`lost`)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signum: int | None = None
+        self.lost: str | None = None
 
     @property
     def requested(self) -> bool:
@@ -52,8 +60,16 @@ class StopRequest:
             self.signum = signum
         self._event.set()
 
+    def lose(self, reason: str) -> None:
+        """The run's Ray cluster is gone (podium.training.head): the flow ends the run at its next check."""
+        self.lost = reason
+        self._event.set()
+
     def check(self) -> None:
-        """Raise RunStopped if a stop was asked for: called where the flow can stop cleanly."""
+        """Raise ClusterLost if the cluster is gone, RunStopped if a stop was asked for: called where the
+        flow can stop cleanly."""
+        if self.lost is not None:
+            raise ClusterLost(self.lost)
         if self.signum is not None:
             raise RunStopped(self.signum)
 
@@ -63,6 +79,20 @@ class StopRequest:
 
 
 STOP = StopRequest()  # one per process: signals are
+
+
+LOST_EXIT = 3  # as for a tracking server that stopped answering: the run resumes when it is run again
+
+
+def exit_at_once(message: str, code: int) -> NoReturn:
+    """End the process now, after `message` on stderr and the logs: for a run whose Ray cluster is gone,
+    where Prefect's engine would wait for the training thread (blocked in Ray) until Ray ends the process."""
+    logger.warning("exiting with code %d: %s", code, message)
+    sys.stderr.write(f"podium: {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def exit_code(signum: int) -> int:

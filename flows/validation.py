@@ -230,6 +230,15 @@ class ValidationQueue:
                      return_when="FIRST_COMPLETED")
         return sorted(left, key=lambda r: (r.step, r.uri))
 
+    def leave_all(self) -> list[CheckpointRecord]:
+        """The run's Ray cluster is gone: nothing more starts or is awaited (no call reaches Ray), and every
+        checkpoint without a verdict stays pending for the resume. Returns those records."""
+        left = [record for record, _ in self.pending] + [record for record, _ in self.running.values()]
+        left += list(self.stopped.values())
+        self.pending.clear()
+        self.running.clear()
+        return sorted(left, key=lambda r: (r.step, r.uri))
+
     def wind_down(self, validate_queued: bool) -> None:
         """The run is failing. With `validate_queued` (the tracking server answers), every queued
         checkpoint still gets its verdict; otherwise, or once the server stops answering, only the

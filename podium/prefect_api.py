@@ -431,9 +431,10 @@ def watching() -> Iterator[PrefectLink]:
             EventsWorker.set_client_override(None)
 
 
-def record_flow_end(flow_run_id: str | None, summary_line: str) -> bool:
-    """The engine could not record the flow run's end (the server was down then): record it now, Completed,
-    if the server answers again. True if it did."""
+def record_flow_end(flow_run_id: str | None, summary_line: str, failed: bool = False) -> bool:
+    """Record the flow run's end, Completed (or Failed), where the engine cannot: it could not when the
+    server was down then, or the process ends before the engine does (its Ray cluster lost). True if the
+    server took it."""
     if not flow_run_id:
         return False
 
@@ -441,10 +442,12 @@ def record_flow_end(flow_run_id: str | None, summary_line: str) -> bool:
         from uuid import UUID
 
         from prefect.client.orchestration import get_client
-        from prefect.states import Completed
+        from prefect.client.schemas.objects import State
+        from prefect.states import Completed, Failed
 
+        state: State = Failed(message=summary_line) if failed else Completed(message=summary_line)
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(UUID(flow_run_id), Completed(message=summary_line), force=True)
+            client.set_flow_run_state(UUID(flow_run_id), state, force=True)
         return True
 
     current = link()

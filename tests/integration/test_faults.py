@@ -264,3 +264,90 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     assert len(shown.splitlines()) < 60, f"more than a screen:\n{shown}"
     log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
     assert "WorkerGroupError" in log and "site-packages/ray" in log, "the full Ray trace goes to the log file"
+
+
+class RayHead:
+    """`ray start --head` on a fixed port (a cluster of its own, as a remote one would be), token auth off."""
+
+    def __init__(self, tmp_path, env):
+        from servers import free_port
+
+        self.port, self.env = free_port(), {**env, "RAY_AUTH_MODE": "disabled"}
+        self.log = tmp_path / "ray-head.log"
+
+    def start(self) -> None:
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--port",
+                        str(self.port), "--num-cpus", "5", "--include-dashboard", "false", "--disable-usage-stats"],
+                       env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, check=True, timeout=120)
+
+    def processes(self, name: str = "") -> list[int]:
+        """The pids of this head's processes (every one names its port), or of those named `name`."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(self.port) in cmd and name in cmd and "pytest" not in cmd and "podium" not in cmd:
+                found.append(int(pid))
+        return found
+
+    def kill(self, name: str = "") -> None:
+        for pid in self.processes(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def ray_head(tmp_path, prefect_api, locations):
+    head = RayHead(tmp_path, _podium_env(prefect_api, locations, tmp_path))
+    head.start()
+    yield head
+    head.kill()
+
+
+def test_ray_head_lost_mid_run_ends_it_clearly_then_resumes(ray_head, prefect_api, dataset, locations, tmp_path):
+    """The head of the Ray cluster podium runs on dies (its GCS killed) mid-run: podium says so, ends the run
+    (MLflow run FAILED, flow run Failed, checkpoints without a verdict pending, exit code 3) before Ray's own
+    reconnect window ends the process with nothing said; on a new head, running it again finishes the run."""
+    name = "head-lost"
+    config = _user_config(name, dataset, locations, epochs=4, loop_extra={"epoch_s": 1.0},
+                          validate_extra={"sleep_s": 2})
+    config["validation"]["concurrency"] = 1
+    (tmp_path / "podium.json").write_text(json.dumps(config))
+    # Ray's window shrunk from 60 s to 20 s (podium acts 15 s before it ends): only the test's wait shrinks
+    env = {**ray_head.env, "RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
+    args = ["run", "--config", str(tmp_path / "podium.json"), "--ray-address", f"127.0.0.1:{ray_head.port}"]
+    proc = _podium(args, env)
+    deadline = time.monotonic() + 300
+    while not _models_by_checkpoint(locations["tracking_uri"]):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    ray_head.kill("gcs_server")
+    killed = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - killed
+    assert proc.returncode == 3, f"exit {proc.returncode} after {took:.0f} s:\n{err[-4000:]}"
+    assert took < 20, f"{took:.0f} s: Ray's window ended the process, not podium"
+    assert "Traceback" not in out + err, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("podium: Ray's head at ") and f"--run-name ({name}) to resume" in last, last
+    statuses = [m[0].tags.get(TAG_STATUS) for m in _models_by_checkpoint(locations["tracking_uri"]).values()]
+    assert set(statuses) <= {"validated", "pending"}, f"losing the cluster is no verdict: {statuses}"
+    client = MlflowClient(locations["tracking_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
+    assert run.info.status == "FAILED"
+    assert _flow_run_states(f"{name}-run") == ["FAILED"]
+
+    ray_head.kill()  # what is left of the old head, then a new one on the same port
+    ray_head.start()
+    proc = _podium([*args[:1], "--json", *args[1:]], env)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [c["status"] for c in result["checkpoints"]] == ["validated"] * 4
+    assert all(len(v) == 1 for v in _models_by_checkpoint(locations["tracking_uri"]).values())
+    assert len(read_history(locations["serving"])) == 1
