@@ -43,7 +43,7 @@ def init_ray(variant: str, log: str) -> None:
                                 RECORD_ENV: log}}
     if variant == "c":
         runtime_env["worker_process_setup_hook"] = "benchmarks.instrument.install"
-    ray.init(num_cpus=max(os.cpu_count() or 1, 3), include_dashboard=False, logging_level=logging.WARNING,
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, 3), include_dashboard=False, logging_level=logging.WARNING,
              log_to_driver=False, runtime_env=runtime_env)
 
 

@@ -64,7 +64,8 @@ def code_roots(import_paths: list[str]) -> list[str]:
 
 
 def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
-    """Connect to RAY_ADDRESS if set, else start a local Ray with at least `num_cpus` logical CPUs.
+    """Connect to RAY_ADDRESS if set, else start a local Ray of podium's own (never a `ray start` cluster that
+    happens to run on this machine) with at least `num_cpus` logical CPUs.
 
     On a small machine the logical CPU count may exceed the cores: training and
     validation then share cores, which is the user's stated resource split.
@@ -93,8 +94,11 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     if pythonpath:
         env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
     cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             runtime_env={"env_vars": env_vars})
+    # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
+    # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused anyway
+    # with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False, runtime_env={"env_vars": env_vars})
 
 
 def _warm_up(fn_path: str, hold_s: float) -> None:
