@@ -1,0 +1,365 @@
+"""A chaos soak: pipeline runs, each with a random fault at a random moment, then the same run again until
+it completes; after each, the invariants that must hold whatever happened.
+
+    python benchmarks/chaos.py --runs 30 --seed 1                 # the soak
+    python benchmarks/chaos.py --runs 30 --seed 1 --output BENCHMARKS.md
+
+Everything runs for real on this machine, under one podium home (a temporary folder): `podium run` (its
+own process group, with a local Ray of its own), podium's local Prefect server, and an `mlflow server` on
+SQLite that the soak starts, so that it can be killed and restarted. One fault per run, drawn with the
+seed, injected at a moment drawn too (after the first checkpoint is announced, or after training ends for
+a promoter):
+
+  podium-kill        SIGKILL to podium's process group (podium and its Ray)
+  podium-ctrl-c      SIGINT to the process group, as a terminal's Ctrl-C
+  train-worker       SIGKILL to one Ray Train worker process
+  validation         SIGKILL to the process of a running validation task
+  promoter           SIGKILL to podium's process group once training is done (promotion under way)
+  prefect-server     SIGKILL to the Prefect server (it stays down for that attempt; the next one starts it)
+  mlflow-server      the MLflow server killed, restarted 3 to 20 s later on the same port and database
+
+Not drawn (covered by the test suite, not here): a full disk (needs a tmpfs, root), the S3 endpoint (the
+soak runs on local storage), the Ray head of a remote cluster.
+
+Invariants, after each run completes (exit code 0, or 4: done but not recorded in Prefect):
+  1. every checkpoint persisted in storage has exactly one MLflow record, with its training metrics
+     (`loss` in `podium.metrics`) and a verdict (validated, failed or skipped; none pending)
+  2. serving's CURRENT, its manifest and the registry alias agree, and the champion loads and predicts
+  3. the history has no gaps: each switch's `previous` is the version the one before switched to, and
+     the last switch is CURRENT
+  4. nothing was promoted twice: at most one promotion per run name
+It prints the faults injected, invariants checked, violations, and the wall-time cost of each fault (the
+run's time to completion, all attempts, less the median of the fault-free runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+
+FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promoter", "prefect-server",
+          "mlflow-server"]
+DONE = (0, 4)  # completed (4: done, but the flow run's end not recorded in Prefect)
+MAX_ATTEMPTS = 4
+BIN = Path(sys.executable).parent
+
+
+def log(msg: str) -> None:
+    """Progress on stderr."""
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cmdlines() -> dict[int, str]:
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out[int(pid)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return out
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class MlflowServer:
+    """`mlflow server` on SQLite under the soak's home, on one port across restarts."""
+
+    def __init__(self, home: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.home = home
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.home / 'mlflow-server.db'}",
+             "--artifacts-destination", str(self.home / "mlflow-artifacts")],
+            stdout=(self.home / "mlflow-server.log").open("ab"), stderr=subprocess.STDOUT,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, start_new_session=True)
+        import urllib.request
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server on {self.url} did not start: {self.home / 'mlflow-server.log'}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc = None
+
+
+class Attempt:
+    """One `podium run` in its own process group; its output read line by line as it comes."""
+
+    def __init__(self, args: list[str], env: dict[str, str]):
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.saw(text):
+                return True
+            time.sleep(0.1)
+        return self.saw(text)
+
+    def finish(self, timeout_s: float = 900) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc = self.proc.wait()
+        self.reader.join(timeout=10)
+        return rc
+
+
+def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow: MlflowServer) -> str:
+    """Inject `fault` into a running attempt at a moment drawn from `rng`; returns what was done."""
+    if fault == "promoter":
+        if not attempt.wait_for("training done", 600):
+            return "not injected: training never ended"
+        time.sleep(rng.uniform(0.0, 2.0))
+        os.killpg(attempt.proc.pid, signal.SIGKILL)
+        return "podium SIGKILLed after training ended"
+    if not attempt.wait_for("checkpoint step", 600):
+        return "not injected: no checkpoint announced"
+    time.sleep(rng.uniform(0.0, 6.0))
+    if attempt.proc.poll() is not None:
+        return "not injected: the run had ended"
+    if fault == "podium-kill":
+        os.killpg(attempt.proc.pid, signal.SIGKILL)
+        return "podium's process group SIGKILLed"
+    if fault == "podium-ctrl-c":
+        os.killpg(attempt.proc.pid, signal.SIGINT)
+        return "SIGINT to podium's process group"
+    if fault in ("train-worker", "validation"):
+        marker = "TrainWorker" if fault == "train-worker" else "podium-validate"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and attempt.proc.poll() is None:
+            victims = [pid for pid, cmd in _cmdlines().items()
+                       if cmd.startswith("ray::") and marker in cmd and _session(pid) == attempt.proc.pid]
+            if victims:
+                pid = rng.choice(victims)
+                _kill(pid)
+                return f"SIGKILL to {marker} process {pid}"
+            time.sleep(0.2)
+        return f"not injected: no {marker} process ran"
+    if fault == "prefect-server":
+        state = json.loads((home / "prefect" / "server.json").read_text())
+        _kill(int(state["pid"]))
+        return f"Prefect server {state['pid']} SIGKILLed (down for this attempt)"
+    if fault == "mlflow-server":
+        down = rng.uniform(3.0, 20.0)
+        mlflow.kill()
+        time.sleep(down)
+        mlflow.start()
+        return f"MLflow server killed, back after {down:.0f} s"
+    raise ValueError(f"unknown fault {fault!r}")
+
+
+def check_invariants(run_name: str, home: Path, tracking_uri: str, model: str = "podium") -> list[str]:
+    """The soak's invariants for one completed run; returns the violations (empty: all hold)."""
+    from mlflow.tracking import MlflowClient
+
+    from podium.serving.layout import read_current, read_history
+    from podium.serving.load import load_promoted_model
+    from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_RUN, TAG_SERVED_URI, TAG_STATUS
+
+    violations = []
+    storage, serving = home / "storage" / run_name, str(home / "serving" / model)
+    persisted = sorted(p.name for p in storage.glob("checkpoint_*") if p.is_dir())
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    exp = client.get_experiment_by_name("podium")
+    models = client.search_logged_models([exp.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
+                                         max_results=1000) if exp else []
+    by: dict[str, list[Any]] = {}
+    for m in models:
+        by.setdefault(m.tags.get(TAG_CHECKPOINT, "?"), []).append(m)
+    for name in persisted:
+        records = by.get(name, [])
+        if len(records) != 1:
+            violations.append(f"{run_name}/{name}: {len(records)} MLflow records, expected 1")
+            continue
+        tags = records[0].tags
+        if "loss" not in json.loads(tags.get(TAG_METRICS, "{}")):
+            violations.append(f"{run_name}/{name}: training metrics missing from the record")
+        if tags.get(TAG_STATUS) not in ("validated", "failed", "skipped"):
+            violations.append(f"{run_name}/{name}: no verdict (status {tags.get(TAG_STATUS)!r})")
+    current = read_current(serving)
+    history = read_history(serving)
+    if current is not None:
+        try:
+            alias = client.get_model_version_by_alias(model, "champion")
+            if (alias.tags or {}).get(TAG_SERVED_URI) != current.uri:
+                violations.append(f"the alias names {alias.tags.get(TAG_SERVED_URI)}, CURRENT is {current.uri}")
+        except Exception as exc:
+            violations.append(f"no registry alias for CURRENT {current.version}: {exc}")
+        try:
+            load_promoted_model(serving)
+        except Exception as exc:
+            violations.append(f"the champion {current.version} does not load: {type(exc).__name__}: {exc}")
+    for before, after in zip(history, history[1:]):
+        if after.get("previous") != before.get("version"):
+            violations.append(f"history gap: {after.get('version')} switched from {after.get('previous')}, "
+                              f"the switch before went to {before.get('version')}")
+    if history and current is not None and history[-1].get("version") != current.version:
+        violations.append(f"the last switch went to {history[-1].get('version')}, CURRENT is {current.version}")
+    promotions = [h for h in history if h.get("action") == "promote" and h.get("run_name") == run_name]
+    if len(promotions) > 1:
+        violations.append(f"{run_name} promoted {len(promotions)} times")
+    return violations
+
+
+def soak(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    home = Path(args.workdir or tempfile.mkdtemp(prefix="podium-chaos-"))
+    home.mkdir(parents=True, exist_ok=True)
+    mlflow = MlflowServer(home)
+    mlflow.start()
+    env = {**os.environ, "PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow.url}
+    for name in ("RAY_ADDRESS", "PREFECT_API_URL"):
+        env.pop(name, None)
+    plan = ["none"] * args.baseline + [rng.choice(FAULTS) for _ in range(args.runs)]
+    results = []
+    try:
+        for i, fault in enumerate(plan):
+            run_name = f"soak-{args.seed}-{i:03d}"
+            cmd = ["run", "--json", "--run-name", run_name, "--epochs", str(args.epochs)]
+            began, attempts, injected, codes = time.monotonic(), 0, "none", []
+            while attempts < MAX_ATTEMPTS:
+                attempts += 1
+                attempt = Attempt(cmd, env)
+                if attempts == 1 and fault != "none":
+                    injected = _inject(fault, attempt, rng, home, mlflow)
+                codes.append(attempt.finish())
+                if codes[-1] in DONE:
+                    break
+                if mlflow.proc is None or mlflow.proc.poll() is not None:
+                    mlflow.start()
+            wall = time.monotonic() - began
+            violations = check_invariants(run_name, home, mlflow.url) if codes[-1] in DONE else \
+                [f"{run_name}: not complete after {attempts} attempts (exit codes {codes})"]
+            results.append({"run": run_name, "fault": fault, "injected": injected, "exit_codes": codes,
+                            "wall_s": round(wall, 1), "violations": violations})
+            log(f"{run_name}: {fault} ({injected}); exit codes {codes}; {wall:.0f} s; "
+                f"{len(violations)} violation(s){': ' + '; '.join(violations) if violations else ''}")
+    finally:
+        mlflow.kill()
+        subprocess.run([sys.executable, "-m", "podium.cli", "server", "stop"], env=env, capture_output=True)
+    return {"home": str(home), "results": results}
+
+
+def summarize(args: argparse.Namespace, out: dict[str, Any], loads: list[str]) -> str:
+    results = out["results"]
+    clean = [r["wall_s"] for r in results if r["fault"] == "none"]
+    base = statistics.median(clean) if clean else None
+    rows = []
+    for fault in FAULTS:
+        runs = [r for r in results if r["fault"] == fault]
+        if not runs:
+            continue
+        injected = [r for r in runs if not r["injected"].startswith("not injected")]
+        costs = [r["wall_s"] - base for r in injected] if base is not None else []
+        rows.append([fault, str(len(runs)), str(len(injected)),
+                     str(sum(len(r["exit_codes"]) for r in runs)),
+                     f"{statistics.median(costs):+.0f} s" if costs else "n/a",
+                     f"{min(costs):+.0f} to {max(costs):+.0f} s" if costs else "",
+                     str(sum(len(r["violations"]) for r in runs))])
+    violations = [v for r in results for v in r["violations"]]
+    checked = sum(1 for r in results if r["exit_codes"][-1] in DONE) * 4
+    m = machine_description()
+    return "\n\n".join([
+        "## Chaos soak (`benchmarks/chaos.py`)",
+        f"Command: `python benchmarks/chaos.py --runs {args.runs} --seed {args.seed} --epochs {args.epochs}`. "
+        f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; "
+        f"{m['versions']}.",
+        "Load: " + "; ".join(loads),
+        f"{len(results) - len(clean)} faulted runs and {len(clean)} fault-free ones (median "
+        f"{base:.0f} s each). " if base is not None else "",
+        markdown_table(["fault", "runs", "injected", "attempts", "cost (median)", "cost (range)", "violations"], rows),
+        f"Invariants checked: {checked} (4 per completed run). Violations: {len(violations)}."
+        + ("".join(f"\n- {v}" for v in violations) if violations else "")]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="A chaos soak of podium runs; see the module's docstring.")
+    p.add_argument("--runs", type=int, default=30, help="faulted runs (default: 30)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the faults and moments drawn (default: 1)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: 4)")
+    p.add_argument("--baseline", type=int, default=2, help="fault-free runs first, for the cost (default: 2)")
+    p.add_argument("--workdir", default="", help="the soak's podium home (default: a new temporary folder)")
+    p.add_argument("--output", default="", help="markdown file to update (e.g. BENCHMARKS.md; default: none)")
+    p.add_argument("--json", default="", help="write every run's result to this file")
+    args = p.parse_args(argv)
+    loads = [f"before: {load_average()}"]
+    out = soak(args)
+    loads.append(f"after: {load_average()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    text = summarize(args, out, loads)
+    if args.output:
+        update_markdown_section(args.output, "chaos", text)
+    print(text)
+    return 1 if any(r["violations"] for r in out["results"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
