@@ -235,7 +235,9 @@ def start_mlflow_server(root: Path, database: str, auth_database: str, credentia
     auth_config.write_text(
         "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
         f"database_uri = postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{auth_database}\n"
-        f"admin_username = {MLFLOW_USER}\n")
+        f"admin_username = {MLFLOW_USER}\n"
+        # a password checked once a minute per worker, not on every request (a PBKDF2 hash each time)
+        "auth_cache_ttl_seconds = 60\n")
     port, log = _free_port(), root / "mlflow-server.log"
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
@@ -660,10 +662,12 @@ def test_each_server_refuses_a_client_without_its_credentials(stack, credentials
     # a Ray driver without the token, and one with another token; HOME elsewhere: no ~/.ray/auth_token either
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update({"RAY_ADDRESS": stack.ray.address, "HOME": str(tmp_path)})
-    for token_env in ({}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": wrong}):
-        driver = subprocess.run([sys.executable, "-c", RAY_CONNECT], env={**env, **token_env}, capture_output=True,
-                                text=True, timeout=120)
-        assert driver.returncode != 0 and "connected" not in driver.stdout, driver.stdout + driver.stderr[-3000:]
+    drivers = [subprocess.Popen([sys.executable, "-c", RAY_CONNECT], env={**env, **token_env}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for token_env in ({}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": wrong})]
+    for driver in drivers:
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode != 0 and "connected" not in out, out + err[-3000:]
     assert "connected" in _ray_driver(RAY_CONNECT, {**env, **stack.ray.env})
 
 
