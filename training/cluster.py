@@ -88,10 +88,6 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
             runtime_env["py_modules"] = sorted(set(py_modules))
         ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
         return
-    # Ray 2.60 turns token authentication on for a new local cluster, and warns on every start that it
-    # did unless RAY_AUTH_MODE is set: setting it (Ray's documented switch) keeps the same behaviour,
-    # without the warning. RAY_AUTH_MODE=disabled of the user's own still wins.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
     env_vars = {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV]}
     pythonpath = [*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     if pythonpath:

@@ -169,8 +169,6 @@ def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "reported metrics 2 time(s) but never with a checkpoint" in proc.stderr
     assert "ray.train.Checkpoint.from_directory" in proc.stderr and "Traceback" not in proc.stderr
-    # the local Ray has token authentication on, as Ray 2.60 starts it, without Ray's warning that it is
-    assert "Token authentication is enabled" not in proc.stderr + proc.stdout
     assert flow_run_state("no-ckpt-run").is_failed()
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
