@@ -9,6 +9,7 @@ the check is stale: it is replaced, and the process it names is never signalled.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -33,10 +34,19 @@ class ServiceError(RuntimeError):
     """A server podium needs is unreachable or would not start."""
 
 
+def _prefect_auth_headers() -> dict[str, str]:
+    """The Authorization header Prefect's own client sends when PREFECT_API_AUTH_STRING is set (the server's
+    basic auth); none otherwise."""
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"} if auth else {}
+
+
 def _get_json(url: str, timeout: float = 2.0) -> Any:
-    """The JSON a URL answers with, or None if it does not answer 200."""
+    """The JSON a Prefect API URL answers with (authenticated as Prefect's client is), or None if it does
+    not answer 200."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_prefect_auth_headers()),
+                                    timeout=timeout) as r:
             return json.loads(r.read()) if r.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
         return None

@@ -64,8 +64,9 @@ class PrefectEventSink:
     training goes on (within `timeout_s`; a failure is logged and never stops training).
 
     The Prefect API URL is the one configured where the sink is built (the driver), unless given.
-    An API key (Prefect Cloud) is never pickled: it is read from PREFECT_API_KEY in the controller's
-    environment (set it through the job's runtime_env).
+    Credentials are never pickled: the controller reads PREFECT_API_AUTH_STRING (or Prefect Cloud's
+    PREFECT_API_KEY) from its own environment, the Ray node's. Set them there, not in the job's
+    runtime_env: Ray passes its env_vars to worker processes on their command line.
     """
 
     def __init__(self, api_url: str | None = None, *, request_validation: bool = True, timeout_s: float = 30.0):

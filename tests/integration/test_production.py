@@ -7,12 +7,18 @@
 - podium's deployments registered with `python -m podium.deployments deploy` on a process work pool, and
   a worker (`podium worker --ray-address ...`) that runs them on that cluster.
 
+Authentication is on in all three: Prefect's basic auth, MLflow's `basic-auth` app, Ray's token. The
+secrets are made for this module and reach servers and clients in environment variables only; the last
+tests check that each server refuses a client without them, and that no secret shows in a log, an
+MLflow or Prefect record, an artifact or a process's arguments.
+
 Cost: about 3 to 5 minutes on 2 busy cores, most of it starting the servers (their schema
 migrations) and the flow-run processes the worker starts.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -24,18 +30,23 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import requests
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
 from prefect.deployments import run_deployment
 from prefect_queries import checkpoint_events, task_runs
+from s3_server import S3Server
 from served_checks import check_served_champion
 from servers import wait_http_ok
 
@@ -54,6 +65,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.production]
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 POOL = "podium-test"
 BIN = Path(sys.executable).parent
+MLFLOW_USER = "podium"  # the MLflow auth app's admin, whom podium's clients sign in as
 
 
 def _free_port() -> int:
@@ -94,13 +106,14 @@ def _stop_group(pgid: int, grace_s: float = 8.0) -> None:
 
 @pytest.fixture(scope="module")
 def databases():
-    """Two PostgreSQL databases made for this module (Prefect's and MLflow's), dropped afterwards."""
+    """PostgreSQL databases made for this module (Prefect's, MLflow's and its auth app's), dropped afterwards."""
     if not _postgres_reachable():
         pytest.skip(f"PostgreSQL is not reachable on {PG_HOST}:{PG_PORT}")
     import psycopg
 
     suffix = uuid.uuid4().hex[:8]
-    names = {"prefect": f"podium_prefect_{suffix}", "mlflow": f"podium_mlflow_{suffix}"}
+    names = {"prefect": f"podium_prefect_{suffix}", "mlflow": f"podium_mlflow_{suffix}",
+             "mlflow_auth": f"podium_mlflow_auth_{suffix}"}
     admin = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         for name in names.values():
@@ -113,29 +126,126 @@ def databases():
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def start_prefect_server(root: Path, database: str):
-    """`prefect server start` with PREFECT_API_DATABASE_CONNECTION_URL on PostgreSQL."""
+def _basic_auth(user_password: str) -> str:
+    """What an Authorization header carries for HTTP basic auth."""
+    return base64.b64encode(user_password.encode()).decode()
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """This module's secrets, made per test session. Servers and clients get them in environment
+    variables only, never on a command line; pytest's report of a failure does not show them."""
+
+    # "user:password": PREFECT_SERVER_API_AUTH_STRING / PREFECT_API_AUTH_STRING
+    prefect_auth: str = field(repr=False)
+    mlflow_password: str = field(repr=False)  # of the MLflow auth app's admin, MLFLOW_USER
+    mlflow_secret_key: str = field(repr=False)  # the MLflow auth app's CSRF key (MLFLOW_FLASK_SERVER_SECRET_KEY)
+    ray_token: str = field(repr=False)
+
+    def client_env(self) -> dict[str, str]:
+        """What podium's clients (the worker, its flow runs, `podium`, these tests) need for Prefect and MLflow."""
+        return {"PREFECT_API_AUTH_STRING": self.prefect_auth,
+                "MLFLOW_TRACKING_USERNAME": MLFLOW_USER, "MLFLOW_TRACKING_PASSWORD": self.mlflow_password}
+
+    def findable(self) -> dict[str, str]:
+        """Each secret by name, with the Authorization header values that would carry the passwords."""
+        return {"the Prefect password": self.prefect_auth.partition(":")[2],
+                "the Prefect Authorization header": _basic_auth(self.prefect_auth),
+                "the MLflow password": self.mlflow_password,
+                "the MLflow Authorization header": _basic_auth(f"{MLFLOW_USER}:{self.mlflow_password}"),
+                "the MLflow server's secret key": self.mlflow_secret_key,
+                "the Ray token": self.ray_token}
+
+
+@pytest.fixture(scope="module")
+def credentials():
+    """The secrets; the client ones are set in this process's environment (its children inherit them)."""
+    made = Credentials(prefect_auth=f"podium:{secrets.token_hex(16)}", mlflow_password=secrets.token_hex(16),
+                       mlflow_secret_key=secrets.token_hex(32), ray_token=secrets.token_hex(32))
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in made.client_env().items():
+            mp.setenv(name, value)
+        yield made
+
+
+class CommandLines:
+    """Every process's command line on this machine, sampled every 0.2 s from start to stop."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="command-lines", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            lines = set()
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if raw:
+                    lines.add(raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
+            with self._lock:
+                self._seen |= lines
+
+    def seen(self) -> set[str]:
+        """The distinct command lines sampled so far."""
+        with self._lock:
+            return set(self._seen)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="module")
+def command_lines():
+    """Process arguments, sampled from before the servers start until the module ends."""
+    sampler = CommandLines()
+    try:
+        yield sampler
+    finally:
+        sampler.stop()
+
+
+def start_prefect_server(root: Path, database: str, auth: str):
+    """`prefect server start` with PREFECT_API_DATABASE_CONNECTION_URL on PostgreSQL and basic auth."""
     from podium.services import ensure_prefect_server, stop_prefect_server
 
     url = ensure_prefect_server(root, _free_port(), timeout_s=400, env={
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@{PG_HOST}:{PG_PORT}/{database}"})
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@{PG_HOST}:{PG_PORT}/{database}",
+        "PREFECT_SERVER_API_AUTH_STRING": auth})
     return url, lambda: stop_prefect_server(root)
 
 
-def start_mlflow_server(root: Path, database: str):
+def start_mlflow_server(root: Path, database: str, auth_database: str, credentials: Credentials):
     """`mlflow server` with its backend store on PostgreSQL and artifacts in a bucket of an S3 server (moto),
     which it proxies: clients (podium, `mlflow models serve`) reach the artifacts through it, with no S3
-    credentials of their own."""
+    credentials of their own. Its authentication app keeps users in a PostgreSQL database of its own; the
+    admin's password and the app's secret key come from the environment. Returns (URL, S3 server), stop."""
     from s3_server import start_s3_server
 
     s3 = start_s3_server(root / "moto.log")
     s3.create_bucket("mlflow-artifacts")
+    auth_config = root / "mlflow-auth.ini"
+    auth_config.touch(mode=0o600)
+    auth_config.write_text(
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{auth_database}\n"
+        f"admin_username = {MLFLOW_USER}\n"
+        # a password checked once a minute per worker, not on every request (a PBKDF2 hash each time)
+        "auth_cache_ttl_seconds = 60\n")
     port, log = _free_port(), root / "mlflow-server.log"
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
          "--backend-store-uri", f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/{database}",
-         "--artifacts-destination", "s3://mlflow-artifacts/mlflow"],
-        env={**os.environ, **s3.env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+         "--artifacts-destination", "s3://mlflow-artifacts/mlflow", "--app-name", "basic-auth"],
+        env={**os.environ, **s3.env(), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+             "MLFLOW_AUTH_CONFIG_PATH": str(auth_config), "MLFLOW_AUTH_ADMIN_PASSWORD": credentials.mlflow_password,
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": credentials.mlflow_secret_key},
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -149,7 +259,7 @@ def start_mlflow_server(root: Path, database: str):
         _stop_group(proc.pid)
         s3.stop()
 
-    return url, stop
+    return (url, s3), stop
 
 
 @dataclass
@@ -157,6 +267,7 @@ class RayCluster:
     address: str
     env: dict[str, str]  # what a driver needs besides RAY_ADDRESS: the cluster's auth token
     nodes: list[dict]
+    temp: Path  # the nodes' temp dir: their logs
 
 
 def _ray_node_args(head: bool) -> list[str]:
@@ -181,15 +292,18 @@ def _kill_ray_processes_under(temp: Path) -> None:
                 pass
 
 
-def start_ray_cluster(_root: Path):
+def start_ray_cluster(token: str):
     """A head node and a second node, 2 CPUs each, in process groups and a temp dir of their own.
 
     Never `ray stop`: it would stop every Ray on this machine. Ray 2.60 enables token authentication
-    on `ray start --head`; the cluster gets a token of its own."""
+    on `ray start --head`; the cluster gets a token of its own. The nodes get no MLflow credentials
+    (nothing podium runs on the cluster talks to MLflow), but Prefect's: the controller of a job with a
+    PrefectEventSink emits its events from a node."""
     temp = Path(tempfile.mkdtemp(prefix="podium-ray-", dir="/tmp"))  # Ray's socket paths must stay short
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     proc_env = {**os.environ, **env}
-    proc_env.pop("RAY_ADDRESS", None)
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        proc_env.pop(name, None)
     port = _free_port()
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus", "2", "--temp-dir", str(temp), "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
@@ -225,7 +339,7 @@ print(json.dumps([{"id": n["NodeID"], "cpus": n["Resources"].get("CPU")} for n i
     except BaseException:
         stop()
         raise
-    return RayCluster(address, env, nodes), stop
+    return RayCluster(address, env, nodes, temp), stop
 
 
 def _ray_driver(code: str, env: dict[str, str], *args: str, timeout_s: float = 300) -> str:
@@ -243,17 +357,21 @@ class Stack:
     mlflow: str
     ray: RayCluster
     root: Path
+    artifacts: S3Server  # where the MLflow server keeps its artifacts
 
 
 @pytest.fixture(scope="module")
-def stack(databases, tmp_path_factory):
-    """The three servers, started side by side (their start-up is mostly waiting), stopped at the end."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def stack(databases, credentials, command_lines, tmp_path_factory):
+    """The three servers, authentication on, started side by side (their start-up is mostly waiting),
+    stopped at the end."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     root = tmp_path_factory.mktemp("production")
-    starters = {"prefect": lambda: start_prefect_server(root / "prefect-home", databases["prefect"]),
-                "mlflow": lambda: start_mlflow_server(root, databases["mlflow"]),
-                "ray": lambda: start_ray_cluster(root)}
+    starters = {"prefect": lambda: start_prefect_server(root / "prefect-home", databases["prefect"],
+                                                        credentials.prefect_auth),
+                "mlflow": lambda: start_mlflow_server(root, databases["mlflow"], databases["mlflow_auth"],
+                                                      credentials),
+                "ray": lambda: start_ray_cluster(credentials.ray_token)}
     with ThreadPoolExecutor(len(starters)) as pool:
         futures = {name: pool.submit(start) for name, start in starters.items()}
     started, stops, errors = {}, [], []
@@ -266,8 +384,11 @@ def stack(databases, tmp_path_factory):
     try:
         if errors:
             raise RuntimeError("could not start the production stack:\n" + "\n".join(errors))
-        with temporary_settings(updates={PREFECT_API_URL: started["prefect"]}):
-            yield Stack(started["prefect"], started["mlflow"], started["ray"], root)
+        mlflow_url, artifacts = started["mlflow"]
+        # this process's Prefect settings were read when prefect was imported, before the credentials were made
+        with temporary_settings(updates={PREFECT_API_URL: started["prefect"],
+                                         PREFECT_API_AUTH_STRING: credentials.prefect_auth}):
+            yield Stack(started["prefect"], mlflow_url, started["ray"], root, artifacts)
     finally:
         with ThreadPoolExecutor(len(starters)) as pool:
             list(pool.map(lambda stop: stop(), stops))
@@ -506,3 +627,116 @@ def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, te
     models = [m for m in client.search_logged_models([experiment.experiment_id], max_results=100)
               if m.source_run_id == tracking.run_id]
     assert sorted(m.tags[TAG_CHECKPOINT] for m in models) == sorted(e.payload["checkpoint_name"] for e in events)
+
+
+RAY_CONNECT = "import ray; ray.init(); print('connected', flush=True)"
+
+
+def _prefect_status(url: str, auth: str | None) -> int:
+    """The HTTP status of a Prefect API read (POST /flows/filter), with this basic auth or none."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Basic {_basic_auth(auth)}"} if auth else {})}
+    request = urllib.request.Request(f"{url}/flows/filter", data=b"{}", headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_each_server_refuses_a_client_without_its_credentials(stack, credentials, monkeypatch, tmp_path):
+    wrong = secrets.token_hex(16)
+    assert _prefect_status(stack.prefect, None) == 401
+    assert _prefect_status(stack.prefect, f"podium:{wrong}") == 401
+    assert _prefect_status(stack.prefect, credentials.prefect_auth) == 200
+
+    search = f"{stack.mlflow}/api/2.0/mlflow/experiments/search"
+    assert requests.get(search, params={"max_results": 1}, timeout=10).status_code == 401
+    assert requests.get(search, params={"max_results": 1}, auth=(MLFLOW_USER, wrong), timeout=10).status_code == 401
+    assert requests.get(search, params={"max_results": 1}, auth=(MLFLOW_USER, credentials.mlflow_password),
+                        timeout=10).status_code == 200
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+    with pytest.raises(MlflowException, match="401"):
+        MlflowClient(stack.mlflow).search_experiments(max_results=1)
+
+    # a Ray driver without the token, and one with another token; HOME elsewhere: no ~/.ray/auth_token either
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({"RAY_ADDRESS": stack.ray.address, "HOME": str(tmp_path)})
+    drivers = [subprocess.Popen([sys.executable, "-c", RAY_CONNECT], env={**env, **token_env}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for token_env in ({}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": wrong})]
+    for driver in drivers:
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode != 0 and "connected" not in out, out + err[-3000:]
+    assert "connected" in _ray_driver(RAY_CONNECT, {**env, **stack.ray.env})
+
+
+def test_no_secret_in_logs_records_artifacts_or_process_arguments(stack, team, credentials, command_lines):
+    """After the pipeline's runs above: no secret (nor an Authorization header made of one) in any file this
+    module's servers, worker, flow runs (their output is in the worker's log), `mlflow models serve` and Ray
+    nodes wrote, in MLflow's runs, models and artifacts, in Prefect's flow runs, deployments, artifacts and
+    logs, or in any process's arguments."""
+    findable = credentials.findable()
+    leaks: dict[str, list[str]] = {}
+
+    def check(where: str, text: str) -> None:
+        found = [name for name, value in findable.items() if value in text]
+        if found:
+            for value in findable.values():
+                where = where.replace(value, "***")
+            leaks[where] = found
+
+    files = [p for base in (stack.root, stack.ray.temp) for p in base.rglob("*") if p.is_file()]
+    written = {p.name for p in files}
+    assert {"server.log", "mlflow-server.log", "worker.log", "serve-podium.log", "raylet.out", "gcs_server.out"} \
+        <= written, sorted(written)
+    for path in files:
+        try:
+            check(str(path), path.read_bytes().decode("latin-1"))
+        except FileNotFoundError:  # a Ray log rotated away meanwhile
+            continue
+
+    client = MlflowClient(stack.mlflow, registry_uri=stack.mlflow)
+    experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiment_ids, max_results=1000)
+    models = client.search_logged_models(experiment_ids, max_results=1000)
+    versions = client.search_model_versions()
+    assert runs and models and versions
+    for run in runs:
+        check(f"MLflow run {run.info.run_name}", json.dumps([run.data.params, run.data.tags]))
+    for model in models:
+        check(f"MLflow logged model {model.model_id}", json.dumps([model.params, model.tags]))
+    for version in versions:
+        check(f"MLflow model version {version.version}", json.dumps([version.tags, version.description]))
+    keys = stack.artifacts.keys("mlflow-artifacts")
+    assert keys
+    s3 = stack.artifacts.client()
+    for key in keys:
+        check(f"MLflow artifact {key}", s3.get_object(Bucket="mlflow-artifacts", Key=key)["Body"].read().decode("latin-1"))
+
+    with get_client(sync_client=True) as prefect:
+        flow_runs = prefect.read_flow_runs(limit=200)
+        artifacts = prefect.read_artifacts(limit=200)
+        logs, offset = [], 0
+        while page := prefect.read_logs(limit=200, offset=offset):
+            logs += page
+            offset += len(page)
+        deployments = prefect.read_deployments()
+    assert flow_runs and artifacts and logs
+    for run in flow_runs:
+        check(f"Prefect flow run {run.name}", json.dumps([run.parameters, run.job_variables], default=str))
+    for artifact in artifacts:
+        check(f"Prefect artifact {artifact.key}", json.dumps([artifact.data, artifact.description], default=str))
+    check("Prefect flow-run logs", "\n".join(log.message for log in logs))
+    for deployment in deployments:
+        check(f"Prefect deployment {deployment.name}",
+              json.dumps([deployment.parameters, deployment.job_variables], default=str))
+
+    lines = command_lines.seen()
+    # the sampler saw the servers, the worker, its flow runs, the Ray nodes and Ray's workers
+    for kind in ("prefect server start", "mlflow server", "prefect worker start", "prefect.engine", "raylet",
+                 "ray::", "models serve"):
+        assert any(kind in line for line in lines), f"no process {kind!r} among {len(lines)} sampled"
+    for line in lines:
+        check(f"the arguments of {line[:200]}", line)
+    assert not leaks, f"secrets found: {leaks}"

@@ -6,6 +6,7 @@ answers like a Prefect API; no Prefect server starts.
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import subprocess
@@ -25,11 +26,17 @@ def sleeper():
     proc.wait()
 
 
-def _fake_api(home: str):
-    """An HTTP server that answers /api/health and /api/admin/settings as the server of `home`."""
+def _fake_api(home: str, auth: str | None = None):
+    """An HTTP server that answers /api/health and /api/admin/settings as the server of `home`; with `auth`
+    ("user:password"), it answers /api/admin/settings only to that basic auth, as Prefect's server does."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps({"home": home} if self.path.endswith("/admin/settings") else True).encode()
+            settings = self.path.endswith("/admin/settings")
+            if settings and auth and self.headers.get("Authorization") != f"Basic {base64.b64encode(auth.encode()).decode()}":
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps({"home": home} if settings else True).encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -96,3 +103,19 @@ def test_stop_signals_the_recorded_process_when_it_is_still_the_one(tmp_path, sl
     _state(tmp_path, sleeper.pid, process_start_time(sleeper.pid), 4200)
     assert stop_prefect_server(tmp_path) is True
     assert sleeper.wait(timeout=10) is not None
+
+
+def test_a_server_with_basic_auth_is_verified_with_prefects_auth_string(tmp_path, sleeper, monkeypatch):
+    """The server requires basic auth: podium's check sends PREFECT_API_AUTH_STRING, as Prefect's client does;
+    without it the server cannot be verified, and is not reused."""
+    api = _fake_api(str(tmp_path.resolve() / "prefect"), auth="podium:s3cret")
+    try:
+        port = api.server_address[1]
+        state = _state(tmp_path, sleeper.pid, process_start_time(sleeper.pid), port)
+        monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
+        with pytest.raises(ServiceError):
+            _reuse(state, tmp_path.resolve() / "prefect", timeout_s=5)
+        monkeypatch.setenv("PREFECT_API_AUTH_STRING", "podium:s3cret")
+        assert _reuse(state, tmp_path.resolve() / "prefect", timeout_s=5) == f"http://127.0.0.1:{port}/api"
+    finally:
+        api.shutdown()
