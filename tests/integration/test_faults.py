@@ -176,6 +176,8 @@ def test_signal_to_the_process_group_stops_cleanly_then_resumes(sig, prefect_api
     assert run.info.status == "KILLED"
     assert _flow_run_states(f"{name}-run") == ["CANCELLED"]
     assert not read_history(locations["serving"]), "nothing promoted by a stopped run"
+    if sig == signal.SIGTERM:
+        return  # the stop is the same for both signals: the resume after it is run once, after SIGINT
 
     proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)
     out, err = proc.communicate(timeout=600)
