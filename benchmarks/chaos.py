@@ -39,7 +39,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,6 @@ FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promote
           "mlflow-server"]
 DONE = (0, 4)  # completed (4: done, but the flow run's end not recorded in Prefect)
 MAX_ATTEMPTS = 4
-BIN = Path(sys.executable).parent
 
 
 def log(msg: str) -> None:
@@ -66,10 +64,13 @@ def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def mlflow_server(root: Path) -> Any:
+    """An `mlflow server` on SQLite under `root`, on one port across restarts (the outage tests' server:
+    `start()`, `kill()`, `url`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+    from servers import MlflowServer
+
+    return MlflowServer(root)
 
 
 def _cmdlines() -> dict[int, str]:
@@ -96,42 +97,6 @@ def _kill(pid: int, sig: int = signal.SIGKILL) -> bool:
         return True
     except ProcessLookupError:
         return False
-
-
-class MlflowServer:
-    """`mlflow server` on SQLite under the soak's home, on one port across restarts."""
-
-    def __init__(self, home: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.home = home
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.home / 'mlflow-server.db'}",
-             "--artifacts-destination", str(self.home / "mlflow-artifacts")],
-            stdout=(self.home / "mlflow-server.log").open("ab"), stderr=subprocess.STDOUT,
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, start_new_session=True)
-        import urllib.request
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"mlflow server on {self.url} did not start: {self.home / 'mlflow-server.log'}")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-            self.proc = None
 
 
 class Attempt:
@@ -171,7 +136,7 @@ class Attempt:
         return rc
 
 
-def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow: MlflowServer) -> str:
+def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow: Any) -> str:
     """Inject `fault` into a running attempt at a moment drawn from `rng`; returns what was done."""
     if fault == "promoter":
         if not attempt.wait_for("training done", 600):
@@ -272,7 +237,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     home = Path(args.workdir or tempfile.mkdtemp(prefix="podium-chaos-"))
     home.mkdir(parents=True, exist_ok=True)
-    mlflow = MlflowServer(home)
+    mlflow = mlflow_server(home / "mlflow-server")
     mlflow.start()
     env = {**os.environ, "PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow.url}
     for name in ("RAY_ADDRESS", "PREFECT_API_URL"):

@@ -58,6 +58,24 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
             return Cancelled(message=str(exc))  # type: ignore[return-value]
 
 
+def _close_unfinished(tracking: TrackingRun, status: str) -> None:
+    """Mark the MLflow run of a run that ends unfinished (KILLED, FAILED); a server that does not answer is
+    said, not raised (the run's own ending is what matters)."""
+    try:
+        close_tracking_run(tracking, status=status)
+    except TrackingUnavailable as exc:
+        say("%s", exc)
+
+
+def _how_to_resume(plan: RunPlan, pending: int, once: str = "") -> str:
+    """The end of a stopped run's last line: what is left, and the command that resumes it (`once` a
+    condition holds)."""
+    rerun = f"{once}, run" if once else "Run"
+    return (f"{pending} checkpoint(s) left pending. {rerun} `podium run` again with the same --run-name "
+            f"({plan.run_name}) to resume: training continues from its latest checkpoint and the pending "
+            "checkpoints are validated")
+
+
 def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue, stream: CheckpointStream,
               training: PrefectConcurrentFuture | None, stopped: RunStopped) -> RunStopped:
     """Stop cleanly: running validations get STOP_GRACE_S to record their verdicts (the others stay
@@ -66,14 +84,8 @@ def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue
     left = validations.stop(STOP_GRACE_S)
     if training is not None and not stream.stop_training(training):
         logger.warning("training did not stop in time; Ray stops with this process")
-    try:
-        close_tracking_run(tracking, status="KILLED")
-    except TrackingUnavailable as exc:
-        say("%s", exc)
-    counted = validations.tally()
-    message = (f"{stopped}: {counted}, {len(left)} checkpoint(s) left pending. Run `podium run` again with the same "
-               f"--run-name ({plan.run_name}) to resume: training continues from its latest checkpoint and the "
-               "pending checkpoints are validated")
+    _close_unfinished(tracking, "KILLED")
+    message = f"{stopped}: {validations.tally()}, {_how_to_resume(plan, len(left))}"
     logger.warning("%s", message)  # the flow run's Cancelled state says it too, and the CLI's last line
     return RunStopped(stopped.signum, message)
 
@@ -83,13 +95,9 @@ def _lose_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue
     nothing said: no call reaches Ray, the checkpoints without a verdict stay pending, the MLflow run is
     marked FAILED and the flow run Failed, and one line says how to resume (exit code 3)."""
     left = validations.leave_all()
-    try:
-        close_tracking_run(tracking, failed=True)
-    except TrackingUnavailable as exc:
-        say("%s", exc)
-    message = (f"{lost}: the run stopped with {validations.tally()}, {len(left)} checkpoint(s) left pending. "
-               f"Once the cluster is back, run `podium run` again with the same --run-name ({plan.run_name}) to "
-               "resume: training continues from its latest checkpoint and the pending checkpoints are validated")
+    _close_unfinished(tracking, "FAILED")
+    message = (f"{lost}: the run stopped with {validations.tally()}, "
+               f"{_how_to_resume(plan, len(left), once='Once the cluster is back')}")
     prefect_api.record_flow_end(str(flow_run.id) if flow_run.id else None, message, failed=True)
     exit_at_once(message, LOST_EXIT)  # Prefect's engine would wait for the training thread, blocked in Ray
 
@@ -182,8 +190,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         raise
     finally:
         watch.close()
-        if stop.lost is None:  # the queue is a Ray actor
-            stream.close()
+        stream.close()
     summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at)
     close_tracking_run(tracking)
     return summary

@@ -27,12 +27,7 @@ class CheckpointStream:
         none, every `poll_s` seconds at most, until training has ended and the queue is empty."""
         while True:
             done = training.wrapped_future.done()  # in-process: no API round trip per poll
-            events: list[CheckpointEvent | TrainingRestart] = []
-            for item in raytrain.drain(self.queue, timeout=poll_s):
-                if isinstance(item, TrainingStarted):
-                    self.controller = item.controller
-                else:
-                    events.append(item)
+            events = self._drain(poll_s)
             for event in events:
                 if isinstance(event, CheckpointEvent) and event.has_checkpoint:
                     try:
@@ -43,6 +38,16 @@ class CheckpointStream:
             if done and not events:
                 return
 
+    def _drain(self, timeout: float) -> list[CheckpointEvent | TrainingRestart]:
+        """The announcements that arrived within `timeout`; the controller's handle, when it comes, is kept."""
+        events: list[CheckpointEvent | TrainingRestart] = []
+        for item in raytrain.drain(self.queue, timeout=timeout):
+            if isinstance(item, TrainingStarted):
+                self.controller = item.controller
+            else:
+                events.append(item)
+        return events
+
     def stop_training(self, training: PrefectConcurrentFuture, timeout_s: float = 60.0) -> bool:
         """Abort training (the run is stopping) and wait up to `timeout_s` for its task to end. Checkpoints
         persisted so far stay for the resume. True if training has ended."""
@@ -51,9 +56,7 @@ class CheckpointStream:
         deadline = time.monotonic() + timeout_s
         try:
             while not training.wrapped_future.done() and time.monotonic() < deadline:
-                for item in raytrain.drain(self.queue, timeout=0.2):  # the controller's handle may be on its way
-                    if isinstance(item, TrainingStarted):
-                        self.controller = item.controller
+                self._drain(0.2)  # the controller's handle may be on its way
                 if self.controller is not None:
                     raytrain.abort_training(self.controller, timeout_s=max(deadline - time.monotonic(), 1.0))
                     break

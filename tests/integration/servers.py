@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+BIN = Path(sys.executable).parent
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen, log: Path, timeout_s: float, poll_s: float = 1.0) -> None:
@@ -61,3 +64,46 @@ def model_server(model_uri: str, env: dict[str, str], log: Path, timeout_s: floa
         except (ProcessLookupError, subprocess.TimeoutExpired):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+class MlflowServer:
+    """`mlflow server` in a process group of its own, on a fixed port and SQLite file across restarts."""
+
+    def __init__(self, root: Path, template_db: Path | None = None):
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = root / "mlflow.db"
+        if template_db is not None:
+            shutil.copy(template_db, self.db)  # schema already migrated: the server starts in seconds
+        self.log = root / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 180) -> None:
+        """Start (or restart) the server and wait until /health answers."""
+        self.proc = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.root / "artifacts")],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_http_ok(f"{self.url}/health", self.proc, self.log, timeout_s, poll_s=0.2)
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the server's whole process group (the CLI and its uvicorn worker)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the server (its port refuses connections until it is started again)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.proc = None
+
+    def requests(self, method: str, path: str) -> int:
+        """How many requests for an exact path the server handled (its access log), whatever it answered."""
+        return self.log.read_text(errors="replace").count(f'"{method} {path} HTTP/1.1"')
