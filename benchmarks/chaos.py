@@ -17,9 +17,15 @@ a promoter):
   promoter           SIGKILL to podium's process group once training is done (promotion under way)
   prefect-server     SIGKILL to the Prefect server (it stays down for that attempt; the next one starts it)
   mlflow-server      the MLflow server killed, restarted 3 to 20 s later on the same port and database
+  s3-endpoint        the S3 store unreachable for 3 to 40 s: the relay in front of it refuses connections and
+                     cuts those open (checkpoints are persisted there; `--storage local` leaves this out)
+  disk-full          the serving location's filesystem (a tmpfs of its own) filled up while training runs,
+                     so the promotion meets a full disk; the space is freed after that attempt, as an operator
+                     would (needs root to mount the tmpfs; left out of the draw otherwise)
 
-Not drawn (covered by the test suite, not here): a full disk (needs a tmpfs, root), the S3 endpoint (the
-soak runs on local storage), the Ray head of a remote cluster.
+Storage is S3 by default: a moto server on loopback (the tests' S3 server) behind a relay, in bucket
+`soak`; serving and the dataset are local. Not drawn (covered by the test suite, not here): the Ray head
+of a remote cluster.
 
 Invariants, after each run completes (exit code 0, or 4: done but not recorded in Prefect):
   1. every checkpoint persisted in storage has exactly one MLflow record, with its training metrics
@@ -54,7 +60,9 @@ if __package__ in (None, ""):
 from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
 
 FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promoter", "prefect-server",
-          "mlflow-server"]
+          "mlflow-server", "s3-endpoint", "disk-full"]
+BUCKET = "soak"
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "integration"
 DONE = (0, 4)  # completed (4: done, but the flow run's end not recorded in Prefect)
 MAX_ATTEMPTS = 4
 
@@ -67,7 +75,7 @@ def log(msg: str) -> None:
 def mlflow_server(root: Path) -> Any:
     """An `mlflow server` on SQLite under `root`, on one port across restarts (the outage tests' server:
     `start()`, `kill()`, `url`)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+    sys.path.insert(0, str(TESTS))
     from servers import MlflowServer
 
     return MlflowServer(root)
@@ -136,8 +144,79 @@ class Attempt:
         return rc
 
 
-def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow: Any) -> str:
-    """Inject `fault` into a running attempt at a moment drawn from `rng`; returns what was done."""
+class Stores:
+    """Where the soak's runs keep checkpoints (S3 through a relay, or local) and serve (a tmpfs of its own
+    when this process may mount one, so that it can be filled)."""
+
+    def __init__(self, home: Path, storage: str):
+        self.home, self.s3, self.relay, self.mounted = home, None, None, False
+        self.serving_fs = home / "serving"
+        self.serving_fs.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(self.serving_fs)],
+                                  capture_output=True, text=True)
+            self.mounted = done.returncode == 0
+            if not self.mounted:
+                log(f"no tmpfs for serving ({done.stderr.strip()}): disk-full is left out of the draw")
+        else:
+            log("not root, so no tmpfs for serving: disk-full is left out of the draw")
+        self.storage = str(home / "storage")
+        if storage == "s3":
+            sys.path.insert(0, str(TESTS))
+            from s3_server import Relay, start_s3_server
+
+            self.s3 = start_s3_server(home / "moto.log")
+            self.s3.create_bucket(BUCKET)
+            self.relay = Relay(int(self.s3.endpoint.rsplit(":", 1)[1]))
+            self.storage = f"s3://{BUCKET}/storage"
+
+    def env(self) -> dict[str, str]:
+        """What podium (and this process, for the invariants) needs to reach the store: through the relay."""
+        if self.s3 is None:
+            return {}
+        return {**self.s3.env(), "AWS_ENDPOINT_URL": self.relay.endpoint}
+
+    def faults(self) -> list[str]:
+        return [f for f in FAULTS if (f != "s3-endpoint" or self.relay is not None) and (f != "disk-full" or self.mounted)]
+
+    def persisted(self, run_name: str) -> list[str]:
+        """The checkpoint folders of a run in storage."""
+        if self.s3 is None:
+            return sorted(p.name for p in (Path(self.storage) / run_name).glob("checkpoint_*") if p.is_dir())
+        from podium.storage.s3 import s3_filesystem
+
+        fs = s3_filesystem()
+        fs.invalidate_cache()
+        root = f"{self.storage}/{run_name}"
+        found = fs.ls(root, detail=True) if fs.exists(root) else []
+        return sorted(e["name"].rsplit("/", 1)[-1] for e in found
+                      if e["type"] == "directory" and e["name"].rsplit("/", 1)[-1].startswith("checkpoint_"))
+
+    def fill_serving(self, leave_bytes: int) -> Path:
+        st = os.statvfs(self.serving_fs)
+        filler = self.serving_fs / "filler.bin"
+        with open(filler, "wb") as f:
+            left = max(st.f_bavail * st.f_frsize - leave_bytes, 0)
+            while left > 0:
+                try:
+                    left -= f.write(b"\0" * min(left, 1 << 24))
+                except OSError:
+                    break
+        return filler
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.down()
+        if self.s3 is not None:
+            self.s3.stop()
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.serving_fs)], check=False)
+
+
+def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow: Any, stores: Stores,
+            after: list) -> str:
+    """Inject `fault` into a running attempt at a moment drawn from `rng`; returns what was done. What must
+    be undone once the attempt has ended (freeing a filled disk) goes on `after`."""
     if fault == "promoter":
         if not attempt.wait_for("training done", 600):
             return "not injected: training never ended"
@@ -177,10 +256,21 @@ def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow
         time.sleep(down)
         mlflow.start()
         return f"MLflow server killed, back after {down:.0f} s"
+    if fault == "s3-endpoint":
+        down = rng.uniform(3.0, 40.0)
+        stores.relay.down()
+        time.sleep(down)
+        stores.relay.up()
+        return f"S3 endpoint unreachable for {down:.0f} s"
+    if fault == "disk-full":
+        leave = rng.choice([0, 64 * 1024])
+        filler = stores.fill_serving(leave)
+        after.append(filler.unlink)
+        return f"serving's filesystem filled ({leave // 1024} KiB left) until the attempt ended"
     raise ValueError(f"unknown fault {fault!r}")
 
 
-def check_invariants(run_name: str, home: Path, tracking_uri: str, model: str = "podium") -> list[str]:
+def check_invariants(run_name: str, home: Path, tracking_uri: str, stores: Stores, model: str = "podium") -> list[str]:
     """The soak's invariants for one completed run; returns the violations (empty: all hold)."""
     from mlflow.tracking import MlflowClient
 
@@ -189,8 +279,8 @@ def check_invariants(run_name: str, home: Path, tracking_uri: str, model: str = 
     from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_RUN, TAG_SERVED_URI, TAG_STATUS
 
     violations = []
-    storage, serving = home / "storage" / run_name, str(home / "serving" / model)
-    persisted = sorted(p.name for p in storage.glob("checkpoint_*") if p.is_dir())
+    serving = str(home / "serving" / model)
+    persisted = stores.persisted(run_name)
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     exp = client.get_experiment_by_name("podium")
     models = client.search_logged_models([exp.experiment_id], filter_string=f"tags.`{TAG_RUN}` = '{run_name}'",
@@ -239,28 +329,35 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     home.mkdir(parents=True, exist_ok=True)
     mlflow = mlflow_server(home / "mlflow-server")
     mlflow.start()
+    stores = Stores(home, args.storage)
+    os.environ.update(stores.env())  # the invariants read the store as podium does
     env = {**os.environ, "PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": mlflow.url}
     for name in ("RAY_ADDRESS", "PREFECT_API_URL"):
         env.pop(name, None)
-    plan = ["none"] * args.baseline + [rng.choice(FAULTS) for _ in range(args.runs)]
+    faults = [f for f in stores.faults() if not args.faults or f in args.faults.split(",")]
+    plan = ["none"] * args.baseline + [rng.choice(faults) for _ in range(args.runs)]
     results = []
     try:
         for i, fault in enumerate(plan):
             run_name = f"soak-{args.seed}-{i:03d}"
-            cmd = ["run", "--json", "--run-name", run_name, "--epochs", str(args.epochs)]
+            cmd = ["run", "--json", "--run-name", run_name, "--epochs", str(args.epochs), "--storage", stores.storage]
             began, attempts, injected, codes = time.monotonic(), 0, "none", []
             while attempts < MAX_ATTEMPTS:
                 attempts += 1
-                attempt = Attempt(cmd, env)
+                attempt, after = Attempt(cmd, env), []
                 if attempts == 1 and fault != "none":
-                    injected = _inject(fault, attempt, rng, home, mlflow)
+                    injected = _inject(fault, attempt, rng, home, mlflow, stores, after)
                 codes.append(attempt.finish())
+                for undo in after:
+                    undo()
+                (home / "attempts").mkdir(exist_ok=True)  # each attempt's output, for what a violation needs
+                (home / "attempts" / f"{run_name}-{attempts}.log").write_text("\n".join(attempt.lines) + "\n")
                 if codes[-1] in DONE:
                     break
                 if mlflow.proc is None or mlflow.proc.poll() is not None:
                     mlflow.start()
             wall = time.monotonic() - began
-            violations = check_invariants(run_name, home, mlflow.url) if codes[-1] in DONE else \
+            violations = check_invariants(run_name, home, mlflow.url, stores) if codes[-1] in DONE else \
                 [f"{run_name}: not complete after {attempts} attempts (exit codes {codes})"]
             results.append({"run": run_name, "fault": fault, "injected": injected, "exit_codes": codes,
                             "wall_s": round(wall, 1), "violations": violations})
@@ -269,6 +366,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         mlflow.kill()
         subprocess.run([sys.executable, "-m", "podium.cli", "server", "stop"], env=env, capture_output=True)
+        stores.close()
     return {"home": str(home), "results": results}
 
 
@@ -293,7 +391,8 @@ def summarize(args: argparse.Namespace, out: dict[str, Any], loads: list[str]) -
     m = machine_description()
     return "\n\n".join([
         "## Chaos soak (`benchmarks/chaos.py`)",
-        f"Command: `python benchmarks/chaos.py --runs {args.runs} --seed {args.seed} --epochs {args.epochs}`. "
+        f"Command: `python benchmarks/chaos.py --runs {args.runs} --seed {args.seed} --epochs {args.epochs}"
+        f"{' --storage local' if args.storage == 'local' else ''}{' --faults ' + args.faults if args.faults else ''}`. "
         f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; "
         f"{m['versions']}.",
         "Load: " + "; ".join(loads),
@@ -310,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="seed of the faults and moments drawn (default: 1)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: 4)")
     p.add_argument("--baseline", type=int, default=2, help="fault-free runs first, for the cost (default: 2)")
+    p.add_argument("--storage", choices=["s3", "local"], default="s3",
+                   help="where checkpoints are persisted: S3 (moto on loopback, behind a relay; default) or local")
+    p.add_argument("--faults", default="", help="comma-separated faults to draw from (default: all that can run)")
     p.add_argument("--workdir", default="", help="the soak's podium home (default: a new temporary folder)")
     p.add_argument("--output", default="", help="markdown file to update (e.g. BENCHMARKS.md; default: none)")
     p.add_argument("--json", default="", help="write every run's result to this file")

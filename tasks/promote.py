@@ -237,11 +237,17 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[
     (its holder stalled past the TTL and another promoter took it over):
     promotion calls it before every step that others can see.
     """
+    locked = False
     try:
         with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
+            locked = True
             yield check
     except LeaseError as exc:
         raise layout.ServingError(str(exc)) from None
+    except OSError as exc:  # a full disk before anything was written: the lock file takes its holder's name
+        if locked or not layout.is_disk_full(exc):
+            raise
+        raise layout.full_location_error(serving, "its promotion lock", exc) from None
 
 
 def record_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome) -> None:

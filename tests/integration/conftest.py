@@ -34,16 +34,22 @@ def prefect_api(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray runtime shared by the session, sized for 2 training workers, 1 CPU of Ray Data reading
-    and 2 validations (podium's defaults)."""
+def _ray_stopped_at_end():
     import ray
 
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(_ray_stopped_at_end):
+    """A local Ray runtime, sized for 2 training workers, 1 CPU of Ray Data reading and 2 validations
+    (podium's defaults): the session's, or a new one where a test before stopped it (test_s3 does, to start
+    Ray with its own variables). Never Ray's auto-init, which joins whatever cluster `ray start` last recorded
+    on this machine (/tmp/ray/ray_current_cluster), dead or alive."""
     from podium.training import raytrain
 
     raytrain.ensure_ray(5, ["podium_user_code:train_func"])
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -242,6 +244,23 @@ def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_c
     verify_files(os.path.join(serving, "versions", "v000001"), read_current(serving).manifest)
 
 
+def test_a_disk_too_full_for_the_promotion_lock_gets_the_same_one_sentence(small_disk):
+    """Found by the chaos soak: a disk with no page left fails already where the promotion lock file takes
+    its holder's name, before any version is claimed."""
+    from podium.serving.layout import ServingFull
+    from podium.tasks.promote import promotion_lock
+
+    serving = str(small_disk / "serving")
+    os.makedirs(serving)
+    _fill(small_disk, leave_bytes=0)
+    with pytest.raises(ServingFull) as full:
+        with promotion_lock(serving):
+            pass
+    message = str(full.value)
+    assert message.startswith(f"no space left at the serving location {serving} while writing its promotion lock"), message
+    assert "nothing was written and nothing was being served" in message and "podium promote" in message, message
+
+
 def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, dataset, locations, tmp_path):
     """A training loop that raises, and a validation function that raises: each is reported as the user's
     exception with their own frames, once; Ray's frames stay in the log file."""
@@ -269,21 +288,28 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
 
 
 class RayHead:
-    """`ray start --head` on a fixed port (a cluster of its own, as a remote one would be), token auth off."""
+    """`ray start --head` on a fixed port (a cluster of its own, as a remote one would be), token auth off.
+
+    Its own temp dir: `ray start` records its address in `<temp dir>/ray_current_cluster`, and in
+    /tmp/ray/ that file would send any bare `ray.init()` on this machine (another test's, Ray Data's
+    auto-init) to this head, or, once it is killed, to a dead address. Its processes are told apart by that
+    dir, which each names in its command line."""
 
     def __init__(self, tmp_path, env):
         from servers import free_port
 
         self.port, self.env = free_port(), {**env, "RAY_AUTH_MODE": "disabled"}
         self.log = tmp_path / "ray-head.log"
+        self.temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # Ray's socket paths must stay short
 
     def start(self) -> None:
         subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--port",
-                        str(self.port), "--num-cpus", "5", "--include-dashboard", "false", "--disable-usage-stats"],
+                        str(self.port), "--num-cpus", "5", "--include-dashboard", "false", "--disable-usage-stats",
+                        "--temp-dir", self.temp],
                        env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, check=True, timeout=120)
 
     def processes(self, name: str = "") -> list[int]:
-        """The pids of this head's processes (every one names its port), or of those named `name`."""
+        """The pids of this head's processes, or of those named `name`."""
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -291,7 +317,7 @@ class RayHead:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(self.port) in cmd and name in cmd and "pytest" not in cmd and "podium" not in cmd:
+            if self.temp in cmd and name in cmd and "pytest" not in cmd and "podium" not in cmd:
                 found.append(int(pid))
         return found
 
@@ -309,6 +335,7 @@ def ray_head(tmp_path, prefect_api, locations):
     head.start()
     yield head
     head.kill()
+    shutil.rmtree(head.temp, ignore_errors=True)
 
 
 def test_ray_head_lost_mid_run_ends_it_clearly_then_resumes(ray_head, prefect_api, dataset, locations, tmp_path):

@@ -41,7 +41,7 @@ from podium.training.data import load_arrays, make_classification_data
 from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("s3")]  # its module-scoped servers, once
 
 BUCKET = "podium-test"
 
@@ -65,7 +65,7 @@ def s3(tmp_path_factory) -> S3Server:
 
 
 @pytest.fixture(scope="module")
-def ray_with_s3(s3, ray_cluster):
+def ray_with_s3(s3, _ray_stopped_at_end):
     """Ray workers inherit the environment of the process that starts Ray: restart it with the S3 variables.
 
     Its workers also get their own TMPDIR, so the test can see what validation
