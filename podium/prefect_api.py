@@ -331,7 +331,21 @@ def current_deployment() -> tuple[str, str] | None:
 def _in_context(fn: Callable[[], T]) -> Callable[[], T]:
     """`fn` bound to the caller's context (the flow or task run an artifact belongs to), for another thread."""
     ctx = contextvars.copy_context()
-    return lambda: ctx.run(fn)
+    return lambda: ctx.run(_with_an_open_client, fn)
+
+
+def _with_an_open_client(fn: Callable[[], T]) -> T:
+    """`fn()`, with a client of its own if the Prefect client in its context has been closed: a write held for
+    an outage is sent when the server answers again, which may be after the flow's engine closed the client
+    the write's context names ("Cannot send a request, as the client has been closed")."""
+    from prefect.context import SyncClientContext
+
+    current = SyncClientContext.get()
+    if current is None or not getattr(current.client, "_closed", False):
+        return fn()
+    SyncClientContext.__var__.set(None)  # in this context only (a copy): else the new one would reuse the closed one
+    with SyncClientContext():
+        return fn()
 
 
 # ---- Prefect's background senders, held while the server is down

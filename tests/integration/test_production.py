@@ -271,11 +271,21 @@ class RayCluster:
 
 
 def _ray_node_args(head: bool) -> list[str]:
-    ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+    flags = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
              "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"]
     if head:
-        ports.append("--dashboard-port")
-    return [a for flag in ports for a in (flag, str(_free_port()))]
+        flags.append("--dashboard-port")
+    # every port distinct: each socket stays bound until all are chosen (one at a time, the kernel may hand
+    # out the same free port twice, and Ray refuses a node whose components share one)
+    sockets = [socket.socket() for _ in flags]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+    return [a for flag, port in zip(flags, ports) for a in (flag, str(port))]
 
 
 def _kill_ray_processes_under(temp: Path) -> None:

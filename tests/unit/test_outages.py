@@ -46,6 +46,28 @@ def test_a_call_to_a_server_that_is_down_is_skipped_said_once_and_replayed_when_
     assert not link.down and link.outages == 1
 
 
+def test_a_write_held_past_the_end_of_its_flows_client_is_sent_with_a_client_of_its_own():
+    """Found in the suite: the server came back just as the flow ended, and the held artifacts were sent with
+    the client the flow's engine had closed ("Cannot send a request, as the client has been closed")."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import SyncClientContext
+
+    link = prefect_api.PrefectLink(_dead_url())
+    link.mark_down("a test")
+    used = []
+
+    def write() -> None:
+        client = get_client(sync_client=True)
+        assert not client._closed, "a closed client would refuse the request"
+        used.append(client)
+
+    with SyncClientContext() as run_ctx:  # the flow's engine: the write is held inside its context
+        link.call("an artifact", write, key="a")
+    assert run_ctx.client._closed  # the engine is done
+    link.mark_up()
+    assert len(used) == 1 and used[0] is not run_ctx.client
+
+
 def test_a_refused_request_is_logged_not_taken_for_an_outage(caplog):
     link = prefect_api.PrefectLink(_dead_url())
 
