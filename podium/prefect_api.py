@@ -343,7 +343,7 @@ def _with_an_open_client(fn: Callable[[], T]) -> T:
     current = SyncClientContext.get()
     if current is None or not getattr(current.client, "_closed", False):
         return fn()
-    SyncClientContext.__var__.set(None)  # in this context only (a copy): else the new one would reuse the closed one
+    SyncClientContext.__var__.set(None)  # type: ignore[arg-type]  # in this context only (a copy): else the new one would reuse the closed one
     with SyncClientContext():
         return fn()
 
