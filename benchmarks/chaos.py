@@ -263,7 +263,7 @@ def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow
         stores.relay.up()
         return f"S3 endpoint unreachable for {down:.0f} s"
     if fault == "disk-full":
-        leave = rng.choice([0, 64 * 1024])
+        leave = rng.choice([0, 8 * 1024])  # a promoted version of the demo model takes more than 8 KiB
         filler = stores.fill_serving(leave)
         after.append(filler.unlink)
         return f"serving's filesystem filled ({leave // 1024} KiB left) until the attempt ended"
@@ -341,6 +341,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         for i, fault in enumerate(plan):
             run_name = f"soak-{args.seed}-{i:03d}"
             cmd = ["run", "--json", "--run-name", run_name, "--epochs", str(args.epochs), "--storage", stores.storage]
+            if args.promotion == "always":  # every run promotes (the runs are alike: the gate would pass only the first)
+                cmd.append("--always-promote")
             began, attempts, injected, codes = time.monotonic(), 0, "none", []
             while attempts < MAX_ATTEMPTS:
                 attempts += 1
@@ -392,7 +394,8 @@ def summarize(args: argparse.Namespace, out: dict[str, Any], loads: list[str]) -
     return "\n\n".join([
         "## Chaos soak (`benchmarks/chaos.py`)",
         f"Command: `python benchmarks/chaos.py --runs {args.runs} --seed {args.seed} --epochs {args.epochs}"
-        f"{' --storage local' if args.storage == 'local' else ''}{' --faults ' + args.faults if args.faults else ''}`. "
+        f"{' --storage local' if args.storage == 'local' else ''}{' --promotion gate' if args.promotion == 'gate' else ''}"
+        f"{' --faults ' + args.faults if args.faults else ''}`. "
         f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; "
         f"{m['versions']}.",
         "Load: " + "; ".join(loads),
@@ -411,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", type=int, default=2, help="fault-free runs first, for the cost (default: 2)")
     p.add_argument("--storage", choices=["s3", "local"], default="s3",
                    help="where checkpoints are persisted: S3 (moto on loopback, behind a relay; default) or local")
+    p.add_argument("--promotion", choices=["always", "gate"], default="always",
+                   help="always: every run promotes its best checkpoint (--always-promote), so that promotion, the "
+                        "switch, the alias and the history are exercised by every run (the default); gate: podium's "
+                        "gate decides (identical runs then promote only the first time)")
     p.add_argument("--faults", default="", help="comma-separated faults to draw from (default: all that can run)")
     p.add_argument("--workdir", default="", help="the soak's podium home (default: a new temporary folder)")
     p.add_argument("--output", default="", help="markdown file to update (e.g. BENCHMARKS.md; default: none)")

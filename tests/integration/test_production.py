@@ -60,7 +60,7 @@ from podium.tracking.records import list_records, merge_validation, record_check
 from podium.tracking.runs import find_tracking_run, open_tracking_run
 from podium.training.events import CheckpointEvent
 
-pytestmark = [pytest.mark.integration, pytest.mark.production, pytest.mark.xdist_group("production")]
+pytestmark = [pytest.mark.integration, pytest.mark.production]
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 POOL = "podium-test"

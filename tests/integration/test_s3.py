@@ -41,7 +41,7 @@ from podium.training.data import load_arrays, make_classification_data
 from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("s3")]  # its module-scoped servers, once
+pytestmark = pytest.mark.integration
 
 BUCKET = "podium-test"
 
