@@ -365,6 +365,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                             "wall_s": round(wall, 1), "violations": violations})
             log(f"{run_name}: {fault} ({injected}); exit codes {codes}; {wall:.0f} s; "
                 f"{len(violations)} violation(s){': ' + '; '.join(violations) if violations else ''}")
+            # every result so far, after each run: a soak stopped early keeps what it found
+            (home / "results.json").write_text(json.dumps({"home": str(home), "results": results}, indent=1))
     finally:
         mlflow.kill()
         subprocess.run([sys.executable, "-m", "podium.cli", "server", "stop"], env=env, capture_output=True)
