@@ -23,9 +23,11 @@ a promoter):
                      so the promotion meets a full disk; the space is freed after that attempt, as an operator
                      would (needs root to mount the tmpfs; left out of the draw otherwise)
 
-Storage is S3 by default: a moto server on loopback (the tests' S3 server) behind a relay, in bucket
-`soak`; serving and the dataset are local. Not drawn (covered by the test suite, not here): the Ray head
-of a remote cluster.
+Every run promotes its best checkpoint by default (`--always-promote`): the runs are alike, so podium's gate
+would let only the first one promote, and the promoter and full-disk faults would meet no copy
+(`--promotion gate` lets the gate decide). Storage is S3 by default: a moto server on loopback (the tests'
+S3 server) behind a relay, in bucket `soak`; serving and the dataset are local. Not drawn (covered by the
+test suite, not here): the Ray head of a remote cluster.
 
 Invariants, after each run completes (exit code 0, or 4: done but not recorded in Prefect):
   1. every checkpoint persisted in storage has exactly one MLflow record, with its training metrics
