@@ -65,6 +65,7 @@ FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promote
           "mlflow-server", "s3-endpoint", "disk-full"]
 BUCKET = "soak"
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "integration"
+sys.path.insert(0, str(TESTS))  # the tests' servers (MLflow, S3, the relay) and their full-disk filler
 DONE = (0, 4)  # completed (4: done, but the flow run's end not recorded in Prefect)
 MAX_ATTEMPTS = 4
 
@@ -77,7 +78,6 @@ def log(msg: str) -> None:
 def mlflow_server(root: Path) -> Any:
     """An `mlflow server` on SQLite under `root`, on one port across restarts (the outage tests' server:
     `start()`, `kill()`, `url`)."""
-    sys.path.insert(0, str(TESTS))
     from servers import MlflowServer
 
     return MlflowServer(root)
@@ -164,7 +164,6 @@ class Stores:
             log("not root, so no tmpfs for serving: disk-full is left out of the draw")
         self.storage = str(home / "storage")
         if storage == "s3":
-            sys.path.insert(0, str(TESTS))
             from s3_server import Relay, start_s3_server
 
             self.s3 = start_s3_server(home / "moto.log")
@@ -182,29 +181,14 @@ class Stores:
         return [f for f in FAULTS if (f != "s3-endpoint" or self.relay is not None) and (f != "disk-full" or self.mounted)]
 
     def persisted(self, run_name: str) -> list[str]:
-        """The checkpoint folders of a run in storage."""
-        if self.s3 is None:
-            return sorted(p.name for p in (Path(self.storage) / run_name).glob("checkpoint_*") if p.is_dir())
-        from podium.storage.s3 import s3_filesystem
+        """The checkpoint folders of a run in storage (local or S3, through podium's own filesystem)."""
+        from podium.storage.locations import fsspec_filesystem
 
-        fs = s3_filesystem()
+        fs, root = fsspec_filesystem(f"{self.storage}/{run_name}")
         fs.invalidate_cache()
-        root = f"{self.storage}/{run_name}"
-        found = fs.ls(root, detail=True) if fs.exists(root) else []
-        return sorted(e["name"].rsplit("/", 1)[-1] for e in found
-                      if e["type"] == "directory" and e["name"].rsplit("/", 1)[-1].startswith("checkpoint_"))
-
-    def fill_serving(self, leave_bytes: int) -> Path:
-        st = os.statvfs(self.serving_fs)
-        filler = self.serving_fs / "filler.bin"
-        with open(filler, "wb") as f:
-            left = max(st.f_bavail * st.f_frsize - leave_bytes, 0)
-            while left > 0:
-                try:
-                    left -= f.write(b"\0" * min(left, 1 << 24))
-                except OSError:
-                    break
-        return filler
+        names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in (fs.ls(root, detail=True) if fs.exists(root) else [])
+                 if e["type"] == "directory"]
+        return sorted(n for n in names if n.startswith("checkpoint_"))
 
     def close(self) -> None:
         if self.relay is not None:
@@ -266,7 +250,9 @@ def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow
         return f"S3 endpoint unreachable for {down:.0f} s"
     if fault == "disk-full":
         leave = rng.choice([0, 8 * 1024])  # a promoted version of the demo model takes more than 8 KiB
-        filler = stores.fill_serving(leave)
+        from servers import fill_filesystem
+
+        filler = fill_filesystem(stores.serving_fs, leave)
         after.append(filler.unlink)
         return f"serving's filesystem filled ({leave // 1024} KiB left) until the attempt ended"
     raise ValueError(f"unknown fault {fault!r}")

@@ -107,3 +107,17 @@ class MlflowServer:
     def requests(self, method: str, path: str) -> int:
         """How many requests for an exact path the server handled (its access log), whatever it answered."""
         return self.log.read_text(errors="replace").count(f'"{method} {path} HTTP/1.1"')
+
+
+def fill_filesystem(folder: Path, leave_bytes: int) -> Path:
+    """Fill the filesystem of `folder` until about `leave_bytes` are free; returns the filler file."""
+    st = os.statvfs(folder)
+    filler = Path(folder) / "filler.bin"
+    with open(filler, "wb") as f:
+        left = max(st.f_bavail * st.f_frsize - leave_bytes, 0)
+        while left > 0:
+            try:
+                left -= f.write(b"\0" * min(left, 1 << 24))
+            except OSError:  # full a little early: that is the point
+                break
+    return filler

@@ -15,6 +15,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect_queries import task_runs
+from servers import fill_filesystem
 
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files
@@ -208,14 +209,6 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _fill(folder, leave_bytes: int) -> None:
-    """Fill the filesystem of `folder` until about `leave_bytes` are free."""
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize
-    with open(os.path.join(folder, "filler.bin"), "wb") as f:
-        f.write(b"\0" * max(free - leave_bytes, 0))
-
-
 def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_champion(
         prefect_api, dataset, locations, tmp_path, small_disk):
     serving = str(small_disk / "serving")
@@ -227,7 +220,7 @@ def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_c
     assert proc.returncode == 0, err[-3000:]
     assert (read_pointer(serving) or {}).get("version") == "v000001"
 
-    _fill(small_disk, leave_bytes=512 * 1024)  # the next champion's 2 MiB checkpoint does not fit
+    fill_filesystem(small_disk, leave_bytes=512 * 1024)  # the next champion's 2 MiB checkpoint does not fit
     second = _user_config("disk-second", dataset, {**locations, "serving": serving}, epochs=2,
                           loop_extra={"pad_bytes": 2 * 1024 * 1024})
     second["promotion"]["always"] = True
@@ -252,7 +245,7 @@ def test_a_disk_too_full_for_the_promotion_lock_gets_the_same_one_sentence(small
 
     serving = str(small_disk / "serving")
     os.makedirs(serving)
-    _fill(small_disk, leave_bytes=0)
+    fill_filesystem(small_disk, leave_bytes=0)
     with pytest.raises(ServingFull) as full:
         with promotion_lock(serving):
             pass
