@@ -10,13 +10,17 @@ training Parquet). `demo` is `podium make-data`'s dataset (24,000 rows) with pod
 what Ray Data costs at small sizes.
 
 "before" runs `podium` from another virtualenv, one where podium is installed from the commit before
-(`--before-venv`; see benchmarks/README.md for the three commands that make it); "after" runs this tree.
+(`--before-venv`; see benchmarks/README.md for the three commands that make it); "after" runs this tree
+(the data read anew each epoch, streaming), "after-cache" this tree with `training.cache` always (read
+once into Ray's object store).
 
 Measured, per run:
 - peak RSS (VmHWM) of each Ray Train worker process, sampled from /proc over the podium process tree,
-  and of Ray Data's processes (read tasks, split coordinator);
+  and of Ray Data's processes (read tasks, split coordinator); for the workers, also the highest private
+  memory (RssAnon) and shared memory (RssShmem: the object store's pages it has read) sampled;
 - the validation task's peak RSS: the probe validation function (benchmarks/probes/data_scale_probe.py)
-  resets its process's peak before calling podium's built-in validation and reports it as a metric;
+  resets its process's peak before calling podium's built-in validation and reports it as a metric, with
+  its private memory before the call and the highest during it (sampled every 5 ms);
 - epoch time: between consecutive `podium.checkpoint.persisted` events (one checkpoint per epoch), and
   from the start of the train-model task to the first checkpoint (everything before epoch 2 included);
 - bytes read from storage: a second run with the data on an S3 server on loopback that counts every
@@ -109,23 +113,35 @@ def size_of(path: Path) -> int:
 # Processes
 
 
-def _status_kb(pid: int, key: str) -> int:
+MEMORY_KEYS = ("VmHWM", "RssAnon", "RssShmem")
+
+
+def _status_kb(pid: int) -> dict[str, int]:
+    """VmHWM (peak RSS), RssAnon (private memory now) and RssShmem (shared memory mapped now: for a Ray
+    process, the pages of the object store it has touched) of a process, in KiB."""
+    out = dict.fromkeys(MEMORY_KEYS, 0)
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    return 0
+            key = line.split(":", 1)[0]
+            if key in out:
+                out[key] = int(line.split()[1])
+    return out
 
 
 class ProcessSampler(threading.Thread):
-    """Every 0.2 s: the peak RSS (VmHWM) and the role (from the process title Ray sets) of every process
-    of this run: Ray's workers inherit the podium process's environment, so they carry its PODIUM_HOME
-    (Ray's raylet does not keep its workers in the podium process's tree). Nothing else is looked at."""
+    """Every 0.2 s: the peak RSS (VmHWM), the highest private memory (RssAnon) and shared memory (RssShmem)
+    seen, and the role (from the process title Ray sets) of every process of this run: Ray's workers
+    inherit the podium process's environment, so they carry its PODIUM_HOME (Ray's raylet does not keep
+    its workers in the podium process's tree). Nothing else is looked at.
+
+    RSS counts the object-store pages a Ray process has read (shared memory: Ray Data hands blocks to a
+    worker zero-copy), which the kernel keeps mapped after the block is freed; RssAnon is what the
+    process itself allocated. The sampled maxima can miss a peak shorter than 0.2 s."""
 
     def __init__(self, home: Path):
         super().__init__(daemon=True)
         self.marker, self.stop = f"PODIUM_HOME={home}".encode(), threading.Event()
-        self.peak_kb: dict[int, int] = {}
+        self.peak_kb: dict[str, dict[int, int]] = {k: {} for k in MEMORY_KEYS}
         self.roles: dict[int, set[str]] = {}
         self.ours: dict[int, bool] = {}
 
@@ -151,14 +167,18 @@ class ProcessSampler(threading.Thread):
                     if not roles or not self._is_ours(pid):
                         continue
                     self.roles.setdefault(pid, set()).update(roles)
-                    self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), _status_kb(pid, "VmHWM:"))
+                    for key, kb in _status_kb(pid).items():
+                        self.peak_kb[key][pid] = max(self.peak_kb[key].get(pid, 0), kb)
                 except OSError:
                     continue
             self.stop.wait(0.2)
 
-    def peaks_mb(self, role: str) -> list[float]:
-        """Peak RSS of each process that only ever had `role`."""
-        return sorted(self.peak_kb[p] / 1024 for p, r in self.roles.items() if r == {role} and p in self.peak_kb)
+    def peaks_mb(self, role: str, key: str = "VmHWM") -> list[float]:
+        """The peak of `key` (one of MEMORY_KEYS) of each process that only ever had `role`, in the order of
+        their peak RSS."""
+        pids = sorted((p for p, r in self.roles.items() if r == {role} and p in self.peak_kb["VmHWM"]),
+                      key=lambda p: self.peak_kb["VmHWM"][p])
+        return [self.peak_kb[key].get(p, 0) / 1024 for p in pids]
 
 
 def variant_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -202,7 +222,8 @@ def run_podium(bin_dir: Path, home: Path, config: dict[str, Any], workdir: Path,
         tail = (workdir / f"{config['run_name']}.log").read_text()[-3000:]
         raise RuntimeError(f"podium run {config['run_name']} failed (exit {proc.returncode}):\n{tail}")
     return {"summary": json.loads(out.strip().splitlines()[-1]), "started": started, "wall_s": time.time() - started,
-            "train_rss_mb": sampler.peaks_mb("train"), "data_rss_mb": sampler.peaks_mb("data")}
+            "train_rss_mb": sampler.peaks_mb("train"), "train_private_mb": sampler.peaks_mb("train", "RssAnon"),
+            "train_shared_mb": sampler.peaks_mb("train", "RssShmem"), "data_rss_mb": sampler.peaks_mb("data")}
 
 
 def fit_started(home: Path, run_name: str, since: float) -> float | None:
@@ -318,11 +339,15 @@ def bytes_by_phase(reads: list[dict[str, Any]], since: float, prefix: str, tl: d
 # ---------------------------------------------------------------------------------------------
 
 
-def job_config(run_name: str, train: str, val: str, home: Path, epochs: int) -> dict[str, Any]:
-    """The same job for both variants (only settings podium had before this change)."""
+# settings of a variant beyond the job's: "after-cache" is this tree reading the data once, into the object store
+VARIANT_TRAINING: dict[str, dict[str, Any]] = {"after-cache": {"cache": "always"}}
+
+
+def job_config(run_name: str, train: str, val: str, home: Path, epochs: int, variant: str) -> dict[str, Any]:
+    """The same job for every variant (only settings podium had before this change, and the variant's own)."""
     return {"run_name": run_name, "experiment": "data-scale", "storage": str(home / "storage"),
             "serving": str(home / "serving" / run_name), "data": {"train": train, "val": val},
-            "training": {"epochs": epochs},
+            "training": {"epochs": epochs, **VARIANT_TRAINING.get(variant, {})},
             "validation": {"fn": VALIDATE_FN, "retries": 0, "timeout_s": 3600},
             "promotion": {"verify": "hashes", "always": True}}
 
@@ -331,12 +356,17 @@ def local_run(variant: str, bin_dir: Path, home: Path, api: str, scale: str, dat
               workdir: Path, rep: int) -> dict[str, Any]:
     """One run of one scale and variant, the data on local files."""
     name = f"{variant}-x{scale}-{rep}"
-    run = run_podium(bin_dir, home, job_config(name, str(data[0]), str(data[1]), home, epochs), workdir)
+    run = run_podium(bin_dir, home, job_config(name, str(data[0]), str(data[1]), home, epochs, variant), workdir)
     tl = timeline(api, run, home)
     checkpoints = run["summary"]["checkpoints"]
     p = tl["persisted"]
-    out = {"wall_s": run["wall_s"], "train_rss_mb": run["train_rss_mb"], "data_rss_mb": run["data_rss_mb"],
-           "val_rss_mb": max(c["metrics"].get("val_peak_rss_mb", float("nan")) for c in checkpoints),
+    def val_mb(key: str) -> float:
+        return max(c["metrics"].get(key, float("nan")) for c in checkpoints)
+
+    out = {"wall_s": run["wall_s"], "data_rss_mb": run["data_rss_mb"],
+           **{k: run[k] for k in ("train_rss_mb", "train_private_mb", "train_shared_mb")},
+           "val_rss_mb": val_mb("val_peak_rss_mb"), "val_private_mb": val_mb("val_peak_private_mb"),
+           "val_private_before_mb": val_mb("val_private_before_mb"),
            "first_epoch_s": p[0] - tl["train_start"] if p and tl["train_start"] else None,
            "epoch_s": statistics.median([b - a for a, b in zip(p, p[1:])]) if len(p) > 1 else None,
            "val_accuracy": checkpoints[-1]["metrics"].get("val_accuracy")}
@@ -350,7 +380,8 @@ def s3_run(variant: str, bin_dir: Path, home: Path, api: str, scale: str, data: 
     prefix = f"x{scale}"
     train_uri = s3.upload(data[0], f"{prefix}/train" + ("/part.parquet" if data[0].is_file() else ""))
     val_uri = s3.upload(data[1], f"{prefix}/val" + ("/part.parquet" if data[1].is_file() else ""))
-    run = run_podium(bin_dir, home, job_config(f"{variant}-x{scale}-s3", train_uri, val_uri, home, epochs), workdir,
+    run = run_podium(bin_dir, home, job_config(f"{variant}-x{scale}-s3", train_uri, val_uri, home, epochs, variant),
+                     workdir,
                      env=s3.env)
     out = {"bytes": bytes_by_phase(s3.reads(), run["started"], prefix, timeline(api, run, home)),
            "wall_s": run["wall_s"], "train_rss_mb": run["train_rss_mb"]}
@@ -368,7 +399,9 @@ def summarize(variant: str, scale: str, data: tuple[Path, Path], epochs: int, ru
     out = {"variant": variant, "scale": scale, "epochs": epochs, "runs": runs, "train_bytes": size_of(data[0]),
            "val_bytes": size_of(data[1]), "wall_s": median("wall_s"), "epoch_s": median("epoch_s"),
            "first_epoch_s": median("first_epoch_s"),
-           "train_rss_mb": [max(v) for v in zip(*(sorted(r["train_rss_mb"]) for r in runs))],
+           **{k: [max(v) for v in zip(*(sorted(r.get(k, [])) for r in runs))]
+              for k in ("train_rss_mb", "train_private_mb", "train_shared_mb")},
+           **{k: max(r.get(k, float("nan")) for r in runs) for k in ("val_private_mb", "val_private_before_mb")},
            "data_rss_mb": [max((m for r in runs for m in r["data_rss_mb"]), default=0.0)] if any(
                r["data_rss_mb"] for r in runs) else [],
            "val_rss_mb": max(r["val_rss_mb"] for r in runs), "val_accuracy": median("val_accuracy")}
@@ -383,10 +416,11 @@ def _mb(v: float | None) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of all runs."""
-    head = ("| data | variant | training workers, peak RSS (MB) | validation task, peak RSS (MB) | Ray Data "
+    head = ("| data | variant | training workers, peak RSS (MB) | of which private / shared, peaks (MB) "
+            "| validation task, peak RSS (MB) | validation, private: before the call → peak (MB) | Ray Data "
             "processes, peak RSS (MB) | training data read (× the data): before epoch 1 / each epoch | epoch "
             "time (s) | train task start → 1st checkpoint (s) | `podium run` (s) |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     rows = []
     for r in results:
         size = (f"{r['scale']}× ({r['train_bytes'] / MiB:.0f} MB)" if r["scale"] != "demo"
@@ -397,8 +431,12 @@ def table(results: list[dict[str, Any]]) -> str:
             epochs = ", ".join(f"{e['train'] / whole:.2f}" for e in b["epochs"])
             read = f"{b['setup']['train'] / whole:.2f} / {epochs} (preflight: {b['preflight']['train'] / MiB:.2f} MB)"
         data_rss = _mb(max(r["data_rss_mb"])) if r["data_rss_mb"] else "–"
+        split = ", ".join(f"{_mb(a)} / {_mb(b)}" for a, b in zip(r.get("train_private_mb", []),
+                                                                  r.get("train_shared_mb", []))) or "–"
+        val_private = (f"{_mb(r['val_private_before_mb'])} → {_mb(r['val_private_mb'])}"
+                       if r.get("val_private_mb", float("nan")) == r.get("val_private_mb") else "–")
         rows.append(f"| {size} | {r['variant']} | {', '.join(_mb(v) for v in r['train_rss_mb']) or '–'} "
-                    f"| {_mb(r['val_rss_mb'])} | {data_rss} | {read} | {_s(r['epoch_s'], 2)} "
+                    f"| {split} | {_mb(r['val_rss_mb'])} | {val_private} | {data_rss} | {read} | {_s(r['epoch_s'], 2)} "
                     f"| {_s(r['first_epoch_s'], 1)} | {r['wall_s']:.1f} |")
     return head + "\n".join(rows) + "\n"
 
@@ -425,7 +463,8 @@ def main() -> None:
     p.add_argument("--scales", default="demo,1,4,16", help="comma-separated: demo and multiples of 1x")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--before-venv", help="virtualenv with podium installed from the commit before (else after only)")
-    p.add_argument("--variants", default="before,after")
+    p.add_argument("--variants", default="before,after",
+                   help="before (--before-venv), after (this tree), after-cache (this tree, training.cache always)")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs on local files per variant at the demo and 1x scales (medians); larger scales run once")
     p.add_argument("--no-s3", action="store_true", help="skip the runs that count bytes read on S3")
@@ -437,19 +476,20 @@ def main() -> None:
     bins = {"after": Path(sys.executable).parent}
     if a.before_venv:
         bins["before"] = Path(a.before_venv) / "bin"
+    bins["after-cache"] = bins["after"]
     variants = [v for v in a.variants.split(",") if v in bins]
     scales = a.scales.split(",")
     log(f"workdir {workdir}; variants {variants}; scales {scales}")
     data = {s: make_data(workdir / "data", s) for s in scales}
     s3 = None if a.no_s3 else CountingS3(workdir)
-    homes = {v: workdir / f"home-{v}" for v in variants}
+    homes = {v: workdir / f"home-{v.split('-')[0]}" for v in variants}  # after-cache shares after's server
     apis: dict[str, str] = {}
     saved = workdir / "data_scale.json"  # earlier scales measured into the same workdir stay in the table
     results = [r for r in (json.loads(saved.read_text()) if saved.exists() else [])
                if r["scale"] not in scales or r["variant"] not in variants]
     try:
         for v in variants:
-            apis[v] = start_server(bins[v], homes[v])
+            apis[v] = next((apis[w] for w in apis if homes[w] == homes[v]), None) or start_server(bins[v], homes[v])
         for scale in scales:
             epochs = 5 if scale == "demo" else a.epochs
             runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
@@ -463,7 +503,7 @@ def main() -> None:
                 results.append(summarize(v, scale, data[scale], epochs, runs[v], remote))
             saved.write_text(json.dumps(results, indent=2))
     finally:
-        for v in apis:
+        for v in {homes[w]: w for w in apis}.values():
             stop_server(bins[v], homes[v])
         if s3 is not None:
             s3.close()

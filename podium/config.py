@@ -38,7 +38,7 @@ RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
 LOOP_CONFIG_PODIUM_KEY = "podium"
 # settings of the built-in loop only: a user loop gets its own from train_loop_config
 BUILTIN_LOOP_SETTINGS = ("epochs", "batch_size", "learning_rate", "hidden_size", "checkpoint_every_steps", "seed",
-                         "shuffle", "shuffle_window_rows")
+                         "shuffle", "shuffle_window_rows", "cache")
 
 
 def expand_run_name(template: str, when: datetime) -> str:
@@ -111,6 +111,11 @@ class TrainingConfig(_Strict):
         "stored sorted) or 'none'.")
     shuffle_window_rows: int = Field(
         65536, ge=1, description="Rows each worker takes from Ray Data at once and shuffles ('local' shuffle).")
+    cache: Literal["never", "auto", "always"] = Field(
+        "never", description="'never': read the training data anew each epoch, streaming. 'always': read it "
+        "once into Ray's object store (Dataset.materialize()), so that later epochs read nothing from storage; "
+        "'auto': that when its columns, decoded, take at most a quarter of the object store (the Parquet "
+        "footers tell).")
     torch_threads: int = Field(1, ge=1, description="torch threads per training/validation process.")
     standardize: bool = Field(True, description="Standardise every feature with the training data's mean and "
                               "standard deviation (built-in loop); kept in the checkpoint and the served model.")

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 TRAIN, VAL = "train", "val"
 SHUFFLES = ("none", "local", "global")
+CACHES = ("never", "auto", "always")
+CACHE_SHARE = 0.25  # cache="auto": data decoded up to this share of the object store is kept there
 
 
 @contextlib.contextmanager
@@ -68,14 +70,69 @@ def read_cpus(data_cpus: float) -> float:
     return min(1.0, data_cpus)
 
 
+def decoded_bytes(uri: str, columns: list[str]) -> int:
+    """Bytes that `columns` of the Parquet data at `uri` take decoded, from the files' footers (no rows read):
+    rows x width for a fixed-width column, the size of its pages before compression for others."""
+    from podium.training.data import open_dataset
+
+    dataset = open_dataset(uri)
+    width = {name: _fixed_width(dataset.schema.field(name).type) for name in columns}
+    total = 0
+    for fragment in dataset.get_fragments():
+        meta = fragment.metadata  # type: ignore[attr-defined]  # a Parquet fragment: the footer, read once
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                name = group.column(c).path_in_schema
+                if name in width:
+                    total += width[name] * group.num_rows or group.column(c).total_uncompressed_size
+    return total
+
+
+def _fixed_width(t: Any) -> int:
+    """Bytes per value of a fixed-width Arrow type (a boolean counts 1), 0 for others."""
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # variable width: strings, lists, ...
+        return 0
+
+
+def caches(cache: str, uri: str, columns: list[str], store_bytes: float | None = None) -> bool:
+    """Whether the training data is kept in the object store (`cache`: auto, always or never). "auto":
+    when it takes, decoded, at most CACHE_SHARE of the object store (`store_bytes`, by default this Ray
+    cluster's)."""
+    if cache not in CACHES:
+        raise ValueError(f"training.cache = {cache!r}: expected one of {list(CACHES)}")
+    if cache != "auto":
+        return cache == "always"
+    if store_bytes is None:
+        import ray
+
+        store_bytes = float(ray.cluster_resources().get("object_store_memory", 0.0))
+    return decoded_bytes(uri, columns) <= CACHE_SHARE * store_bytes
+
+
 def builtin_datasets(loop_config: dict[str, Any], data_cpus: float) -> dict[str, ray.data.Dataset]:
-    """The built-in loop's dataset: `train`, its feature and label columns, shuffled per `shuffle`."""
+    """The built-in loop's dataset: `train`, its feature and label columns, shuffled per `shuffle`.
+
+    Data that `caches` is read once, here (`Dataset.materialize()`, as Ray Train's guides advise for data
+    that fits in the object store): the epochs then read the blocks from the object store, and a `local`
+    shuffle takes them in a new order each epoch. Other data is read anew each epoch, streaming."""
+    from ray.data import RandomSeedConfig
+
     shuffle = loop_config.get("shuffle", "local")
     if shuffle not in SHUFFLES:
         raise ValueError(f"training.shuffle = {shuffle!r}: expected one of {list(SHUFFLES)}")
+    uri, seed = loop_config["train_data"], int(loop_config["seed"])
     columns = [*loop_config["feature_columns"], loop_config["label_column"]]
-    ds = read_parquet_dataset(loop_config["train_data"], columns, read_cpus=read_cpus(data_cpus),
-                              shuffle_files_seed=int(loop_config["seed"]) if shuffle == "local" else None)
+    if caches(loop_config.get("cache", "never"), uri, columns):
+        with podium_data_context(data_cpus):
+            ds = read_parquet_dataset(uri, columns, read_cpus=read_cpus(data_cpus)).materialize()
+        if shuffle == "local":
+            ds = ds.randomize_block_order(seed=RandomSeedConfig(seed=seed, reseed_after_execution=True))
+    else:
+        ds = read_parquet_dataset(uri, columns, read_cpus=read_cpus(data_cpus),
+                                  shuffle_files_seed=seed if shuffle == "local" else None)
     if shuffle == "global":
         ds = ds.random_shuffle()  # no seed: a new order every epoch (every execution)
     return {TRAIN: ds}
@@ -111,5 +168,6 @@ def chunk_rows(batch_size: int, window_rows: int) -> int:
     return batch_size * max(1, -(-window_rows // batch_size))
 
 
-__all__ = ["TRAIN", "VAL", "SHUFFLES", "podium_data_context", "read_parquet_dataset", "builtin_datasets",
-           "user_datasets", "dataset_config", "steps_per_epoch", "chunk_rows", "read_cpus"]
+__all__ = ["TRAIN", "VAL", "SHUFFLES", "CACHES", "decoded_bytes", "caches", "podium_data_context",
+           "read_parquet_dataset", "builtin_datasets", "user_datasets", "dataset_config", "steps_per_epoch",
+           "chunk_rows", "read_cpus"]

@@ -37,7 +37,8 @@ def record_rows_per_epoch(config: dict[str, Any]) -> None:
         Path(config["out"], f"rank{rank}-epoch{epoch}.json").write_text(json.dumps({"ids": ids, "batches": batches}))
 
 
-def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, tmp_path):
+@pytest.mark.parametrize("cache", ["never", "always"])  # read each epoch; read once and kept in the object store
+def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, tmp_path, cache):
     for i, (start, stop) in enumerate([(0, 400), (400, 401), (401, 1001)]):  # three files, one of a single row
         ids = np.arange(start, stop)
         (tmp_path / "data").mkdir(exist_ok=True)
@@ -46,8 +47,9 @@ def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, 
     out = tmp_path / "seen"
     out.mkdir()
     config = {"train_data": str(tmp_path / "data"), "feature_columns": ["id"], "label_column": "label", "seed": 3,
-              "shuffle": "local", "shuffle_window_rows": 64, "batch_size": 16, "epochs": 2, "out": str(out)}
-    raytrain.fit(train_loop=record_rows_per_epoch, loop_config=config, run_name="rows-once",
+              "shuffle": "local", "shuffle_window_rows": 64, "batch_size": 16, "epochs": 2, "out": str(out),
+              "cache": cache}
+    raytrain.fit(train_loop=record_rows_per_epoch, loop_config=config, run_name=f"rows-once-{cache}",
                  storage=str(tmp_path / "storage"), num_workers=2, use_gpu=False, cpus_per_worker=1, callbacks=[],
                  datasets=builtin_datasets(config, data_cpus=1), data_cpus=1)
 
@@ -116,7 +118,7 @@ def test_validations_holding_every_cpu_of_theirs_do_not_stall_training(pipeline,
 
     assert ray.cluster_resources()["CPU"] == 5
     run_dir = os.path.join(locations["storage"], "held")
-    cfg = _config("held", dataset, locations, training={"epochs": 4},
+    cfg = _config("held", dataset, locations, training={"epochs": 4, "cache": "never"},  # read each epoch
                   validation={"fn": "test_ray_data:validate_once_training_is_done", "timeout_s": 600, "retries": 0,
                               "kwargs": {"run_dir": run_dir, "checkpoints": 4}})
     summary = pipeline(cfg, locations["tracking_uri"])

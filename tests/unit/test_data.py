@@ -172,3 +172,19 @@ def test_validation_batches_cover_every_row_once_and_stay_bounded(tmp_path):
 def test_synthetic_data_row_groups(tmp_path):
     train, _ = make_classification_data(str(tmp_path / "d"), train_rows=1000, val_rows=10, row_group_rows=256)
     assert pq.ParquetFile(train).metadata.num_row_groups == 4
+
+
+def test_the_training_data_is_kept_in_the_object_store_when_it_fits_in_a_quarter(tmp_path):
+    from podium.training.ingest import caches, decoded_bytes
+
+    rows = 10_000
+    pq.write_table(pa.table({"a": np.arange(rows, dtype=np.float64), "b": np.zeros(rows, dtype=np.float32),
+                             "label": np.zeros(rows, dtype=np.int64)}), tmp_path / "t.parquet", row_group_size=2500)
+    uri = str(tmp_path / "t.parquet")
+    size = decoded_bytes(uri, ["a", "label"])
+    assert rows * 16 <= size < rows * 16 * 1.1  # two 8-byte columns, plain-encoded; column b is not counted
+    assert caches("auto", uri, ["a", "label"], store_bytes=4 * size)
+    assert not caches("auto", uri, ["a", "label"], store_bytes=4 * size - 4)
+    assert caches("always", uri, ["a"], store_bytes=0) and not caches("never", uri, ["a"], store_bytes=1e12)
+    with pytest.raises(ValueError, match=r"training.cache = 'yes': expected one of \['never', 'auto', 'always'\]"):
+        caches("yes", uri, ["a"])
