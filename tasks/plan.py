@@ -34,6 +34,31 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_METRICS = {"val_loss", "val_accuracy", "loss", "accuracy"}
 
+# (location, label column, feature columns) -> the last inspection in this process and the digest of the
+# data it inspected: `podium run` plans before anything starts and its flow plans again, and the float
+# columns' scan for NaN reads every row; the second plan reads none when the files are the same
+_INSPECTED: dict[tuple[str, str, tuple[str, ...] | None], tuple[DatasetDigest, DatasetInfo]] = {}
+
+
+def inspect_once(uri: str, label_column: str, feature_columns: list[str] | None) -> tuple[DatasetInfo, DatasetDigest | None]:
+    """`inspect_dataset`, unless this process inspected the same files (same digest: listing and footers)
+    before; with the data's digest, or None where it has none."""
+    key = (uri, label_column, tuple(feature_columns) if feature_columns is not None else None)
+    seen = _INSPECTED.get(key)
+    digest = None
+    if seen is not None:
+        with contextlib.suppress(ValueError, OSError):
+            digest = dataset_digest(uri)
+        if digest is not None and digest.digest == seen[0].digest:
+            return seen[1], digest
+    info = inspect_dataset(uri, label_column, feature_columns)
+    if digest is None:
+        with contextlib.suppress(ValueError, OSError):
+            digest = dataset_digest(uri)
+    if digest is not None:
+        _INSPECTED[key] = (digest, info)
+    return info, digest
+
 
 class RunPlan(BaseModel):
     """A checked configuration plus the facts training and validation need; small, passed between tasks."""
@@ -98,17 +123,21 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
 
-    infos = {}
+    infos, digests = {}, {}
     for field, uri in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
         if not needs[field]:
             continue
         try:
-            infos[field] = inspect_dataset(normalize_location(uri), cfg.data.label_column, cfg.data.feature_columns)
+            infos[field], digest = inspect_once(normalize_location(uri), cfg.data.label_column,
+                                                cfg.data.feature_columns)
         except FileNotFoundError:
             errors.append(f"{field} = {uri!r}: no such file or directory")
         except (DataSchemaError, OSError) as exc:
             errors.append(f"{field}: {exc}")
-    data = describe_data(cfg, needs, errors)
+        else:
+            if digest is not None:
+                digests[field.removeprefix("data.")] = digest
+    data = describe_data(cfg, needs, errors, digests)
     warnings: list[str] = []
     if not errors and len(infos) == 2:
         check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
@@ -224,13 +253,18 @@ def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop
             "validation=ray.train.ValidationTaskConfig(fn_kwargs={...}))"]
 
 
-def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str]) -> dict[str, DatasetDigest]:
+def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str],
+                  known: dict[str, DatasetDigest] | None = None) -> dict[str, DatasetDigest]:
     """The digests of data.train and data.val (their listings and Parquet footers, no rows), for the
-    same-data gate and lineage. Data podium reads itself must be Parquet (`errors` says why not); data only
-    your own loop reads may be anything: without a digest, promotion compares the numbers as stored."""
+    same-data gate and lineage; those in `known` (by role) were just taken. Data podium reads itself must
+    be Parquet (`errors` says why not); data only your own loop reads may be anything: without a digest,
+    promotion compares the numbers as stored."""
     data: dict[str, DatasetDigest] = {}
     for role, uri in (("train", cfg.data.train), ("val", cfg.data.val)):
         if not uri or any(e.startswith(f"data.{role}") for e in errors):
+            continue
+        if known and role in known:
+            data[role] = known[role]
             continue
         try:
             data[role] = dataset_digest(uri)

@@ -219,3 +219,26 @@ def test_shuffle_and_data_cpus_are_checked():
         build_config({"training": {"shuffle": "sorted"}})
     with pytest.raises(ConfigError, match=re.escape("scaling.data_cpus = 0")):
         build_config({"scaling": {"data_cpus": 0}})
+
+
+def test_planning_the_same_files_again_reads_no_rows(make_config, demo_data, monkeypatch):
+    """`podium run` plans before anything starts and its flow plans again: the second plan reuses the first
+    one's inspection (the NaN scan reads every float value) while the files' digest is the same."""
+    import pyarrow.parquet as pq
+
+    import podium.tasks.plan as plan_module
+
+    inspected: list[str] = []
+    real = plan_module.inspect_dataset
+
+    def counted(uri: str, *args: Any) -> Any:
+        inspected.append(uri)
+        return real(uri, *args)
+
+    monkeypatch.setattr(plan_module, "inspect_dataset", counted)
+    config = make_config()
+    assert plan_run(config) == plan_run(config)
+    assert sorted(inspected) == sorted(demo_data), "each dataset inspected once"
+    pq.write_table(pq.read_table(demo_data[0]).slice(0, 30), demo_data[0])  # the same path, other data
+    assert plan_run(config).loop_config["train_rows"] == 30
+    assert inspected.count(demo_data[0]) == 2
