@@ -399,7 +399,9 @@ def summarize(variant: str, scale: str, data: tuple[Path, Path], epochs: int, ru
     out = {"variant": variant, "scale": scale, "epochs": epochs, "runs": runs, "train_bytes": size_of(data[0]),
            "val_bytes": size_of(data[1]), "wall_s": median("wall_s"), "epoch_s": median("epoch_s"),
            "first_epoch_s": median("first_epoch_s"),
-           **{k: [max(v) for v in zip(*(sorted(r.get(k, [])) for r in runs))]
+           # each run lists its workers in the order of their peak RSS (peaks_mb): the n-th of each key is
+           # the same worker's, and the n-th largest of the runs
+           **{k: [max(v) for v in zip(*(r.get(k, []) for r in runs))]
               for k in ("train_rss_mb", "train_private_mb", "train_shared_mb")},
            **{k: max(r.get(k, float("nan")) for r in runs) for k in ("val_private_mb", "val_private_before_mb")},
            "data_rss_mb": [max((m for r in runs for m in r["data_rss_mb"]), default=0.0)] if any(

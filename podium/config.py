@@ -113,9 +113,9 @@ class TrainingConfig(_Strict):
         65536, ge=1, description="Rows each worker takes from Ray Data at once and shuffles ('local' shuffle).")
     cache: Literal["never", "auto", "always"] = Field(
         "never", description="'never': read the training data anew each epoch, streaming. 'always': read it "
-        "once into Ray's object store (Dataset.materialize()), so that later epochs read nothing from storage; "
-        "'auto': that when its columns, decoded, take at most a quarter of the object store (the Parquet "
-        "footers tell).")
+        "once into Ray's object store (Dataset.materialize()) before training, so that epochs read nothing from "
+        "storage (what does not fit spills to disk); 'auto': that when its columns, decoded, take at most a "
+        "quarter of the object store (the Parquet footers tell).")
     torch_threads: int = Field(1, ge=1, description="torch threads per training/validation process.")
     standardize: bool = Field(True, description="Standardise every feature with the training data's mean and "
                               "standard deviation (built-in loop); kept in the checkpoint and the served model.")

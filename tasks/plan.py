@@ -42,19 +42,19 @@ _INSPECTED: dict[tuple[str, str, tuple[str, ...] | None], tuple[DatasetDigest, D
 
 def inspect_once(uri: str, label_column: str, feature_columns: list[str] | None) -> tuple[DatasetInfo, DatasetDigest | None]:
     """`inspect_dataset`, unless this process inspected the same files (same digest: listing and footers)
-    before; with the data's digest, or None where it has none."""
+    before; with the data's digest, or None where it has none.
+
+    The digest is taken before the scan, so files rewritten during it do not match what is kept. A location
+    that cannot be read gets no digest here and fails in `inspect_dataset`, with its usual message."""
     key = (uri, label_column, tuple(feature_columns) if feature_columns is not None else None)
-    seen = _INSPECTED.get(key)
     digest = None
-    if seen is not None:
-        with contextlib.suppress(ValueError, OSError):
-            digest = dataset_digest(uri)
-        if digest is not None and digest.digest == seen[0].digest:
-            return seen[1], digest
+    with contextlib.suppress(Exception):
+        check_location(uri, write=False)  # an unreachable endpoint fails at once, before the digest's retries
+        digest = dataset_digest(uri)
+    seen = _INSPECTED.get(key)
+    if digest is not None and seen is not None and seen[0].digest == digest.digest:
+        return seen[1], digest
     info = inspect_dataset(uri, label_column, feature_columns)
-    if digest is None:
-        with contextlib.suppress(ValueError, OSError):
-            digest = dataset_digest(uri)
     if digest is not None:
         _INSPECTED[key] = (digest, info)
     return info, digest

@@ -13,6 +13,7 @@ is made. Nothing here imports torch (the tasks layer builds the datasets).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from podium.storage.locations import arrow_filesystem
 if TYPE_CHECKING:
     import ray.data
     import ray.train
+
+logger = logging.getLogger(__name__)
 
 TRAIN, VAL = "train", "val"
 SHUFFLES = ("none", "local", "global")
@@ -71,22 +74,29 @@ def read_cpus(data_cpus: float) -> float:
 
 
 def decoded_bytes(uri: str, columns: list[str]) -> int:
-    """Bytes that `columns` of the Parquet data at `uri` take decoded, from the files' footers (no rows read):
-    rows x width for a fixed-width column, the size of its pages before compression for others."""
-    from podium.training.data import open_dataset
+    """Bytes that `columns` of the Parquet data at `uri` take decoded, from the files' footers (no rows read,
+    several footers at once): rows x width for a fixed-width column, the size of its pages before
+    compression for others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from podium.training.data import FOOTER_READERS, open_dataset
 
     dataset = open_dataset(uri)
     width = {name: _fixed_width(dataset.schema.field(name).type) for name in columns}
-    total = 0
-    for fragment in dataset.get_fragments():
-        meta = fragment.metadata  # type: ignore[attr-defined]  # a Parquet fragment: the footer, read once
+
+    def of_file(fragment: Any) -> int:
+        meta, total = fragment.metadata, 0  # a Parquet fragment: the footer, one read
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
             for c in range(group.num_columns):
                 name = group.column(c).path_in_schema
                 if name in width:
-                    total += width[name] * group.num_rows or group.column(c).total_uncompressed_size
-    return total
+                    total += (width[name] * group.num_rows) or group.column(c).total_uncompressed_size
+        return total
+
+    fragments = list(dataset.get_fragments())
+    with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_READERS, len(fragments)))) as pool:
+        return sum(pool.map(of_file, fragments))
 
 
 def _fixed_width(t: Any) -> int:
@@ -98,18 +108,23 @@ def _fixed_width(t: Any) -> int:
 
 
 def caches(cache: str, uri: str, columns: list[str], store_bytes: float | None = None) -> bool:
-    """Whether the training data is kept in the object store (`cache`: auto, always or never). "auto":
+    """Whether the training data is kept in the object store (`cache`: never, auto or always). "auto":
     when it takes, decoded, at most CACHE_SHARE of the object store (`store_bytes`, by default this Ray
-    cluster's)."""
+    cluster's); where either cannot be known, it is not kept (a warning says why)."""
     if cache not in CACHES:
         raise ValueError(f"training.cache = {cache!r}: expected one of {list(CACHES)}")
     if cache != "auto":
         return cache == "always"
-    if store_bytes is None:
-        import ray
+    try:
+        if store_bytes is None:
+            import ray
 
-        store_bytes = float(ray.cluster_resources().get("object_store_memory", 0.0))
-    return decoded_bytes(uri, columns) <= CACHE_SHARE * store_bytes
+            store_bytes = float(ray.cluster_resources().get("object_store_memory", 0.0))
+        return decoded_bytes(uri, columns) <= CACHE_SHARE * store_bytes
+    except Exception as exc:  # Ray not started, footers unreadable: read each epoch, as with "never"
+        logger.warning("training.cache = auto: the data is read each epoch (its size or the object store's is "
+                       "unknown: %s)", exc)
+        return False
 
 
 def builtin_datasets(loop_config: dict[str, Any], data_cpus: float) -> dict[str, ray.data.Dataset]:
@@ -117,7 +132,10 @@ def builtin_datasets(loop_config: dict[str, Any], data_cpus: float) -> dict[str,
 
     Data that `caches` is read once, here (`Dataset.materialize()`, as Ray Train's guides advise for data
     that fits in the object store): the epochs then read the blocks from the object store, and a `local`
-    shuffle takes them in a new order each epoch. Other data is read anew each epoch, streaming."""
+    shuffle takes them in a new order each epoch. That read happens in this process, before training: a
+    failure there is not one of Ray Train's worker failures (`scaling.max_failures`), and a `global`
+    shuffle makes a second copy each epoch beside the cached one. Other data is read anew each epoch,
+    streaming."""
     from ray.data import RandomSeedConfig
 
     shuffle = loop_config.get("shuffle", "local")

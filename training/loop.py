@@ -101,7 +101,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Train the built-in MLP; `config` is PipelineConfig's training section plus data facts.
 
     Keys: train_data, train_rows, label_column, feature_columns, num_classes, epochs, batch_size,
-    learning_rate, hidden_size, checkpoint_every_steps, seed, shuffle, shuffle_window_rows,
+    learning_rate, hidden_size, checkpoint_every_steps, seed, shuffle, shuffle_window_rows, cache,
     torch_threads, standardize and feature_stats (the training data's statistics: podium computes
     them once, before training, and saves them with the run; a loop started without them computes
     them itself).

@@ -188,3 +188,4 @@ def test_the_training_data_is_kept_in_the_object_store_when_it_fits_in_a_quarter
     assert caches("always", uri, ["a"], store_bytes=0) and not caches("never", uri, ["a"], store_bytes=1e12)
     with pytest.raises(ValueError, match=r"training.cache = 'yes': expected one of \['never', 'auto', 'always'\]"):
         caches("yes", uri, ["a"])
+    assert not caches("auto", str(tmp_path / "gone.parquet"), ["a"], store_bytes=1e12)  # unknown size: not kept
