@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 
 from podium.storage.locations import arrow_filesystem, fsspec_filesystem, is_remote, join
 from podium.storage.preflight import check_location
+
+T = TypeVar("T")
 
 
 class DataSchemaError(ValueError):
@@ -171,6 +173,12 @@ def _check_columns(uri: str, schema: pa.Schema, label_column: str,
 FOOTER_READERS = 8  # footers read at once: on S3 each is a round trip
 
 
+def map_fragments(fn: Callable[[pads.ParquetFileFragment], T], fragments: list[Any]) -> list[T]:
+    """`fn` over each file of a dataset, FOOTER_READERS files at a time (each reads its footer: on S3, a round trip)."""
+    with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_READERS, len(fragments)))) as pool:
+        return list(pool.map(fn, fragments))
+
+
 def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | None) -> DatasetInfo:
     """Check the schema (label integer, features numeric), count rows and classes; raise naming the column.
 
@@ -184,8 +192,7 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
     ds = open_dataset(uri)
     features, types = _check_columns(uri, ds.schema, label_column, feature_columns)
     fragments = list(ds.get_fragments())
-    with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_READERS, len(fragments)))) as pool:
-        parts = list(pool.map(lambda f: _label_summary(f, label_column), fragments))
+    parts = map_fragments(lambda f: _label_summary(f, label_column), fragments)
     total = _LabelSummary()
     for part in parts:
         total.add(part.rows, part.nulls, part.low, part.high)

@@ -77,9 +77,7 @@ def decoded_bytes(uri: str, columns: list[str]) -> int:
     """Bytes that `columns` of the Parquet data at `uri` take decoded, from the files' footers (no rows read,
     several footers at once): rows x width for a fixed-width column, the size of its pages before
     compression for others."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from podium.training.data import FOOTER_READERS, open_dataset
+    from podium.training.data import map_fragments, open_dataset
 
     dataset = open_dataset(uri)
     width = {name: _fixed_width(dataset.schema.field(name).type) for name in columns}
@@ -94,9 +92,7 @@ def decoded_bytes(uri: str, columns: list[str]) -> int:
                     total += (width[name] * group.num_rows) or group.column(c).total_uncompressed_size
         return total
 
-    fragments = list(dataset.get_fragments())
-    with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_READERS, len(fragments)))) as pool:
-        return sum(pool.map(of_file, fragments))
+    return sum(map_fragments(of_file, list(dataset.get_fragments())))
 
 
 def _fixed_width(t: Any) -> int:
