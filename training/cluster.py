@@ -29,6 +29,13 @@ from podium.storage.s3 import s3_environment
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 DEFAULT_POLL_INTERVAL_S = "0.25"
 
+# Validation tasks (and their warm-up) run in worker processes of their own. Ray pools idle workers by
+# runtime env, and a task's env_vars are merged onto the job's (every other field is inherited), so this one
+# variable gives validation a pool apart: a prewarmed validation worker is never taken for a Ray Train
+# worker or a Ray Data task, and a validation never runs in a process that held Ray Data's blocks (its
+# memory is its own, and data reads never share its process's CPU time).
+VALIDATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"PODIUM_WORKER_POOL": "validation"}}
+
 # Third-party packages that `ray.init` and the first task submission import lazily (ray 2.60; measured by
 # tests/integration/test_startup.py). `start_early` imports them in the calling thread first: a package
 # initialised by two threads at once can fail with "deadlock detected by _ModuleLock" (CPython 3.11), and
@@ -117,7 +124,8 @@ def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num
     compete with the start of training for CPU.
     """
     task = ray.remote(_warm_up).options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None,
-                                        name="podium-validate-warmup", max_retries=0)
+                                        name="podium-validate-warmup", max_retries=0,
+                                        runtime_env=VALIDATION_RUNTIME_ENV)
     # several warm-ups hold their worker a moment, so that each lands in a process of its own; a single
     # one returns at once, freeing its CPU for the first validation
     hold_s = 0.5 if count > 1 else 0.0

@@ -165,8 +165,11 @@ def validate_remote(
     `user` may be an ObjectRef (see keep_arguments): Ray resolves it in the task."""
     import ray  # the calling convention above is read before training, without Ray
 
+    from podium.training.cluster import VALIDATION_RUNTIME_ENV
+
     task = ray.remote(call_validation).options(
         num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,
+        runtime_env=VALIDATION_RUNTIME_ENV,
         name=f"podium-validate:{os.path.basename(checkpoint_uri)}",
     )
     if _STOPPING.is_set():

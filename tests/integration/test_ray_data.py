@@ -27,6 +27,11 @@ from podium.training.validate import validate_checkpoint
 pytestmark = pytest.mark.integration
 
 
+def worker_process(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    """A validation function that reports which process ran it."""
+    return {"pid": os.getpid()}
+
+
 def record_rows_per_epoch(config: dict[str, Any]) -> None:
     """A train loop that iterates the built-in loop's batches and writes down which rows it saw."""
     rank = ray.train.get_context().get_world_rank()
@@ -35,6 +40,23 @@ def record_rows_per_epoch(config: dict[str, Any]) -> None:
         ids = [int(v) for xb, _ in minibatches(shard, config, epoch, rank) for v in xb[:, 0].tolist()]
         batches = -(-len(ids) // config["batch_size"])
         Path(config["out"], f"rank{rank}-epoch{epoch}.json").write_text(json.dumps({"ids": ids, "batches": batches}))
+
+
+def test_validations_run_in_worker_processes_ray_data_never_uses(ray_cluster, tmp_path):
+    """Ray reuses idle worker processes. Without a pool of their own, the prewarmed validation workers
+    would run Ray Data's read tasks and the validations would then run in processes holding Ray Data's
+    memory (and, under a CPU split, a Ray Train worker could land in one)."""
+    from podium.training.cluster import prewarm_validation_workers
+    from podium.training.validation_call import validate_remote
+
+    fn = "test_ray_data:worker_process"
+    ray.get(prewarm_validation_workers(fn, 2, num_cpus=1, num_gpus=0, resources={}))
+    data = ray.data.range(64, override_num_blocks=16).map_batches(
+        lambda b: {"pid": np.full(len(b["id"]), os.getpid())}, num_cpus=0.25)
+    data_pids = {int(p) for p in data.to_pandas()["pid"]}
+    validation_pids = {int(validate_remote(fn, str(tmp_path), {}, {}, num_cpus=1, num_gpus=0, resources={},
+                                           timeout_s=120).metrics["pid"]) for _ in range(4)}
+    assert validation_pids and not validation_pids & data_pids
 
 
 @pytest.mark.parametrize("cache", ["never", "always"])  # read each epoch; read once and kept in the object store
