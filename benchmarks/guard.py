@@ -88,6 +88,7 @@ class Window:
     load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     foreign_ticks: dict[str, int] = field(default_factory=dict)  # "comm[pid]" -> CPU ticks
+    our_ticks: dict[str, int] = field(default_factory=dict)  # the benchmark's own processes, the same way
     violations: list[str] = field(default_factory=list)
     samples: int = 0
     pins: list[dict[str, Any]] = field(default_factory=list)
@@ -110,13 +111,17 @@ class Window:
 
     def top_foreign(self, n: int = 3) -> str:
         """The busiest other processes, for a reason line."""
-        top = sorted(self.foreign_ticks.items(), key=lambda kv: -kv[1])[:n]
-        return ", ".join(f"{name} {ticks / TICK:.1f} CPU-s" for name, ticks in top if ticks) or "none"
+        return _top(self.foreign_ticks, n)
+
+    def top_ours(self, n: int = 8) -> str:
+        """The benchmark's own busiest processes (where the CPU went, for a closer look)."""
+        return _top(self.our_ticks, n)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (summaries.json)."""
         return {"seconds": round(self.seconds, 1), "foreign_cores": round(self.foreign_cores, 3),
-                "top_foreign": self.top_foreign(), "load_before": self.load_before, "load_after": self.load_after,
+                "top_foreign": self.top_foreign(), "top_ours": self.top_ours(),
+                "load_before": self.load_before, "load_after": self.load_after,
                 "violations": self.violations[:10], "samples": self.samples, "pins": self.pins}
 
 
@@ -197,7 +202,7 @@ class Monitor:
             current: dict[tuple[int, int], int] = {}
             for p in procs.values():
                 key = (p.pid, p.start)
-                if p.kernel or key in self._ours:
+                if p.kernel:
                     continue
                 current[key] = p.cpu
                 if key in self._last:
@@ -208,7 +213,8 @@ class Monitor:
                     delta = 0  # first sight of a process older than the window: the baseline
                 if delta > 0:
                     name = f"{p.comm}[{p.pid}]"
-                    w.foreign_ticks[name] = w.foreign_ticks.get(name, 0) + delta
+                    ticks = w.our_ticks if key in self._ours else w.foreign_ticks
+                    ticks[name] = ticks.get(name, 0) + delta
             self._last = current
             if w.pin_log and self.split.enabled:
                 self._check_affinity(w, ours)
@@ -250,6 +256,11 @@ class Monitor:
                                             f"(cores {sorted(cpus)})")
                     self._suspects.add(pid)
                     break
+
+
+def _top(ticks: dict[str, int], n: int) -> str:
+    top = sorted(ticks.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {t / TICK:.1f} CPU-s" for name, t in top if t) or "none"
 
 
 def _comm(pid: int) -> str:

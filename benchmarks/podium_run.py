@@ -71,6 +71,20 @@ def start_server(home: str) -> tuple[str, float]:
     return url, time.time() - t
 
 
+def settle(pid: int | None, max_cores: float = 0.05, every_s: float = 2.0, timeout_s: float = 60.0) -> float:
+    """Wait until process `pid` uses at most `max_cores` over `every_s` (a server just started finishes its
+    own start-up work in the background); returns the seconds waited."""
+    t0 = time.time()
+    last = cpu_seconds(pid)
+    while last is not None and time.time() - t0 < timeout_s:
+        time.sleep(every_s)
+        now = cpu_seconds(pid)
+        if now is None or now - last <= max_cores * every_s:
+            break
+        last = now
+    return time.time() - t0
+
+
 def stop_server(home: str) -> None:
     """`podium server stop` under `home` (only the server this home started)."""
     subprocess.run([PODIUM, "server", "stop"], env=podium_env(home), capture_output=True, timeout=60)

@@ -7,14 +7,16 @@ of running the job validate with the very same code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,15 @@ def feature_columns(workload: Workload) -> list[str]:
     return [f"f{i:02d}" for i in range(workload.features)]
 
 
+# The training data is read once into Ray's object store in every way (podium's `training.cache`, which
+# `auto` would choose for data this size): otherwise Ray Data's read tasks run each epoch outside the pinned
+# train worker, on the validation's core, and the costly validation no longer costs what calibration says.
+TRAINING_CACHE = "always"
+# and no feature standardisation, in every way: podium's default computes the statistics in one Ray Data
+# pass at the start of training, which a bare TorchTrainer of this job does not do (the data is generated
+# on one scale), so the ways train the same job
+
+
 def loop_config(workload: Workload, train: str, val: str) -> dict[str, Any]:
     """The config dict podium's plan_run hands the built-in loop, built for the same job."""
     return {
@@ -84,7 +95,8 @@ def loop_config(workload: Workload, train: str, val: str) -> dict[str, Any]:
         "hidden_size": workload.hidden_size, "checkpoint_every_steps": workload.checkpoint_every_steps,
         "seed": 0, "torch_threads": 1, "train_data": train, "train_rows": workload.train_rows, "val_data": val,
         "label_column": "label",
-        "feature_columns": feature_columns(workload), "num_classes": workload.classes,
+        "feature_columns": feature_columns(workload), "num_classes": workload.classes, "cache": TRAINING_CACHE,
+        "standardize": False,
     }
 
 
@@ -107,7 +119,8 @@ def podium_config(workload: Workload, *, run_name: str, train: str, val: str, st
         "data": {"train": train, "val": val},
         "training": {"epochs": workload.epochs, "batch_size": workload.batch_size,
                      "learning_rate": workload.learning_rate, "hidden_size": workload.hidden_size,
-                     "checkpoint_every_steps": workload.checkpoint_every_steps, "torch_threads": 1},
+                     "checkpoint_every_steps": workload.checkpoint_every_steps, "torch_threads": 1,
+                     "cache": TRAINING_CACHE, "standardize": False},
         "scaling": {"num_workers": 1, "cpus_per_worker": 1},
         "validation": {"fn": VALIDATE_FN, "kwargs": kwargs, "concurrency": concurrency, "num_cpus": 1,
                        "retries": 0, "timeout_s": 3600},
@@ -181,11 +194,17 @@ class FileSink:
         append_jsonl(self.path, {"kind": "persisted", **event.to_dict()})
 
 
-def calibrate(workload: Workload, train: str, val: str, cpus: set[int] | None = None) -> Workload:
+def calibrate(workload: Workload, train: str, val: str, cpus: set[int] | None = None,
+              other: set[int] | None = None) -> Workload:
     """Measure here, on `cpus` (the training core) with one torch thread: an epoch, twice (the two must
     agree for the calibration to be trusted), and one validation pass. Set `repeat` (unless given) so
     that a validation costs about `val_cost_epochs` epochs, then time one whole validation
-    (`validate_repeated` on a real checkpoint: loading included), which is what every way is checked against."""
+    (`validate_repeated` on a real checkpoint: loading included), which is what every way is checked against.
+
+    With `other` (the validation's cores) that validation is timed where the ways run it: on `other`, while
+    a training loop of the same shape runs on `cpus`. Two busy cores slow each other (shared caches and
+    memory), so a validation next to training costs more than one alone; `validation_alone_s` keeps the
+    latter."""
     before = os.sched_getaffinity(0) if cpus else None
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -222,15 +241,60 @@ def calibrate(workload: Workload, train: str, val: str, cpus: set[int] | None = 
             meta = CheckpointMeta(model=spec, epoch=1, step=1, metrics={}, config={}, feature_columns=cols,
                                   label_column="label")
             save_checkpoint(d, model, None, meta)
-            t = time.perf_counter()
-            validate_repeated(ray.train.Checkpoint.from_directory(d), **validate_kwargs(workload, val, None))
-            validation_s = time.perf_counter() - t
+            checkpoint = ray.train.Checkpoint.from_directory(d)
+            validate_repeated(checkpoint, **{**validate_kwargs(workload, val, None), "repeat": 1})  # warm: files, torch
+            alone_s = _timed(lambda: validate_repeated(checkpoint, **validate_kwargs(workload, val, None)))
+            validation_s = alone_s
+            if cpus and other:
+                os.sched_setaffinity(0, other)
+                with training_load(workload, cpus):
+                    validation_s = _timed(lambda: validate_repeated(checkpoint, **validate_kwargs(workload, val, None)))
     finally:
         if before:
             os.sched_setaffinity(0, before)
     workload.calibration = {"epoch_s": round(epoch_s, 3), "epoch_spread": round(max(epochs) / min(epochs) - 1, 3),
-                            "val_pass_s": round(pass_s, 4), "validation_s": round(validation_s, 3)}
+                            "val_pass_s": round(pass_s, 4), "validation_s": round(validation_s, 3),
+                            "validation_alone_s": round(alone_s, 3)}
     return workload
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# a training loop of the job's shape on random data, until stopped (the load of calibrate's second timing)
+_LOAD = """
+import os, sys, torch
+os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
+torch.set_num_threads(1)
+f, h, k, b = (int(v) for v in sys.argv[2:6])
+m = torch.nn.Sequential(torch.nn.Linear(f, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, k))
+opt = torch.optim.Adam(m.parameters())
+x, y = torch.randn(b * 64, f), torch.randint(0, k, (b * 64,))
+print("busy", flush=True)
+while True:
+    for i in range(64):
+        loss = torch.nn.functional.cross_entropy(m(x[i * b:(i + 1) * b]), y[i * b:(i + 1) * b])
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+"""
+
+
+@contextlib.contextmanager
+def training_load(workload: Workload, cpus: set[int]) -> Iterator[None]:
+    """A process training on `cpus` for the duration of the block."""
+    proc = subprocess.Popen([sys.executable, "-c", _LOAD, ",".join(map(str, sorted(cpus))), str(workload.features),
+                             str(workload.hidden_size), str(workload.classes), str(workload.batch_size)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "busy": torch imported, training
+        time.sleep(0.5)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def uploaded_at(checkpoint_dir: str | None) -> float | None:

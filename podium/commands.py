@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import os
@@ -143,6 +145,10 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
         began = time.monotonic()
         import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
 
+        # promotion exports the model with torch.export, whose first call imports about a second of modules
+        # (dynamo, sympy); imported here they overlap Ray's start instead of delaying the promotion
+        with contextlib.suppress(ImportError):
+            importlib.import_module("torch.export._trace")
         clock.record("import_torch", began)
         ray_start.wait()  # Ray Train may load from here on (see podium.training.cluster.start_early)
         clock.record("ray", ray_start.started, ray_start.ended)

@@ -111,6 +111,7 @@ def test_the_monitor_counts_other_processes_not_ours(tmp_path):
     names = set(w.foreign_ticks)
     assert any(name.endswith(f"[{foreign}]") for name in names), names
     assert not any(name.endswith(f"[{ours.pid}]") for name in names)
+    assert any(name.endswith(f"[{ours.pid}]") for name in w.our_ticks), w.our_ticks  # shown apart, for a closer look
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
