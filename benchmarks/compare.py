@@ -212,7 +212,8 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
     machine = machine_description()
     w = workload
     cal = w.calibration
-    cmd = "python benchmarks/compare.py" + (" --quick" if args.quick else "") + f" --repeats {args.repeats}"
+    cmd = ("python benchmarks/compare.py" + (" --quick" if args.quick else "") + f" --repeats {args.repeats}"
+           + (f" --variants {args.variants}" if args.variants else "") + (" --check" if args.check else ""))
     lines = [
         "## Training with per-checkpoint validation, several ways (`benchmarks/compare.py`)", "",
         f"Command: `{cmd}` (from the repository root, venv active). Measured {time.strftime('%Y-%m-%d %H:%M %Z')}, "
