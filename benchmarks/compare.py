@@ -238,8 +238,8 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
         "torch uses 1 thread everywhere; Ray Train's controller polls every 0.25 s in all ways.", "",
         "Preconditions of every attempt (`benchmarks/guard.py`): other processes used at most "
         f"{args.max_foreign_cpu:.2f} cores on average, before (a 3 s probe, waited for up to {args.quiet_wait:.0f} s) "
-        "and during the way; the train worker pinned itself to its core and no other process of the benchmark was "
-        "allowed there; in (b), (c), (d) the validation's p50 within 0.67–1.5× of the calibrated one; every "
+        "and during the way; the train worker pinned itself to its core and, while it lived, no other process of the "
+        "benchmark stayed allowed there; in (b), (c), (d) the validation's p50 within 0.67–1.5× of the calibrated one; every "
         "checkpoint recorded (and validated). A failed attempt was rerun once, then reported not measured.", "",
         report.table(results), "",
     ]

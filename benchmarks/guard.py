@@ -8,8 +8,10 @@
 - **foreign CPU**: the CPU time every other user-space process used (kernel threads are left out: most of
   their work here is our own I/O). That is the "no other heavy process on the machine" precondition,
   measured rather than inferred from the load average, which counts the benchmark itself;
-- **affinity**, during a way with pinning: every thread of a pinned train worker (see benchmarks.pinning)
-  must be on the training core, and no other process of ours may be allowed on it.
+- **affinity**, during a way with pinning: once a train worker has pinned itself (see benchmarks.pinning),
+  every other process of ours is moved off the training core, and checked: every thread of the train
+  worker must be on the training core, and no other process of ours may stay allowed on it. When no pinned
+  train worker is alive any more, every process of ours gets every core back.
 
 `check_attempt` turns what a way produced plus what the monitor saw into the reasons it is not a
 measurement (none: it is one).
@@ -136,6 +138,7 @@ class Monitor:
         self._window: Window | None = None
         self._window_ticks = 0.0
         self._suspects: set[int] = set()
+        self._moved = False  # other processes of ours were moved off the training core (a train worker is pinned)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
@@ -165,6 +168,10 @@ class Monitor:
             self._sample()
             with self._lock:
                 self._window = None
+                if self._moved:  # a way that ended with its train worker still pinned: give the cores back
+                    for pid in self._update_ours(scan()):
+                        _set_threads(pid, self.split.all)
+                    self._moved = False
             w.end, w.load_after = time.time(), load_average()
             if pin_log:
                 w.pins = read_pins(pin_log)
@@ -235,7 +242,16 @@ class Monitor:
         return sorted(seen)
 
     def _check_affinity(self, w: Window, ours: list[int]) -> None:
-        train = {r["pid"] for r in read_pins(w.pin_log or "")}
+        """While a train worker that pinned itself is alive, keep every other process of ours off the training
+        core (move it, then check it moved); once none is alive, give them every core back."""
+        pins = {r["pid"] for r in read_pins(w.pin_log or "")}
+        train = {pid for pid in pins if pid in ours}
+        if not train:
+            if self._moved:  # training is over: the machine is whole again
+                for pid in ours:
+                    _set_threads(pid, self.split.all)
+                self._moved = False
+            return
         for pid in ours:
             try:
                 tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -250,12 +266,27 @@ class Monitor:
                     if cpus != self.split.train:
                         w.violations.append(f"train worker {pid} thread {tid} allowed on cores {sorted(cpus)}")
                 elif cpus & self.split.train:
-                    # a train worker pins itself and then logs it: only a second sighting is a violation
+                    _set_threads(pid, self.split.other)
+                    self._moved = True
+                    # it may have been moved just now; a process still allowed there at the next sample is a violation
                     if pid in self._suspects:
                         w.violations.append(f"process {pid} ({_comm(pid)}) allowed on the training core "
                                             f"(cores {sorted(cpus)})")
                     self._suspects.add(pid)
                     break
+
+
+def _set_threads(pid: int, cpus: set[int]) -> None:
+    """Move every thread of process `pid` to `cpus` (threads and processes that ended meanwhile are skipped)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass
 
 
 def _top(ticks: dict[str, int], n: int) -> str:

@@ -1,8 +1,11 @@
 """Training on a core of its own, pinned from inside the process that trains.
 
-`CoreSplit` is used as `with split:` around one way of running the job. On entry this process's CPU
-affinity becomes the "other" cores, so every process it starts (Ray's GCS and raylet, the workers, the
-Prefect server, `podium run`) inherits them. The Ray Train worker moves itself onto the training core:
+`CoreSplit` is used as `with split:` around one way of running the job. Until training starts every
+process has every core (start-up runs on the whole machine, as it does for a user). The Ray Train worker
+moves itself onto the training core when it is constructed; from then on, while it lives,
+`benchmarks.guard.Monitor` moves every other process of the benchmark (Ray's GCS and raylet, the other
+workers, the Prefect server, `podium run`, the harness itself) onto the other cores, and gives them every
+core back once training is over. How the train worker pins itself:
 
 - `env()` sets `RAY_RUNTIME_ENV_HOOK` for the way's process. Ray applies that hook to the runtime env of
   every `ray.init` (ray/_private/worker.py `_maybe_modify_runtime_env`), podium's included, and the hook
@@ -52,8 +55,8 @@ class CoreSplit:
         """How the cores were shared, for BENCHMARKS.md."""
         if not self.enabled:
             return "no pinning"
-        return (f"Ray Train worker processes on core {sorted(self.train)}, everything else on core(s) "
-                f"{sorted(self.other)}")
+        return (f"while a Ray Train worker runs, it has core {sorted(self.train)} and everything else core(s) "
+                f"{sorted(self.other)}; before and after training, every process has every core")
 
     def env(self, pin_log: str) -> dict[str, str]:
         """Environment variables for a way's process: the Ray hook and where pins are recorded."""
@@ -63,8 +66,8 @@ class CoreSplit:
                 LOG_ENV: pin_log}
 
     def __enter__(self) -> CoreSplit:
-        if self.enabled:  # every thread of the harness (its monitor thread too), not only the calling one
-            set_process_affinity(self.other)
+        if self.enabled:  # the whole machine until training starts (the monitor splits it then)
+            set_process_affinity(self.all)
         return self
 
     def __exit__(self, *exc: Any) -> None:

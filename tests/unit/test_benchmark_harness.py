@@ -3,6 +3,7 @@ of the repeats (benchmarks/guard.py, benchmarks/report.py, benchmarks/pinning.py
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -115,14 +116,28 @@ def test_the_monitor_counts_other_processes_not_ours(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_the_monitor_reports_a_process_of_ours_on_the_training_core(tmp_path):
+def test_while_a_train_worker_is_pinned_every_other_process_of_ours_is_kept_off_its_core(tmp_path):
+    """Start-up has the whole machine; once the train worker pinned itself, the monitor moves the rest of the
+    benchmark off its core; when it is gone, every core comes back."""
     split = CoreSplit()
-    train = sorted(split.train)[0]
-    stray = subprocess.Popen([sys.executable, "-c",
-                              f"import os, time; os.sched_setaffinity(0, {{{train}}}); time.sleep(3)"])
     pins = tmp_path / "pins.jsonl"
     pins.write_text("")
-    with Monitor(split, every_s=0.2) as monitor, split, monitor.window(str(pins)) as w:
-        time.sleep(1.5)
-    stray.wait()
-    assert any(f"process {stray.pid}" in v for v in w.violations), w.violations
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(6)"])
+    seen = {}
+    with Monitor(split, every_s=0.1) as monitor, split, monitor.window(str(pins)) as w:
+        time.sleep(0.5)
+        seen["before"] = os.sched_getaffinity(other.pid)
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+        os.sched_setaffinity(worker.pid, split.train)  # what benchmarks.pinning does inside the train worker
+        pins.write_text(json.dumps({"pid": worker.pid, "t": time.time(), "threads": 1, "cpus": sorted(split.train)}) + "\n")
+        time.sleep(1.0)
+        seen["training"] = os.sched_getaffinity(other.pid)
+        seen["harness"] = os.sched_getaffinity(0)
+        worker.wait()
+        time.sleep(1.0)
+        seen["after"] = os.sched_getaffinity(other.pid)
+    other.kill()
+    other.wait()
+    assert seen["before"] == split.all and seen["after"] == split.all, seen
+    assert seen["training"] == split.other and seen["harness"] == split.other, seen
+    assert w.violations == [], w.violations
