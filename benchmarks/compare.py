@@ -138,13 +138,12 @@ class Runner:
         return summarize_bare(key, run_variant_process(key, tag, spec, self.work, env), spec)
 
     def start_warm_server(self) -> None:
-        """The warm ways' Prefect server: started once, inside the split, before the first round (its start-up
-        is not part of any way), and left to finish its own background start-up work."""
+        """The warm ways' Prefect server: started once before the first round (its start-up is not part of any
+        way), and left to finish its own background start-up work."""
         from benchmarks import podium_run as pr
 
-        with self.split:
-            self.api, self.extras["server_start_s"] = pr.start_server(self.home)
-            waited = pr.settle(pr.server_pid(self.home))
+        self.api, self.extras["server_start_s"] = pr.start_server(self.home)
+        waited = pr.settle(pr.server_pid(self.home))
         log(f"warm Prefect server {self.api} up in {self.extras['server_start_s']:.1f} s, settled after {waited:.0f} s")
 
     def outcome(self, key: str, r: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.pinning import CoreSplit, read_pins
+from benchmarks.pinning import CoreSplit, read_pins, set_process_affinity
 
 PF_KTHREAD = 0x00200000
 TICK = os.sysconf("SC_CLK_TCK")
@@ -168,10 +168,7 @@ class Monitor:
             self._sample()
             with self._lock:
                 self._window = None
-                if self._moved:  # a way that ended with its train worker still pinned: give the cores back
-                    for pid in self._update_ours(scan()):
-                        _set_threads(pid, self.split.all)
-                    self._moved = False
+                self._give_back(self._update_ours(scan()))  # a way that ended with its train worker still pinned
             w.end, w.load_after = time.time(), load_average()
             if pin_log:
                 w.pins = read_pins(pin_log)
@@ -241,16 +238,20 @@ class Monitor:
             todo.extend(children.get(pid, []))
         return sorted(seen)
 
+    def _give_back(self, ours: list[int]) -> None:
+        """Every core to every process of ours again, if any was moved off the training core."""
+        if self._moved:
+            for pid in ours:
+                set_process_affinity(self.split.all, pid)
+            self._moved = False
+
     def _check_affinity(self, w: Window, ours: list[int]) -> None:
         """While a train worker that pinned itself is alive, keep every other process of ours off the training
         core (move it, then check it moved); once none is alive, give them every core back."""
         pins = {r["pid"] for r in read_pins(w.pin_log or "")}
         train = {pid for pid in pins if pid in ours}
         if not train:
-            if self._moved:  # training is over: the machine is whole again
-                for pid in ours:
-                    _set_threads(pid, self.split.all)
-                self._moved = False
+            self._give_back(ours)  # training is over: the machine is whole again
             return
         for pid in ours:
             try:
@@ -266,7 +267,7 @@ class Monitor:
                     if cpus != self.split.train:
                         w.violations.append(f"train worker {pid} thread {tid} allowed on cores {sorted(cpus)}")
                 elif cpus & self.split.train:
-                    _set_threads(pid, self.split.other)
+                    set_process_affinity(self.split.other, pid)
                     self._moved = True
                     # it may have been moved just now; a process still allowed there at the next sample is a violation
                     if pid in self._suspects:
@@ -274,19 +275,6 @@ class Monitor:
                                             f"(cores {sorted(cpus)})")
                     self._suspects.add(pid)
                     break
-
-
-def _set_threads(pid: int, cpus: set[int]) -> None:
-    """Move every thread of process `pid` to `cpus` (threads and processes that ended meanwhile are skipped)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for tid in tids:
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass
 
 
 def _top(ticks: dict[str, int], n: int) -> str:

@@ -75,10 +75,14 @@ class CoreSplit:
             set_process_affinity(self.all)
 
 
-def set_process_affinity(cpus: set[int]) -> int:
-    """Move every thread of this process to `cpus` (os.sched_setaffinity(0, ...) moves only the calling
-    thread); threads started later inherit it. Returns the number of threads moved."""
-    tids = os.listdir("/proc/self/task")
+def set_process_affinity(cpus: set[int], pid: int | str = "self") -> int:
+    """Move every thread of process `pid` (default: this one) to `cpus` (os.sched_setaffinity(pid, ...) moves
+    only one thread); threads started later inherit it. Returns the number of threads seen; a process or
+    thread that ended meanwhile is skipped."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
     for tid in tids:
         try:
             os.sched_setaffinity(int(tid), cpus)

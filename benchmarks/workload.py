@@ -242,13 +242,13 @@ def calibrate(workload: Workload, train: str, val: str, cpus: set[int] | None = 
                                   label_column="label")
             save_checkpoint(d, model, None, meta)
             checkpoint = ray.train.Checkpoint.from_directory(d)
-            validate_repeated(checkpoint, **{**validate_kwargs(workload, val, None), "repeat": 1})  # warm: files, torch
-            alone_s = _timed(lambda: validate_repeated(checkpoint, **validate_kwargs(workload, val, None)))
-            validation_s = alone_s
+            kwargs = validate_kwargs(workload, val, None)
+            validate_repeated(checkpoint, **{**kwargs, "repeat": 1})  # warm: files, torch
+            alone_s = validation_s = _timed(lambda: validate_repeated(checkpoint, **kwargs))
             if cpus and other:
                 os.sched_setaffinity(0, other)
                 with training_load(workload, cpus):
-                    validation_s = _timed(lambda: validate_repeated(checkpoint, **validate_kwargs(workload, val, None)))
+                    validation_s = _timed(lambda: validate_repeated(checkpoint, **kwargs))
     finally:
         if before:
             os.sched_setaffinity(0, before)
@@ -264,13 +264,14 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-# a training loop of the job's shape on random data, until stopped (the load of calibrate's second timing)
+# the job's model (podium's MLP) training on random data until stopped: the load of calibrate's second timing
 _LOAD = """
 import os, sys, torch
+from podium.training.model import ModelSpec, build_model
 os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})
 torch.set_num_threads(1)
 f, h, k, b = (int(v) for v in sys.argv[2:6])
-m = torch.nn.Sequential(torch.nn.Linear(f, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, k))
+m = build_model(ModelSpec(f, k, h))
 opt = torch.optim.Adam(m.parameters())
 x, y = torch.randn(b * 64, f), torch.randint(0, k, (b * 64,))
 print("busy", flush=True)
