@@ -29,6 +29,7 @@ from podium.tasks.train import connect_ray_task, require_checkpoints, train_mode
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run
+from podium.training import cluster
 from podium.training.events import TrainingRestart
 from podium.training.head import watching_head
 
@@ -163,6 +164,9 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
         watch.close()  # promotion needs no Ray
+        if config.promotion.verify != "revalidate":  # (a champion re-scored on new data starts Ray anew)
+            stream.close()
+            cluster.release_ray()  # a local Ray this command started shuts down while promotion runs
         progress.update(validated=validations.validated)
         require_checkpoints(plan, len(records), reports)
         say("training done: %d checkpoint(s) in the run, %d new in this attempt%s; %s", len(records),

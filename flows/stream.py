@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from prefect.futures import PrefectConcurrentFuture
 
@@ -17,7 +18,7 @@ class CheckpointStream:
     """Announcements from Ray Train's controller, read by the flow while training runs."""
 
     def __init__(self) -> None:
-        self.queue = raytrain.open_event_queue()
+        self.queue: Any = raytrain.open_event_queue()
         self.sink = raytrain.RayQueueSink(self.queue)
         self.controller: object | None = None  # Ray Train's controller, once it has started (for a clean stop)
 
@@ -69,8 +70,11 @@ class CheckpointStream:
         return training.wrapped_future.done()
 
     def close(self) -> None:
-        """Stop the queue actor."""
+        """Stop the queue actor (once; before Ray is released: a Ray call after that would start a new one)."""
+        queue, self.queue = self.queue, None
+        if queue is None:
+            return
         try:
-            self.queue.shutdown()
+            queue.shutdown()
         except Exception:
             logger.debug("queue shutdown failed", exc_info=True)

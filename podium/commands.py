@@ -42,8 +42,9 @@ class _ProgressPrinter(logging.Handler):
         self.stream.flush()
 
 
-def _quiet_libraries(log_file: Path) -> None:
-    """Route library logs to a file: the terminal shows podium's progress lines."""
+def _library_environment(log_file: Path) -> None:
+    """The environment podium's libraries read when they load, and Ray's processes when they start: set
+    before Ray starts (its workers inherit it) and before Prefect and MLflow are imported."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "podium")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
@@ -56,8 +57,45 @@ def _quiet_libraries(log_file: Path) -> None:
     # (and mlflow is imported when it is needed, not here)
     os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_file)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    # Ray Data configures its logger with a console handler when it is imported (here and in the local
+    # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
+    # records to the log file, and no further
+    ray_data_logging = log_file.parent / "ray-data-logging.json"
+    ray_data_logging.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"podium": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "podium"}},
+        "loggers": {"ray.data": {"level": "INFO", "handlers": ["file"], "propagate": False}}}))
+    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(ray_data_logging))
+
+
+_log_handlers: dict[Path, logging.Handler] = {}
+
+
+def _log_handler(log_file: Path) -> logging.Handler:
+    """The one handler that writes this process's library records to `log_file`."""
+    if log_file not in _log_handlers:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = _log_handlers[log_file] = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    return _log_handlers[log_file]
+
+
+def _ray_logs_to_file(log_file: Path) -> None:
+    """Ray's driver-side records (its logger has a stderr handler of its own, and does not propagate) go to
+    the log file: `ray.init`'s warnings are not podium's progress lines. Before Ray starts."""
+    import ray  # noqa: F401  (its logging configuration is applied when it is imported)
+
+    ray_logger = logging.getLogger("ray")
+    for h in list(ray_logger.handlers):
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            ray_logger.removeHandler(h)
+    ray_logger.addHandler(_log_handler(log_file))
+
+
+def _quiet_libraries(log_file: Path) -> None:
+    """Route library logs to a file: the terminal shows podium's progress lines."""
+    handler = _log_handler(log_file)
     import prefect.logging.handlers  # configures Prefect's logging; its console handler is replaced below
     from prefect.logging.configuration import setup_logging
 
@@ -73,16 +111,6 @@ def _quiet_libraries(log_file: Path) -> None:
     # outage of the server is said once (podium.prefect_api)
     logging.raiseExceptions = False
     logging.getLogger("podium").setLevel(logging.INFO)  # podium's own INFO records reach the file (root says WARNING)
-    # Ray Data configures its logger with a console handler when it is imported (here and in the local
-    # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
-    # records to this file, and no further
-    ray_data_logging = log_file.parent / "ray-data-logging.json"
-    ray_data_logging.write_text(json.dumps({
-        "version": 1, "disable_existing_loggers": False,
-        "formatters": {"podium": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
-        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "podium"}},
-        "loggers": {"ray.data": {"level": "INFO", "handlers": ["file"], "propagate": False}}}))
-    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(ray_data_logging))
     logging.getLogger("mlflow").setLevel(logging.INFO)  # the level mlflow's own configuration would set
 
 
@@ -103,19 +131,57 @@ class StartupClock:
         return {"started_at": round(self.started_at, 3), "phases": self.phases}
 
 
-def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupClock | None = None) -> tuple[str, str]:
-    """Preflight, then the servers at the same time: the Prefect server (checked or started) and, for a
-    training run (`which` = "run"), Ray (started with the validation warm-up) in background threads,
-    while this thread opens the MLflow store and loads what training needs. Returns (tracking_uri, api_url)."""
+class _Servers:
+    """What a command starts first, each in a background thread: the Prefect server (checked, or started),
+    and for a training run Ray with the validation warm-up (podium.resources.start_ray_early)."""
+
+    def __init__(self, config: Any, settings: PodiumSettings, which: str):
+        from podium import services
+
+        self.prefect = services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
+                                           settings.prefect_api_url, name="podium-prefect-server")
+        self.ray = None
+        if which == "run":
+            from podium.resources import start_ray_early
+
+            self.ray = start_ray_early(config)
+
+
+def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Servers:
+    """Set the libraries' environment (Ray's processes inherit it), then start the servers in the background:
+    the first thing a command does once its flags are read, so that they start while everything else loads
+    and the preflight runs. A preflight that fails ends the command, and a Ray it started with it."""
+    log_file = settings.home_dir / "logs" / "podium.log"
+    _library_environment(log_file)
+    if which == "run":
+        _ray_logs_to_file(log_file)
+    return _Servers(config, settings, which)
+
+
+def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupClock | None = None,
+             servers: _Servers | None = None) -> tuple[str, str]:
+    """The preflight and the MLflow store (and, for a training run, torch) in this thread while the servers
+    start in theirs (`_start_servers`; started here if not yet); then wait for them. Returns (tracking_uri,
+    api_url)."""
     clock = clock or StartupClock()
+    servers = servers or _start_servers(config, settings, which)
+    # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
+    # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
+    # loop and validation it checks at once (the wait then comes after, before the resume check, which
+    # reads Ray Train's checkpoints)
+    from podium.resources import names_user_code
+
+    if servers.ray is not None and names_user_code(config):
+        servers.ray.wait()
     began = time.monotonic()
     _maybe_make_demo_data(config, settings)
     from podium.config import ConfigError
     from podium.tasks.plan import plan_run
 
     try:
-        plan = plan_run(config)  # before any server starts or anything trains
-        if which == "run":
+        plan = plan_run(config)  # before anything trains
+        if servers.ray is not None:
+            servers.ray.wait()
             from podium.tasks.resume import check_resume
 
             check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
@@ -124,13 +190,6 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
     clock.record("preflight", began)
     from podium import services
 
-    prefect = services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
-                                  settings.prefect_api_url, name="podium-prefect-server")
-    ray_start = None
-    if which == "run":
-        from podium.tasks.train import start_ray_early
-
-        ray_start = start_ray_early(plan)
     tracking_uri = settings.resolved_tracking_uri()
     began = time.monotonic()
     from podium.tracking.client import apply_http_retry_defaults
@@ -141,7 +200,7 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
     except services.ServiceError as exc:
         raise CliError(str(exc)) from None
     clock.record("mlflow_store", began)
-    if ray_start is not None:
+    if servers.ray is not None:
         began = time.monotonic()
         import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
 
@@ -150,13 +209,12 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
         with contextlib.suppress(ImportError):
             importlib.import_module("torch.export._trace")
         clock.record("import_torch", began)
-        ray_start.wait()  # Ray Train may load from here on (see podium.training.cluster.start_early)
-        clock.record("ray", ray_start.started, ray_start.ended)
+        clock.record("ray", servers.ray.started, servers.ray.ended)
     try:
-        api_url = prefect.result()
+        api_url = servers.prefect.result()
     except services.ServiceError as exc:
         raise CliError(str(exc)) from None
-    clock.record("prefect_server", prefect.started, prefect.ended)
+    clock.record("prefect_server", servers.prefect.started, servers.prefect.ended)
     return tracking_uri, api_url
 
 
@@ -175,12 +233,16 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     clock = StartupClock()
     start = clock.start
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
+    servers = _start_servers(config, settings, which)
+    clock.record("config_and_servers", start)
+    began = time.monotonic()
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
-    clock.record("config_and_logging", start)
+    clock.record("logging", began)
     progress = logging.getLogger("podium.progress")
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
+    tracking_uri, api_url = _prepare(config, settings, which, clock, servers)
     from podium.config import ConfigError
     from podium.failures import UserCodeError
     from podium.serving.layout import ServingError
@@ -188,7 +250,6 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     from podium.tasks.train import NoCheckpointReported
     from podium.tracking.client import TrackingUnavailable
 
-    tracking_uri, api_url = _prepare(config, settings, which, clock)
     began = time.monotonic()
     from prefect.exceptions import CancelledRun
     from prefect.settings import PREFECT_API_URL, temporary_settings

@@ -12,25 +12,15 @@ from prefect.cache_policies import NO_CACHE
 
 from podium.failures import UserCodeError, user_frames
 from podium.imports import resolve_callable
+from podium.resources import required_cpus, warm_up_of, worker_import_paths
 from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
 from podium.training import cluster, ingest
 from podium.training.events import CheckpointEvent, EventSink
 
 # podium.training.raytrain (Ray Train, ray.data, pandas) is imported where it is used: `podium run` calls
-# start_ray_early and then loads other libraries while Ray starts in a background thread, and no part of
-# `ray` beyond its core may load meanwhile (see cluster.start_early).
-
-
-def required_cpus(plan: RunPlan) -> float:
-    """Logical CPUs a local Ray needs: every training worker, Ray Data's reading (data_cpus), and the
-    validation concurrency, each validation with the CPUs its own Ray work takes (inner_cpus).
-
-    Each gets CPUs of its own, so none ever waits on another's: training never stalls because
-    validations hold every CPU Ray Data could read with."""
-    cfg = plan.config
-    return (cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + cfg.scaling.data_cpus
-            + cfg.validation.concurrency * (cfg.validation.num_cpus + cfg.validation.inner_cpus))
+# podium.resources.start_ray_early and then loads other libraries while Ray starts in a background thread,
+# and no part of `ray` beyond its core may load meanwhile (see cluster.start_early).
 
 
 def check_resources(plan: RunPlan) -> None:
@@ -185,27 +175,14 @@ def require_checkpoints(plan: RunPlan, checkpoints: int, reports: int) -> None:
 PREWARM_WAIT_S = 15.0
 
 
-def warm_up_of(plan: RunPlan) -> cluster.WarmUp:
-    """The validation warm-up this plan asks for."""
-    v = plan.config.validation
-    return cluster.WarmUp(fn=v.fn, count=v.concurrency, num_cpus=v.num_cpus, num_gpus=v.num_gpus,
-                          resources=tuple(sorted(v.resources.items())))
-
-
-def start_ray_early(plan: RunPlan) -> cluster.EarlyStart:
-    """Start Ray and the validation warm-up in a background thread, for `connect_ray` to find later
-    (the `podium run` command does, while it loads the rest; see cluster.start_early)."""
-    return cluster.start_early(required_cpus(plan), [plan.train_loop, plan.config.validation.fn], warm_up_of(plan))
-
-
 def connect_ray(plan: RunPlan) -> None:
     """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation,
     and warm up the validation workers before training starts (or take what `start_ray_early` started)."""
     import ray
 
-    warm_up = warm_up_of(plan)
+    warm_up = warm_up_of(plan.config)
     warm = cluster.take_started(warm_up)
-    cluster.ensure_ray(required_cpus(plan), [plan.train_loop, plan.config.validation.fn])
+    cluster.ensure_ray(required_cpus(plan.config), worker_import_paths(plan.config))
     check_resources(plan)
     if warm is None:
         warm = cluster.prewarm_validation_workers(warm_up.fn, warm_up.count, num_cpus=warm_up.num_cpus,

@@ -8,6 +8,8 @@ Kept apart from raytrain.py, which loads Ray Train (and with it ray.data and pan
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import math
 import os
@@ -45,28 +47,36 @@ RAY_LAZY_IMPORTS = ("aiohttp", "aiohttp.web", "click", "cloudpickle", "email.pol
                     "starlette", "zoneinfo", "sysconfig", "colorsys")
 
 
+def _top_level_spec(import_path: str) -> importlib.machinery.ModuleSpec | None:
+    """Where the top-level package or module of an import path lives, found without running any of it."""
+    top = import_path.partition(":")[0].split(".")[0]
+    try:
+        return importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # not importable: the preflight says so, naming the field
+        return None
+
+
 def code_roots(import_paths: list[str]) -> list[str]:
     """Folders that must be on a Ray worker's path for these import paths to resolve there.
 
     Modules installed in site-packages are found anyway; a user's own module (a
     script folder, a test tree) is not, because Ray workers do not inherit the
-    driver's sys.path.
+    driver's sys.path. Nothing is imported: `start_early` calls this from its thread, before the
+    preflight has imported the user's code.
     """
     roots = []
     for path in import_paths:
-        module_name = path.partition(":")[0]
-        if module_name.split(".")[0] == "podium":  # installed beside Ray: the workers import it as the driver does
+        spec = _top_level_spec(path)
+        if spec is None or spec.name == "podium":  # podium: installed beside Ray, the workers import it as here
             continue
-        module = importlib.import_module(module_name)
-        file = getattr(module, "__file__", None)
-        if not file or "site-packages" in file or "dist-packages" in file:
-            continue
-        root = os.path.dirname(os.path.abspath(file))
-        depth = module_name.count(".") + (1 if os.path.basename(file) == "__init__.py" else 0)
-        for _ in range(depth):
-            root = os.path.dirname(root)
-        if root not in roots:
-            roots.append(root)
+        # a package's folder (a namespace package may have several), or the folder of a single-file module
+        places = list(spec.submodule_search_locations or []) or ([os.path.dirname(spec.origin)] if spec.origin else [])
+        for place in places:
+            if "site-packages" in place or "dist-packages" in place:
+                continue
+            root = os.path.abspath(place if not spec.submodule_search_locations else os.path.dirname(place))
+            if root not in roots:
+                roots.append(root)
     return roots
 
 
@@ -79,6 +89,7 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     User code named by `import_paths` is made importable on the workers.
     """
     os.environ.setdefault(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)
+    await_release()  # a Ray being shut down (release_ray) is not one to use: start anew once it is gone
     if ray.is_initialized():
         return
     roots = code_roots(import_paths or [])
@@ -86,10 +97,11 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
         # a remote cluster gets the user's packages uploaded with the job
         py_modules = []
         for path in import_paths or []:
-            top = importlib.import_module(path.partition(":")[0].split(".")[0])
-            if top.__file__ and any(top.__file__.startswith(r) for r in roots):
-                py_modules.append(os.path.dirname(top.__file__) if top.__file__.endswith("__init__.py")
-                                  else top.__file__)
+            spec = _top_level_spec(path)
+            origin = spec.origin if spec is not None else None
+            if origin and any(origin.startswith(r) for r in roots):
+                py_modules.append(os.path.dirname(origin) if spec is not None and spec.submodule_search_locations
+                                  else origin)
         # the endpoint/region settings go along (never credentials: each node has its own chain)
         runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
         if py_modules:
@@ -153,6 +165,8 @@ class _Started:
 
 
 _started: _Started | None = None
+_started_here = False  # this process started a local Ray for one command (start_early): release_ray may end it
+_release: threading.Thread | None = None
 
 
 class _NotFromMainThread(logging.Filter):
@@ -189,10 +203,12 @@ class EarlyStart(threading.Thread):
 
     def run(self) -> None:
         """Start Ray, submit the warm-up, hand both (or the error) to `take_started`, then park."""
-        global _started
+        global _started, _started_here
         num_cpus, import_paths, warm_up = self.args
         try:
+            was_up = ray.is_initialized()
             ensure_ray(num_cpus, import_paths)
+            _started_here = not was_up and not os.environ.get("RAY_ADDRESS")
             refs = []
             if _fits(warm_up):  # else connect-ray reports what is missing, as without an early start
                 refs = prewarm_validation_workers(warm_up.fn, warm_up.count, num_cpus=warm_up.num_cpus,
@@ -239,3 +255,26 @@ def take_started(warm_up: WarmUp) -> list[ray.ObjectRef] | None:
     if started.error is not None:
         raise started.error
     return started.refs
+
+
+def release_ray() -> None:
+    """Shut down, in a background thread, the local Ray that `start_early` started for this command, once
+    the run needs it no more (training ended and every validation has its verdict): what is left (promotion,
+    reports) overlaps the shutdown, 1-3 s of stopping Ray's processes that would otherwise come after it,
+    and the cores and memory are free for it sooner. A cluster joined through RAY_ADDRESS, or a Ray that
+    this process did not start through `start_early` (a test's, a notebook's), is left as it is. A later
+    `ensure_ray` waits for the shutdown and starts a new one; the process waits for it before it exits."""
+    global _started_here, _release
+    if not _started_here or not ray.is_initialized():
+        return
+    _started_here = False
+    _release = threading.Thread(target=ray.shutdown, name="podium-ray-release")  # not a daemon: joined at exit
+    _release.start()
+
+
+def await_release() -> None:
+    """Until a shutdown begun by `release_ray` has ended."""
+    global _release
+    if _release is not None:
+        _release.join()
+        _release = None

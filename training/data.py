@@ -212,13 +212,15 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
 def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
                 batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
-    labels (int64). One file and one batch ahead are read at a time, so memory does not grow with
-    the dataset (a row group of the file being read is the largest thing held)."""
-    scanner = open_dataset(uri).scanner(columns=[*feature_columns, label_column], batch_size=batch_rows,
-                                        batch_readahead=1, fragment_readahead=1)
-    for batch in scanner.to_batches():
-        if batch.num_rows:
-            yield _to_arrays(batch, label_column, feature_columns)
+    labels (int64). The files are read one after another, each with one batch read ahead, so memory does
+    not grow with the dataset (a row group of the file being read is the largest thing held). A scanner
+    over the whole dataset, even with `fragment_readahead=1`, held more files at once: its peak memory grew
+    with the number of files (benchmarks/data_scale.py; BENCHMARKS.md, "Data larger than memory")."""
+    columns = [*feature_columns, label_column]
+    for fragment in open_dataset(uri).get_fragments():
+        for batch in fragment.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=1):
+            if batch.num_rows:
+                yield _to_arrays(batch, label_column, feature_columns)
 
 
 def _to_arrays(batch: pa.RecordBatch | pa.Table, label_column: str,

@@ -1,6 +1,6 @@
-"""`podium run` starts Ray in a background thread while its main thread loads MLflow and torch: the thread
-must load nothing but Ray's own modules and what was loaded before it started, and the flow must take
-the warm-up it submitted instead of starting another."""
+"""`podium run` starts Ray in a background thread first thing, while its main thread loads Prefect, MLflow and
+torch and runs the preflight: the thread must load nothing but Ray's own modules and what was loaded before it
+started, and the flow must take the warm-up it submitted instead of starting another."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ pytestmark = pytest.mark.integration
 
 # Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.commands._prepare).
 PROBE = r"""
-import importlib.abc, json, sys, threading
+import importlib.abc, json, sys, threading, time
 
-loaded_by_thread = []
+loaded_by_thread, ray_loaded_by_main = [], []
 
 class Recorder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if threading.current_thread().name == "podium-ray-start":
             loaded_by_thread.append(name)
+        elif threading.current_thread() is threading.main_thread() and name.startswith("ray."):
+            ray_loaded_by_main.append((name, time.monotonic()))
         return None
 
 from podium.training import cluster
@@ -40,32 +42,45 @@ from podium import commands
 from podium.cli import build_parser, config_from_args
 from podium.settings import PodiumSettings
 from podium.tasks.plan import plan_run
-from podium.tasks.train import connect_ray, warm_up_of
+from podium.resources import warm_up_of
+from podium.tasks.train import connect_ray
 
 args = build_parser().parse_args(["run", "--epochs", "1", "--num-workers", "1", "--concurrency", "1",
                                   "--train-data", sys.argv[1], "--val-data", sys.argv[2],
                                   "--storage", sys.argv[3] + "/storage", "--serving", sys.argv[3] + "/serving"])
 settings = PodiumSettings()
 config = config_from_args(args, settings)
+servers = commands._start_servers(config, settings, "run")  # first thing, as `podium run` does
 commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
 clock = commands.StartupClock()
-commands._prepare(config, settings, "run", clock)
+commands._prepare(config, settings, "run", clock, servers)
+# what the main thread loaded of `ray` while the Ray thread was starting it
+ray_meanwhile = sorted({n for n, t in ray_loaded_by_main if t < servers.ray.ended})
 assert ray.is_initialized()
 plan = plan_run(config)
-handed = cluster._started is not None and cluster._started.warm_up == warm_up_of(plan)
+handed = cluster._started is not None and cluster._started.warm_up == warm_up_of(plan.config)
 submitted = []
 original_prewarm = cluster.prewarm_validation_workers
 cluster.prewarm_validation_workers = lambda *a, **k: submitted.append(a) or original_prewarm(*a, **k)
 connect_ray(plan)
 # only what was loaded (a failed optional import is no risk), by top-level package
 new = sorted({m.split(".")[0] for m in loaded_by_thread if m in sys.modules} - before - {"ray"})
+# once training and validation are done, the flow releases the Ray that start_early started (and only that)
+cluster.release_ray()
+cluster.await_release()
+released = not ray.is_initialized()
+ray.init(address="local", num_cpus=1, include_dashboard=False)  # someone else's: a test's, a notebook's
+cluster.release_ray()
+cluster.await_release()
 print(json.dumps({"new": [m for m in new if not m.startswith("_cython")], "handed": handed,
-                  "prewarmed_again": len(submitted), "phases": sorted(clock.phases)}))
+                  "prewarmed_again": len(submitted), "phases": sorted(clock.phases), "released": released,
+                  "ray_meanwhile": ray_meanwhile,
+                  "kept_others": ray.is_initialized()}))
 ray.shutdown()
 """
 
 
-def test_ray_starts_in_the_background_loading_only_ray(prefect_api, dataset, tmp_path):
+def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done(prefect_api, dataset, tmp_path):
     env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     env.pop("RAY_ADDRESS", None)
@@ -76,5 +91,8 @@ def test_ray_starts_in_the_background_loading_only_ray(prefect_api, dataset, tmp
     # a package first loaded by the Ray thread could be initialised by both threads at once: add it to
     # podium.training.cluster.RAY_LAZY_IMPORTS
     assert out["new"] == [], out["new"]
+    # nor may the main thread load other parts of `ray` meanwhile (the preflight waits where it would)
+    assert out["ray_meanwhile"] == [], out["ray_meanwhile"]
     assert out["handed"] and out["prewarmed_again"] == 0
     assert {"preflight", "mlflow_store", "ray", "prefect_server"} <= set(out["phases"])
+    assert out["released"] and out["kept_others"]

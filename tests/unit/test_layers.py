@@ -41,6 +41,8 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.provenance": (NOTHING_HEAVY, []),  # `podium lineage --help` answers at once
     "podium.redaction": (NOTHING_HEAVY, []),
     "podium.imports": (NOTHING_HEAVY, []),
+    # what a run asks of Ray, read by `podium run` before anything else loads: Ray core and the config only
+    "podium.resources": ({"prefect", "mlflow", "torch"}, ["ray", "pydantic"]),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),
     "podium.cli": (NOTHING_HEAVY, []),  # `podium --help` and a bad flag answer at once
     "podium": (NOTHING_HEAVY, []),
