@@ -20,6 +20,7 @@ from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, hand_off, summarize_run
 from podium.flows.validation import ValidationQueue
 from podium.tasks.lineage import record_lineage_task
+from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
@@ -155,6 +156,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 say("checkpoint step %d saved: %s", event.step, event.checkpoint_uri)
                 seen.add(event.checkpoint_name)
                 announced += 1
+                preload_packaging()  # what promotion will load, loaded while training goes on (once)
                 validations.add(record_checkpoint_task(tracking, event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()

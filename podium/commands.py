@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import logging
 import os
@@ -167,8 +165,7 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
     servers = servers or _start_servers(config, settings, which)
     # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
     # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
-    # loop and validation it checks at once (the wait then comes after, before the resume check, which
-    # reads Ray Train's checkpoints)
+    # loop and validation it checks at once. The resume check reads Ray Train's checkpoints: it comes last.
     from podium.resources import names_user_code
 
     if servers.ray is not None and names_user_code(config):
@@ -180,11 +177,6 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
 
     try:
         plan = plan_run(config)  # before anything trains
-        if servers.ray is not None:
-            servers.ray.wait()
-            from podium.tasks.resume import check_resume
-
-            check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     clock.record("preflight", began)
@@ -204,12 +196,18 @@ def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupCl
         began = time.monotonic()
         import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
 
-        # promotion exports the model with torch.export, whose first call imports about a second of modules
-        # (dynamo, sympy); imported here they overlap Ray's start instead of delaying the promotion
-        with contextlib.suppress(ImportError):
-            importlib.import_module("torch.export._trace")
+        # (torch.export's tracing, which promotion needs, loads while training runs: flows.pipeline)
         clock.record("import_torch", began)
+        servers.ray.wait()  # Ray Train may load from here on (see podium.training.cluster.start_early)
         clock.record("ray", servers.ray.started, servers.ray.ended)
+        began = time.monotonic()
+        from podium.tasks.resume import check_resume
+
+        try:
+            check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
+        except ConfigError as exc:
+            raise CliError(str(exc)) from None
+        clock.record("resume_check", began)
     try:
         api_url = servers.prefect.result()
     except services.ServiceError as exc:

@@ -9,8 +9,10 @@ served as its files. The raw checkpoint stays in storage, for resuming; the mani
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,9 +73,38 @@ def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]
         return [{"name": c, "type": "double"} for c in columns], pd.DataFrame({c: [0.0, 0.0] for c in columns})
 
 
+_preload: threading.Thread | None = None
+
+
+def _load_export_modules() -> None:
+    try:
+        importlib.import_module("podium.training.export")
+        importlib.import_module("torch.export._trace")
+    except Exception:  # loaded again, and said, when the served model is built
+        logger.debug("preloading torch.export failed", exc_info=True)
+
+
+def preload_packaging() -> None:
+    """Load what building a served model loads the first time, in a background thread: `torch.export`'s
+    tracing (dynamo, sympy), about a second of imports. The flow calls this once training has reported its
+    first checkpoint, while this process mostly waits; promotion then does not wait for the imports, and
+    neither does the start of the run. Once per process."""
+    global _preload
+    if _preload is None:
+        _preload = threading.Thread(target=_load_export_modules, name="podium-preload-export", daemon=True)
+        _preload.start()
+
+
+def await_preload() -> None:
+    """Until `preload_packaging`'s imports are done (at once if there were none)."""
+    if _preload is not None:
+        _preload.join()
+
+
 def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, workdir: str) -> ServedModel:
     """Build the served model of `record`'s checkpoint in `workdir` (see the module's docstring)."""
     from podium.tracking.models import package_model, package_python_model
+    await_preload()  # the modules it loaded are not loaded from two threads at once
     from podium.training.export import load_servable, write_model_folder  # torch loads here, not at import
 
     start = time.monotonic()
