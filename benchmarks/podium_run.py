@@ -249,16 +249,33 @@ def mlflow_records(tracking_uri: str, run_id: str) -> dict[str, Any]:
     return {"steps": steps, "registered": registered}
 
 
+SETTLE_S = 60.0
+
+
+def _prefect_settled(prefect: dict[str, Any]) -> bool:
+    """The flow run has ended, every task run has too, and the train-model task run is among them."""
+    tasks = prefect.get("tasks") or []
+    return (bool((prefect.get("flow") or {}).get("end")) and all(t.get("end") for t in tasks)
+            and any(t["name"].startswith("train-model") for t in tasks))
+
+
 def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, Any]:
     """Everything compare.py and scale.py need about one finished podium run."""
     from benchmarks.workload import read_jsonl
 
     s = run["summary"]
     name = s["run_name"]
-    time.sleep(1.5)  # the server persists events in batches (podium sets a 0.5 s flush interval)
-    events = persisted_events(api, name, run["process_start"])
-    ml = mlflow_records(s["tracking_uri"], s["mlflow_run_id"])
-    prefect = prefect_runs(api, f"{name}-run")
+    # The server persists task-run states and events from its event stream, after the process that sent
+    # them may have exited (podium waits until they are delivered, not stored): read until the flow run and
+    # every task run have ended and every checkpoint's event is there, for up to SETTLE_S
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        time.sleep(1.0)
+        events = persisted_events(api, name, run["process_start"])
+        ml = mlflow_records(s["tracking_uri"], s["mlflow_run_id"])
+        prefect = prefect_runs(api, f"{name}-run")
+        if (_prefect_settled(prefect) and len(events) >= len(ml["steps"])) or time.monotonic() > deadline:
+            break
     serving = run["config"]["serving"]
     timings = {}
     verify = []
