@@ -268,11 +268,11 @@ def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, 
     # The server persists task-run states and events from its event stream, after the process that sent
     # them may have exited (podium waits until they are delivered, not stored): read until the flow run and
     # every task run have ended and every checkpoint's event is there, for up to SETTLE_S
+    ml = mlflow_records(s["tracking_uri"], s["mlflow_run_id"])  # written before the process exited
     deadline = time.monotonic() + SETTLE_S
     while True:
         time.sleep(1.0)
         events = persisted_events(api, name, run["process_start"])
-        ml = mlflow_records(s["tracking_uri"], s["mlflow_run_id"])
         prefect = prefect_runs(api, f"{name}-run")
         if (_prefect_settled(prefect) and len(events) >= len(ml["steps"])) or time.monotonic() > deadline:
             break

@@ -97,11 +97,6 @@ def make_val_data(root: Path) -> None:
                 write_part(part, VAL_ROWS_1X, 2000 + i)
 
 
-def spread(values: list[float], digits: int) -> str:
-    """median (min–max)"""
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
-
-
 def main() -> None:
     """Run the ways interleaved, print the table, write it into BENCHMARKS.md."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -114,6 +109,8 @@ def main() -> None:
     if args.child:
         child(args.child, root)
         return
+    from benchmarks.report import spread
+
     make_val_data(root)
     started = time.time()
     rows: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,40 +130,36 @@ class StartupClock:
         return {"started_at": round(self.started_at, 3), "phases": self.phases}
 
 
+@dataclass
 class _Servers:
-    """What a command starts first, each in a background thread: the Prefect server (checked, or started),
+    """What a command started first, each in a background thread: the Prefect server (checked, or started),
     and for a training run Ray with the validation warm-up (podium.resources.start_ray_early)."""
 
-    def __init__(self, config: Any, settings: PodiumSettings, which: str):
-        from podium import services
-
-        self.prefect = services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
-                                           settings.prefect_api_url, name="podium-prefect-server")
-        self.ray = None
-        if which == "run":
-            from podium.resources import start_ray_early
-
-            self.ray = start_ray_early(config)
+    prefect: Any  # podium.services.Background
+    ray: Any = None  # podium.training.cluster.EarlyStart
 
 
 def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Servers:
     """Set the libraries' environment (Ray's processes inherit it), then start the servers in the background:
     the first thing a command does once its flags are read, so that they start while everything else loads
     and the preflight runs. A preflight that fails ends the command, and a Ray it started with it."""
+    from podium import services
+
     log_file = settings.home_dir / "logs" / "podium.log"
     _library_environment(log_file)
+    servers = _Servers(services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
+                                           settings.prefect_api_url, name="podium-prefect-server"))
     if which == "run":
+        from podium.resources import start_ray_early
+
         _ray_logs_to_file(log_file)
-    return _Servers(config, settings, which)
+        servers.ray = start_ray_early(config)
+    return servers
 
 
-def _prepare(config: Any, settings: PodiumSettings, which: str, clock: StartupClock | None = None,
-             servers: _Servers | None = None) -> tuple[str, str]:
+def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
     """The preflight and the MLflow store (and, for a training run, torch) in this thread while the servers
-    start in theirs (`_start_servers`; started here if not yet); then wait for them. Returns (tracking_uri,
-    api_url)."""
-    clock = clock or StartupClock()
-    servers = servers or _start_servers(config, settings, which)
+    start in theirs (`_start_servers`); then wait for them. Returns (tracking_uri, api_url)."""
     # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
     # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
     # loop and validation it checks at once. The resume check reads Ray Train's checkpoints: it comes last.
@@ -240,7 +237,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     if not args.quiet:
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
-    tracking_uri, api_url = _prepare(config, settings, which, clock, servers)
+    tracking_uri, api_url = _prepare(config, settings, clock, servers)
     from podium.config import ConfigError
     from podium.failures import UserCodeError
     from podium.serving.layout import ServingError

@@ -56,28 +56,37 @@ def _top_level_spec(import_path: str) -> importlib.machinery.ModuleSpec | None:
         return None
 
 
+def _user_code(import_paths: list[str]) -> list[tuple[str, str | None]]:
+    """(root, upload) for each of the user's own packages or modules named: the folder that must be on a
+    worker's path, and the package folder or module file a remote cluster gets (None for a namespace package).
+    Modules installed in site-packages, and podium (installed beside Ray), are left out. Nothing is imported:
+    `start_early` calls this from its thread, before the preflight has imported the user's code."""
+    found: list[tuple[str, str | None]] = []
+    for path in import_paths:
+        spec = _top_level_spec(path)
+        if spec is None or spec.name == "podium":
+            continue
+        if spec.submodule_search_locations:  # a package's folder (a namespace package may have several)
+            places = [(os.path.dirname(p), p if spec.origin else None) for p in spec.submodule_search_locations]
+        elif spec.origin:  # a single-file module
+            places = [(os.path.dirname(spec.origin), spec.origin)]
+        else:
+            continue
+        for root, upload in places:
+            entry = (os.path.abspath(root), upload)
+            if "site-packages" not in root and "dist-packages" not in root and entry not in found:
+                found.append(entry)
+    return found
+
+
 def code_roots(import_paths: list[str]) -> list[str]:
     """Folders that must be on a Ray worker's path for these import paths to resolve there.
 
     Modules installed in site-packages are found anyway; a user's own module (a
     script folder, a test tree) is not, because Ray workers do not inherit the
-    driver's sys.path. Nothing is imported: `start_early` calls this from its thread, before the
-    preflight has imported the user's code.
+    driver's sys.path.
     """
-    roots = []
-    for path in import_paths:
-        spec = _top_level_spec(path)
-        if spec is None or spec.name == "podium":  # podium: installed beside Ray, the workers import it as here
-            continue
-        # a package's folder (a namespace package may have several), or the folder of a single-file module
-        places = list(spec.submodule_search_locations or []) or ([os.path.dirname(spec.origin)] if spec.origin else [])
-        for place in places:
-            if "site-packages" in place or "dist-packages" in place:
-                continue
-            root = os.path.abspath(place if not spec.submodule_search_locations else os.path.dirname(place))
-            if root not in roots:
-                roots.append(root)
-    return roots
+    return list(dict.fromkeys(root for root, _ in _user_code(import_paths)))
 
 
 def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
@@ -92,16 +101,11 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     await_release()  # a Ray being shut down (release_ray) is not one to use: start anew once it is gone
     if ray.is_initialized():
         return
-    roots = code_roots(import_paths or [])
+    user_code = _user_code(import_paths or [])
+    roots = list(dict.fromkeys(root for root, _ in user_code))
     if os.environ.get("RAY_ADDRESS"):
         # a remote cluster gets the user's packages uploaded with the job
-        py_modules = []
-        for path in import_paths or []:
-            spec = _top_level_spec(path)
-            origin = spec.origin if spec is not None else None
-            if origin and any(origin.startswith(r) for r in roots):
-                py_modules.append(os.path.dirname(origin) if spec is not None and spec.submodule_search_locations
-                                  else origin)
+        py_modules = [upload for _, upload in user_code if upload]
         # the endpoint/region settings go along (never credentials: each node has its own chain)
         runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
         if py_modules:

@@ -53,7 +53,7 @@ config = config_from_args(args, settings)
 servers = commands._start_servers(config, settings, "run")  # first thing, as `podium run` does
 commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
 clock = commands.StartupClock()
-commands._prepare(config, settings, "run", clock, servers)
+commands._prepare(config, settings, clock, servers)
 # what the main thread loaded of `ray` while the Ray thread was starting it
 ray_meanwhile = sorted({n for n, t in ray_loaded_by_main if t < servers.ray.ended})
 assert ray.is_initialized()
