@@ -1,7 +1,7 @@
-"""The validation's memory as its data grows: podium's reader against the one it replaced, and against the
-same reader with the system allocator, in fresh processes, interleaved.
+"""The validation's memory as its data grows: podium's reader against the ones it replaced, and against
+the reader that keeps freed memory run with the system allocator, in fresh processes, interleaved.
 
-    python benchmarks/validation_memory.py              # 3 rounds, about 2 minutes; writes BENCHMARKS.md
+    python benchmarks/validation_memory.py              # 3 rounds, about 3 minutes; writes BENCHMARKS.md
     python benchmarks/validation_memory.py --no-write   # print only
 
 What runs: podium's built-in model (16 features, 4 classes) evaluated on benchmarks/data_scale.py's
@@ -9,8 +9,11 @@ validation data, 1x (one 40,000-row file) then 16x (16 such files), three calls 
 way and round (no Ray: the process is what a validation worker is, minus Ray's own memory). Ways:
 - scanner: one pyarrow scanner over the whole dataset (`fragment_readahead=1`, `batch_readahead=1`), what
   `podium.training.data.iter_arrays` did before 2026-11-24;
-- files: `iter_arrays` as it is, the files one after another;
-- files, system allocator: the same, with `ARROW_DEFAULT_MEMORY_POOL=system` and
+- files, kept: `iter_arrays` as it was from 2026-11-24 (`8d1551a`): the files one after another, and what
+  the allocators keep of each file's buffers kept;
+- files: `iter_arrays` as it is: the same, and that memory given back to the system after each file
+  (`release_freed_memory`: pyarrow's pool `release_unused()`, glibc's `malloc_trim(0)`);
+- files, system allocator: "files, kept" with `ARROW_DEFAULT_MEMORY_POOL=system` and
   `MALLOC_MMAP_THRESHOLD_=131072` (every buffer over 128 KiB mapped and unmapped: freed memory goes back
   to the system at once).
 Per call: the wall time, and the private memory (RssAnon) before and at its peak (sampled every 5 ms).
@@ -33,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-WAYS = {"scanner": {}, "files": {},
+WAYS = {"scanner": {}, "files, kept": {}, "files": {},
         "files, system allocator": {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "131072"}}
 SCALES, CALLS = (1, 16), 3
 
@@ -51,10 +54,13 @@ def child(way: str, root: Path) -> None:
     import torch
 
     from benchmarks.data_scale import FEATURES
+    from podium.training import data
     from podium.training.data import _to_arrays, iter_arrays, open_dataset
     from podium.training.model import ModelSpec, build_model, evaluate_batches
 
     torch.set_num_threads(1)
+    if way != "files":
+        data.RELEASE_AFTER_BYTES = sys.maxsize  # never given back
     model = build_model(ModelSpec(FEATURES, 4))
     features = [f"f{i:02d}" for i in range(FEATURES)]
 

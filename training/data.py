@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -209,18 +210,51 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
                        row_groups_read=total.row_groups_read)
 
 
+RELEASE_AFTER_BYTES = 1 << 20  # iter_arrays gives memory back after each batch, or after batches this large in
+# all: a release costs about 10 ms, most of it faulting the pages in again (benchmarks/validation_memory.py)
+
+
 def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
                 batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
     labels (int64). The files are read one after another, each with one batch read ahead, so memory does
-    not grow with the dataset (a row group of the file being read is the largest thing held). A scanner
-    over the whole dataset, even with `fragment_readahead=1`, held more files at once: its peak memory grew
-    with the number of files (benchmarks/data_scale.py; BENCHMARKS.md, "Data larger than memory")."""
+    not grow with the dataset (a row group of the file being read is the largest thing held); after each
+    file of at least RELEASE_AFTER_BYTES, what the allocators kept of it goes back to the system
+    (`release_freed_memory`). A scanner over the whole dataset, even with `fragment_readahead=1`, held more
+    files at once: its peak memory grew with the number of files (benchmarks/validation_memory.py;
+    BENCHMARKS.md, "Data larger than memory")."""
     columns = [*feature_columns, label_column]
+    read = 0  # bytes read since memory was last given back
     for fragment in open_dataset(uri).get_fragments():
         for batch in fragment.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=1):
             if batch.num_rows:
                 yield _to_arrays(batch, label_column, feature_columns)
+            read += batch.nbytes
+            if read >= RELEASE_AFTER_BYTES:  # (the caller has the next batch's arrays; the last ones are freed)
+                release_freed_memory()
+                read = 0
+
+
+def release_freed_memory() -> None:
+    """Give the memory the allocators keep after large buffers are freed back to the system: pyarrow's
+    pool (mimalloc by default) and glibc's malloc, which keeps freed large buffers in its heap once its
+    threshold for mapping them has risen. Without it a reader's memory grows with the number of files it
+    has read (benchmarks/validation_memory.py)."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (another C library, or no dlopen of the running program)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 def _to_arrays(batch: pa.RecordBatch | pa.Table, label_column: str,

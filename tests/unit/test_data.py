@@ -169,6 +169,26 @@ def test_validation_batches_cover_every_row_once_and_stay_bounded(tmp_path):
     assert all((x[:, 0].astype(int) % 3 == y).all() for x, y in batches)  # rows stay paired
 
 
+def test_validation_batches_give_memory_back_as_they_go(tmp_path, monkeypatch):
+    """Several files, memory given back after every batch: every row still comes once, in its pair; and
+    on glibc the trim is found (without it the reader's memory grows with the files read)."""
+    import platform
+
+    from podium.training import data
+
+    monkeypatch.setattr(data, "RELEASE_AFTER_BYTES", 1)
+    released, release = [], data.release_freed_memory
+    monkeypatch.setattr(data, "release_freed_memory", lambda: released.append(release()))
+    for i in range(3):
+        table = pa.table({"a": np.arange(i * 100, (i + 1) * 100, dtype=np.float64), "label": np.arange(100) % 2})
+        _write(tmp_path / "v" / f"part-{i}.parquet", table)
+    batches = list(iter_arrays(str(tmp_path / "v"), "label", ["a"], batch_rows=64))
+    assert sorted(np.concatenate([x for x, _ in batches])[:, 0].astype(int).tolist()) == list(range(300))
+    assert len(released) == len(batches) == 6
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert data._malloc_trim() is not None
+
+
 def test_synthetic_data_row_groups(tmp_path):
     train, _ = make_classification_data(str(tmp_path / "d"), train_rows=1000, val_rows=10, row_group_rows=256)
     assert pq.ParquetFile(train).metadata.num_row_groups == 4
