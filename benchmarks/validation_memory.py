@@ -11,8 +11,9 @@ way and round (no Ray: the process is what a validation worker is, minus Ray's o
   `podium.training.data.iter_arrays` did before 2026-11-24;
 - files, kept: `iter_arrays` as it was from 2026-11-24 (`8d1551a`): the files one after another, and what
   the allocators keep of each file's buffers kept;
-- files: `iter_arrays` as it is: the same, and that memory given back to the system after each file
-  (`release_freed_memory`: pyarrow's pool `release_unused()`, glibc's `malloc_trim(0)`);
+- files: `iter_arrays` as it is: the same, and that memory given back to the system after each batch
+  (each file here: one batch of 40,000 rows) (`release_freed_memory`: pyarrow's pool `release_unused()`,
+  glibc's `malloc_trim(0)`);
 - files, system allocator: "files, kept" with `ARROW_DEFAULT_MEMORY_POOL=system` and
   `MALLOC_MMAP_THRESHOLD_=131072` (every buffer over 128 KiB mapped and unmapped: freed memory goes back
   to the system at once).

@@ -189,7 +189,25 @@ def connect_ray(plan: RunPlan) -> None:
                                                   num_gpus=warm_up.num_gpus, resources=dict(warm_up.resources))
     # wait for them (a few seconds), so that the warm-up does not compete with the start of training
     # for CPU where the two share a machine; a cluster still scaling up is not waited for longer
-    ray.wait(warm, num_returns=len(warm), timeout=PREWARM_WAIT_S)
+    began = time.time()
+    ready, _ = ray.wait(warm, num_returns=len(warm), timeout=PREWARM_WAIT_S)
+    _say_warm_up(ready, len(warm), time.time() - began)
+
+
+def _say_warm_up(ready: list[Any], count: int, waited: float) -> None:
+    """Log what the warm-up cost the start of training: the wait for it, or how early it was ready (start-up
+    is co-paced by it: BENCHMARKS.md)."""
+    import ray
+
+    try:
+        ends = ray.get(ready)
+    except Exception as exc:  # a validation module that does not import: its first validation says so
+        logger.info("validation warm-up failed: %s", type(exc).__name__)
+        return
+    if waited >= 0.01 or not ends:
+        logger.info("validation warm-up: waited %.2f s for it, %d of %d worker(s) ready", waited, len(ready), count)
+    else:
+        logger.info("validation warm-up: ready %.2f s before training could start", time.time() - max(ends))
 
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:

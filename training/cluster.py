@@ -124,9 +124,12 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
              log_to_driver=False, runtime_env={"env_vars": env_vars})
 
 
-def _warm_up(fn_path: str, hold_s: float) -> None:
+def _warm_up(fn_path: str, hold_s: float) -> float:
+    """Import the validation function in this worker; returns when that ended (time.time())."""
     resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
+    ready = time.time()
     time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process
+    return ready
 
 
 def prewarm_validation_workers(fn_path: str, count: int, *, num_cpus: float, num_gpus: float,
