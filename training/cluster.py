@@ -38,24 +38,6 @@ DEFAULT_POLL_INTERVAL_S = "0.25"
 # memory is its own, and data reads never share its process's CPU time).
 VALIDATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"PODIUM_WORKER_POOL": "validation"}}
 
-# Experimental (benchmarks/compare.py A/B): the nice value validation workers lower themselves to
-VALIDATION_NICE_ENV = "PODIUM_VALIDATION_NICE"
-
-
-def lower_validation_priority() -> None:
-    """Lower every thread of this (validation) worker to the nice value in PODIUM_VALIDATION_NICE, if set.
-
-    Linux keeps a nice value per thread; threads started later inherit their creator's."""
-    wanted = os.environ.get(VALIDATION_NICE_ENV)
-    if not wanted or not hasattr(os, "setpriority"):
-        return
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < int(wanted):
-                os.setpriority(os.PRIO_PROCESS, int(tid), int(wanted))
-        except OSError:  # a thread that ended meanwhile
-            continue
-
 # Third-party packages that `ray.init` and the first task submission import lazily (ray 2.60; measured by
 # tests/integration/test_startup.py). `start_early` imports them in the calling thread first: a package
 # initialised by two threads at once can fail with "deadlock detected by _ModuleLock" (CPython 3.11), and
@@ -144,7 +126,6 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
 
 def _warm_up(fn_path: str, hold_s: float) -> float:
     """Import the validation function in this worker; returns when that ended (time.time())."""
-    lower_validation_priority()
     resolve_callable(fn_path, "validation.fn")  # imports torch and the user's module in this worker
     ready = time.time()
     time.sleep(hold_s)  # overlap with the other warm-ups so each lands in its own worker process

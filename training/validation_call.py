@@ -95,10 +95,8 @@ def call_validation(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
                     user: dict[str, Any]) -> ValidationResult:
     """Import the validation function, call it on the checkpoint, check it returned a dict; its values
     come back as they are (a value that is not a number is described, for the verdict to name)."""
-    from podium.training.cluster import lower_validation_priority  # in the Ray task: Ray is loaded
-    from podium.training.raytrain import checkpoint_at
+    from podium.training.raytrain import checkpoint_at  # in the Ray task: Ray is loaded
 
-    lower_validation_priority()
     fn = resolve_callable(fn_path, "validation.fn")
     result = fn(checkpoint_at(checkpoint_uri), **validation_arguments(fn, facts, user))
     if not isinstance(result, dict):
