@@ -219,10 +219,10 @@ def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
     """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
     labels (int64). The files are read one after another, each with one batch read ahead, so memory does
     not grow with the dataset (a row group of the file being read is the largest thing held); after each
-    file of at least RELEASE_AFTER_BYTES, what the allocators kept of it goes back to the system
-    (`release_freed_memory`). A scanner over the whole dataset, even with `fragment_readahead=1`, held more
-    files at once: its peak memory grew with the number of files (benchmarks/validation_memory.py;
-    BENCHMARKS.md, "Data larger than memory")."""
+    batch, once RELEASE_AFTER_BYTES have been read since the last time, what the allocators kept of the
+    freed buffers goes back to the system (`release_freed_memory`). A scanner over the whole dataset, even
+    with `fragment_readahead=1`, held more files at once: its peak memory grew with the number of files
+    (benchmarks/validation_memory.py; BENCHMARKS.md, "Data larger than memory")."""
     columns = [*feature_columns, label_column]
     read = 0  # bytes read since memory was last given back
     for fragment in open_dataset(uri).get_fragments():
@@ -230,7 +230,7 @@ def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
             if batch.num_rows:
                 yield _to_arrays(batch, label_column, feature_columns)
             read += batch.nbytes
-            if read >= RELEASE_AFTER_BYTES:  # (the caller has the next batch's arrays; the last ones are freed)
+            if read >= RELEASE_AFTER_BYTES:  # the caller is done with this batch (it asked for the next one)
                 release_freed_memory()
                 read = 0
 
