@@ -191,23 +191,14 @@ def connect_ray(plan: RunPlan) -> None:
     # for CPU where the two share a machine; a cluster still scaling up is not waited for longer
     began = time.time()
     ready, _ = ray.wait(warm, num_returns=len(warm), timeout=PREWARM_WAIT_S)
-    _say_warm_up(ready, len(warm), time.time() - began)
-
-
-def _say_warm_up(ready: list[Any], count: int, waited: float) -> None:
-    """Log what the warm-up cost the start of training: the wait for it, or how early it was ready (start-up
-    is co-paced by it: BENCHMARKS.md)."""
-    import ray
-
-    try:
-        ends = ray.get(ready)
+    waited = time.time() - began
+    if waited >= 0.01 or len(ready) < len(warm):
+        logger.info("validation warm-up: waited %.2f s for it, %d of %d worker(s) ready", waited, len(ready), len(warm))
+        return
+    try:  # each warm-up returns when its import ended: how much slack the start of training had
+        logger.info("validation warm-up: ready %.2f s before training could start", time.time() - max(ray.get(ready)))
     except Exception as exc:  # a validation module that does not import: its first validation says so
         logger.info("validation warm-up failed: %s", type(exc).__name__)
-        return
-    if waited >= 0.01 or not ends:
-        logger.info("validation warm-up: waited %.2f s for it, %d of %d worker(s) ready", waited, len(ready), count)
-    else:
-        logger.info("validation warm-up: ready %.2f s before training could start", time.time() - max(ends))
 
 
 def missed_checkpoints(plan: RunPlan, seen: set[str]) -> list[CheckpointEvent]:
