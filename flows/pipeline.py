@@ -52,9 +52,10 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     # Prefect mirrors the run and is not on its critical path: with its server down, the run goes on.
     # SIGINT / SIGTERM stop it cleanly: the flow run ends Cancelled, and running the same name resumes.
     with prefect_api.watching(), stop_on_signals() as stop, run_lock(plan):  # a second run of the name is refused
-        say_resume(plan, check_resume_task(plan))  # a resume that would change the model's shape is refused here
+        resume = check_resume_task(plan)  # a resume that would change the model's shape is refused here
+        say_resume(plan, resume)
         try:
-            return hand_off(_train_validate_promote(plan, tracking_uri, mlflow_ui, stop))
+            return hand_off(_train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None))
         except RunStopped as exc:
             # a State returned ends the flow run in that state
             return Cancelled(message=str(exc))  # type: ignore[return-value]
@@ -117,29 +118,47 @@ def say_resume(plan: RunPlan, resume: Resume | None) -> None:
             plan.config.training.epochs, resume.from_epoch)
 
 
-def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
-                            stop: StopRequest) -> RunSummary:
+def _open_tracking(plan: RunPlan, tracking_uri: str | None, stream: CheckpointStream,
+                   training: PrefectConcurrentFuture | None) -> TrackingRun:
+    """Open the run's MLflow run with its lineage, and mark a killed attempt's flow run Crashed. Training may
+    be running already (a fresh run starts it first): if the MLflow run cannot be opened, training is stopped
+    before the error is raised, its persisted checkpoints kept for a resume."""
     config = plan.config
-    mark_abandoned_flow_run_task(tracking_uri, config.experiment, config.run_name)  # a killed attempt's flow run
+    try:
+        mark_abandoned_flow_run_task(tracking_uri, config.experiment, config.run_name)  # a killed attempt's flow run
+        tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
+                                          config.model_dump(mode="json"))
+        say("run %s: MLflow run %s", config.run_name, tracking.run_id)
+        record_lineage_task(plan, tracking)  # its data by digest, the flow run, deployment, schedule, code version
+        return tracking
+    except BaseException:
+        if training is not None and not stream.stop_training(training):
+            logger.warning("training did not stop in time; Ray stops with this process")
+        stream.close()
+        raise
+
+
+def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
+                            stop: StopRequest, fresh: bool) -> RunSummary:
+    config = plan.config
     connect_ray_task(plan)
-    tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
-                                      config.model_dump(mode="json"))
-    say("run %s: MLflow run %s", config.run_name, tracking.run_id)
-    record_lineage_task(plan, tracking)  # its data by digest, the flow run, deployment, schedule, code version
     stream = CheckpointStream()
+    training: PrefectConcurrentFuture | None = None
+    if fresh:  # nothing persisted, nothing to catch up: training starts now, and the MLflow run opens meanwhile
+        training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink, 0))  # the flow's thread pool
+    tracking = _open_tracking(plan, tracking_uri, stream, training)
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)
     validations.check_stop = stop.check
     validations.stopping = lambda: stop.requested
     seen: set[str] = set()
     reports = announced = restarts = 0
-    training: PrefectConcurrentFuture | None = None
     watch = contextlib.ExitStack()  # while training and validations need Ray: losing its head ends the run cleanly
     watch.enter_context(watching_head(stop.lose))
     try:
-        validations.catch_up(seen)  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict
-        training = cast(PrefectConcurrentFuture,  # the flow's thread pool
-                        train_model.submit(plan, stream.sink, validations.last_step))
+        if training is None:  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict, first
+            validations.catch_up(seen)
+            training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink, validations.last_step))
         for events in stream.follow(training):
             for event in events:
                 if isinstance(event, TrainingRestart):

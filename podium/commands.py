@@ -185,7 +185,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
 
     apply_http_retry_defaults()  # before the first MLflow request
     try:
-        services.prepare_mlflow(tracking_uri)
+        services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
     except services.ServiceError as exc:
         raise CliError(str(exc)) from None
     clock.record("mlflow_store", began)

@@ -284,6 +284,82 @@ def ui_url(api_url: str) -> str:
     return api_url.rstrip("/").removesuffix("/api")
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_mlflow(tracking_uri: str, wait_s: float = 60.0) -> None:
+    """Check a tracking URI before training starts, without loading MLflow (about a second) or opening its
+    store: the flow opens the store while training runs (podium.flows.pipeline). Raises ServiceError naming
+    what is wrong.
+
+    - `sqlite:///path`: its folder is created, and must be writable; a file already there must be a SQLite
+      database. (The flow's process creates a new store, before any other opens it: see prepare_mlflow.)
+    - `http(s)://`: the server must answer (any HTTP answer: what it says is for the flow's requests). A
+      server that refuses connections is waited for up to `wait_s`, as MLflow's retries would wait for a
+      write (podium.tracking.client.HTTP_RETRY_DEFAULTS).
+    - any other scheme (a database, Databricks): the store is opened here (prepare_mlflow).
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        _check_sqlite_store(Path(tracking_uri.removeprefix("sqlite:///")), tracking_uri)
+    elif tracking_uri.startswith(("http://", "https://")):
+        _check_tracking_server(tracking_uri, wait_s)
+    else:
+        prepare_mlflow(tracking_uri)
+
+
+def _check_sqlite_store(path: Path, tracking_uri: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: cannot create its folder "
+                           f"{path.parent}: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: {path} is a folder, "
+                           "expected a SQLite database file (or nothing, for a new store)")
+    if path.exists():
+        try:
+            with open(path, "rb") as f:
+                header = f.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: cannot read {path}: "
+                               f"{exc.strerror or exc}") from None
+        if header and header != _SQLITE_HEADER:
+            raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: {path} is not a SQLite "
+                               "database")
+        writable = os.access(path, os.W_OK)
+    else:
+        writable = os.access(path.parent, os.W_OK)
+    if not writable:
+        raise ServiceError(f"MLflow tracking URI {tracking_uri!r} is not usable: "
+                           f"{path if path.exists() else path.parent} is not writable")
+
+
+def _check_tracking_server(tracking_uri: str, wait_s: float) -> None:
+    from podium.redaction import redact_uri
+
+    url = f"{tracking_uri.rstrip('/')}/health"
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=20):
+                return
+        except urllib.error.HTTPError:
+            return  # an answer: the server is there
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if time.monotonic() >= deadline:
+                raise ServiceError(f"MLflow tracking server {redact_uri(tracking_uri)} is not reachable: "
+                                   f"{reason} (tried for {wait_s:.0f} s)") from None
+            if not said:
+                logger.warning("MLflow tracking server %s does not answer (%s): waiting up to %.0f s",
+                               redact_uri(tracking_uri), reason, wait_s)
+                said = True
+            time.sleep(min(2.0, max(deadline - time.monotonic(), 0.0)))
+        except ValueError as exc:  # not a URL urllib can open
+            raise ServiceError(f"MLflow tracking URI {redact_uri(tracking_uri)} is not usable: {exc}") from None
+
+
 def prepare_mlflow(tracking_uri: str) -> None:
     """Create the MLflow store once, before any worker process opens it.
 

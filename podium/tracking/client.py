@@ -16,14 +16,18 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import requests
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from podium.redaction import redact_uri
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# MLflow's import takes about a second: this package loads it when it first talks to a store, so that a
+# run can start training first and open its MLflow run while training goes on (podium.flows.pipeline)
 
 TAG_RUN = "podium.run_name"
 
@@ -149,6 +153,8 @@ def is_unreachable(exc: BaseException) -> bool:
         return exc.response.status_code >= 500  # an artifact upload the server refused is an answer
     if isinstance(exc, requests.RequestException):
         return True
+    from mlflow.exceptions import MlflowException
+
     return isinstance(exc, MlflowException) and bool(_TRANSPORT_FAILURE.match(str(exc.message)))
 
 
@@ -170,7 +176,7 @@ def reaching_tracking(tracking_uri: str, action: str) -> Iterator[None]:
     start = time.monotonic()
     try:
         yield
-    except (MlflowException, requests.RequestException) as exc:
+    except Exception as exc:
         if not is_unreachable(exc):
             raise
         raise TrackingUnavailable(tracking_uri, action, _short_reason(exc), time.monotonic() - start) from exc
@@ -193,6 +199,8 @@ def tracking_call(action: str) -> Callable[[_F], _F]:
 
 def tracking_client(tracking_uri: str) -> MlflowClient:
     """An MlflowClient for this tracking URI (and the same registry), with podium's retry settings."""
+    from mlflow.tracking import MlflowClient
+
     apply_http_retry_defaults()
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 

@@ -16,15 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
-
-from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+from typing import TYPE_CHECKING, Any
 
 from podium.redaction import redact_uri
 from podium.storage.datasets import DatasetDigest
 from podium.tracking.client import MAX_TAG, TrackingRun, is_unreachable, tracking_call, tracking_client
+
+if TYPE_CHECKING:
+    from mlflow.entities import Dataset, Metric
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +44,8 @@ _MLFLOW_TYPES = {"int8": "integer", "int16": "integer", "int32": "integer", "int
 
 def mlflow_dataset(d: DatasetDigest) -> Dataset:
     """The MLflow dataset entity of a digested Parquet dataset."""
+    from mlflow.entities import Dataset
+
     columns = [{"name": n, "type": _MLFLOW_TYPES.get(t, "string"), "required": True} for n, t in d.schema.items()]
     profile = {"num_rows": d.rows, "num_files": d.files, "num_row_groups": d.row_groups, "size_bytes": d.size_bytes}
     uri = redact_uri(d.uri)
@@ -65,6 +66,9 @@ def dataset_tags(datasets: dict[str, DatasetDigest]) -> dict[str, str]:
 @tracking_call("recording the run's datasets and lineage")
 def record_run_inputs(tr: TrackingRun, datasets: dict[str, DatasetDigest], tags: dict[str, str]) -> None:
     """The run's datasets as MLflow inputs (idempotent per name and digest) and its lineage as run tags."""
+    from mlflow.entities import DatasetInput, InputTag, RunTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
     client = tr.client()
     if datasets:
         client.log_inputs(tr.run_id, datasets=[DatasetInput(mlflow_dataset(d), [InputTag(MLFLOW_DATASET_CONTEXT,
@@ -80,6 +84,10 @@ def record_rescore(tr: TrackingRun, who: str, model_id: str | None, step: int, m
                    dataset: DatasetDigest) -> str:
     """Record a number measured again on `dataset` for a comparison: a nested run under `tr` whose metrics
     also go on the LoggedModel `model_id` with the dataset's digest. Returns the nested run's id."""
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+
     client = tr.client()
     run = client.create_run(tr.experiment_id, run_name=f"{tr.run_name}-rescore-{who}",
                             tags={MLFLOW_PARENT_RUN_ID: tr.run_id, TAG_RESCORE_OF: who, TAG_VAL_DIGEST: dataset.digest,
@@ -90,6 +98,8 @@ def record_rescore(tr: TrackingRun, who: str, model_id: str | None, step: int, m
     now = int(time.time() * 1000)
 
     def batch(model: str | None) -> list[Metric]:
+        from mlflow.entities import Metric
+
         return [Metric(k, float(v), now, int(step), model_id=model, dataset_name=dataset.name,
                        dataset_digest=dataset.digest) for k, v in sorted(metrics.items())]
     try:
@@ -120,6 +130,8 @@ def lineage_tags(tags: dict[str, str]) -> dict[str, str]:
 def runs_using(tracking_uri: str, digest: str) -> list[dict[str, Any]]:
     """Every run, in every active experiment, with a dataset input whose digest starts with `digest`:
     its name, ids, and in which role (training, validation, evaluation) it used the data."""
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+
     client = tracking_client(tracking_uri)
     experiments = {e.experiment_id: e.name for e in client.search_experiments()}
     if not experiments:

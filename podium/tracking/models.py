@@ -18,16 +18,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlflow
 import numpy as np
 import pandas as pd
-from mlflow.models import Model, ModelSignature
-from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 from podium.serving import tabular
 from podium.tracking.client import TrackingRun, tracking_call
+
+if TYPE_CHECKING:
+    from mlflow.models import ModelSignature
 
 LOADER_MODULE = "podium_tabular"  # the name tabular.py is shipped under, inside each model's code/
 
@@ -48,6 +48,9 @@ def column_type(arrow_type: str) -> str:
 def signature_for(features: list[dict[str, str]], label_column: str | None,
                   with_probabilities: bool = True) -> ModelSignature:
     """Inputs: the feature columns in order; output: the class label; param: `probabilities`."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
     inputs = Schema([ColSpec(column_type(f["type"]), f["name"]) for f in features])
     outputs = Schema([ColSpec("long", label_column)]) if label_column else None
     if not with_probabilities:
@@ -58,6 +61,8 @@ def signature_for(features: list[dict[str, str]], label_column: str | None,
 
 def requirements(torch_version: str | None) -> list[str]:
     """What the served model needs, pinned to what built it (`+cpu`-style local tags dropped)."""
+    import mlflow
+
     reqs = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}", f"pandas=={pd.__version__}"]
     if torch_version:
         reqs.append(f"torch=={torch_version.split('+')[0]}")
@@ -67,6 +72,9 @@ def requirements(torch_version: str | None) -> list[str]:
 def package_model(model_folder: str, out_dir: str, *, example: pd.DataFrame, model_id: str | None,
                   run_id: str | None, metadata: dict[str, Any]) -> str:
     """Wrap a model folder (model.pt2 + podium_model.json) as an MLflow model at `out_dir`."""
+    import mlflow
+    from mlflow.models import Model
+
     spec = tabular.read_spec(model_folder)
     with tempfile.TemporaryDirectory(prefix="podium-code-") as code:
         loader = os.path.join(code, f"{LOADER_MODULE}.py")
@@ -89,6 +97,9 @@ def package_model(model_folder: str, out_dir: str, *, example: pd.DataFrame, mod
 def package_python_model(loaded: Any, out_dir: str, *, features: list[dict[str, str]], example: pd.DataFrame,
                          model_id: str | None, run_id: str | None, metadata: dict[str, Any]) -> str:
     """An object with `predict(DataFrame)` as an MLflow pyfunc model (its `predict` is called as it is)."""
+    import mlflow
+    from mlflow.models import Model
+
 
     # the argument name pyfunc expects, and no type hints (pyfunc would read them as a schema); the
     # function is pickled by value, with `loaded` inside

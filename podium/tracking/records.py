@@ -16,10 +16,7 @@ import logging
 import math
 import sys
 import time
-from typing import Any
-
-from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
-from mlflow.exceptions import MlflowException
+from typing import TYPE_CHECKING, Any
 
 from podium.failures import plain_text
 from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
@@ -43,6 +40,9 @@ from podium.tracking.client import (
 from podium.tracking.datasets import TAG_VAL_DATA, TAG_VAL_DIGEST
 from podium.training.events import CheckpointEvent
 
+if TYPE_CHECKING:
+    from mlflow.entities import LoggedModelOutput, Metric
+
 logger = logging.getLogger(__name__)
 
 SIGNIFICANT_DIGITS = 6
@@ -58,6 +58,8 @@ def display_value(value: float) -> float:
 
 def _metrics(values: dict[str, float], step: int, model_id: str | None = None,
              dataset: DatasetDigest | None = None) -> list[Metric]:
+    from mlflow.entities import Metric
+
     now = int(time.time() * 1000)
     # the data they were measured on goes with validation metrics (MLflow 3 metrics name their dataset)
     on = {"dataset_name": dataset.name, "dataset_digest": dataset.digest} if dataset else {}
@@ -166,6 +168,9 @@ def list_as_output(tr: TrackingRun, model_id: str, step: int) -> None:
     MLflow refuses a second identical output (the store's primary key): a request the HTTP client
     retried after a timeout, although the server had taken it, is answered 400. That answer is
     success when the run already lists the model."""
+    from mlflow.entities import LoggedModelOutput
+    from mlflow.exceptions import MlflowException
+
     client = tr.client()
     try:
         client.log_outputs(tr.run_id, [LoggedModelOutput(model_id, step)])
@@ -234,6 +239,8 @@ def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[st
     The status is set only once the metrics are written, and in the same request as podium's exact
     copy of them: a write that fails leaves the checkpoint pending (validated again when the run
     resumes), never validated without metrics."""
+    from mlflow.entities import LoggedModelStatus
+
     client = tr.client()
     model_id = _model_id(record)
     client.log_batch(tr.run_id, metrics=_metrics(metrics, record.step, model_id, dataset))
@@ -253,6 +260,8 @@ def merge_validation(tr: TrackingRun, record: CheckpointRecord, metrics: dict[st
 def mark_skipped(tr: TrackingRun, record: CheckpointRecord, note: str) -> CheckpointRecord:
     """Record that a checkpoint is not validated, and why (its report said validation=False); it is
     never promoted. The LoggedModel itself is complete (READY); `podium.status` says skipped."""
+    from mlflow.entities import LoggedModelStatus
+
     client = tr.client()
     model_id = _model_id(record)
     client.set_logged_model_tags(model_id, {TAG_STATUS: SKIPPED, TAG_NOTE: note[:MAX_TAG]})
@@ -268,6 +277,8 @@ def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str,
 
     `metrics`, what a validation returned that failed the checkpoint (a NaN loss), are kept with it,
     exactly."""
+    from mlflow.entities import LoggedModelStatus
+
     reason = plain_text(reason)  # Ray's errors carry terminal colour codes
     client = tr.client()
     model_id = _model_id(record)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING
 
 from podium.selection import CheckpointRecord
 from podium.tracking.client import (
@@ -17,6 +15,9 @@ from podium.tracking.client import (
     tracking_call,
     tracking_client,
 )
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
                       tags: dict[str, str], description: str = "") -> str:
     """Register the champion's LoggedModel (its artifacts are the served model) as a new version of
     `name`, and move `alias` to it; returns the version."""
+    from mlflow.exceptions import MlflowException
+
     client = tr.client()
     try:
         client.create_registered_model(name, description="Champions promoted by podium.")
@@ -88,6 +91,8 @@ def _one_version(client: MlflowClient, name: str, served_uri: str, created: str)
 @tracking_call("reading the model registry")
 def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str | None:
     """The registered model version whose source is this served copy, if it was registered."""
+    from mlflow.exceptions import MlflowException
+
     client = tracking_client(tracking_uri)
     try:
         versions = client.search_model_versions(f"name = '{name}'")
@@ -103,6 +108,8 @@ def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str
 @tracking_call("reading the model registry")
 def alias_target(tracking_uri: str, name: str, alias: str) -> str | None:
     """The version an alias points at, or None."""
+    from mlflow.exceptions import MlflowException
+
     client = tracking_client(tracking_uri)
     try:
         return str(client.get_model_version_by_alias(name, alias).version)
@@ -125,6 +132,8 @@ def mark_withdrawn(tracking_uri: str, name: str, served_uri: str, model_id: str 
 
     A record that is not there (never registered, deleted) is skipped: the serving history stays the
     source of truth."""
+    from mlflow.exceptions import MlflowException
+
     client = tracking_client(tracking_uri)
     version = registered_version_for(tracking_uri, name, served_uri)
     if version is not None:

@@ -5,11 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
-
-from mlflow.entities import Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+from typing import TYPE_CHECKING, Any
 
 from podium.redaction import redact_value
 from podium.tracking.client import (
@@ -24,6 +20,9 @@ from podium.tracking.client import (
     tracking_call,
     tracking_client,
 )
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +64,8 @@ def artifact_location_for(tracking_uri: str) -> str | None:
 def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
     """The experiment's id. It says it is model training and has podium's runs view (tags someone
     set otherwise are theirs to keep)."""
+    from mlflow.exceptions import MlflowException
+
     tags = {**EXPERIMENT_KIND, RUNS_VIEW_TAG: json.dumps(RUNS_VIEW_STATE)}
     exp = client.get_experiment_by_name(name)
     if exp:
@@ -90,6 +91,8 @@ def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params:
                       set_tags: dict[str, str] | None = None) -> TrackingRun:
     """Find the MLflow run of this podium run (same name: resumed), or create it; log config as params,
     and `set_tags` as tags."""
+    from mlflow.entities import Param, RunTag
+
     client = tracking_client(tracking_uri)
     experiment_id = _get_or_create_experiment(client, experiment)
     found = _find_runs(client, experiment_id, run_name)
@@ -131,6 +134,8 @@ def open_tracking_run(tracking_uri: str, experiment: str, run_name: str, params:
 @tracking_call("tagging the run with its outcome")
 def tag_outcome(tr: TrackingRun, outcome: str, description: str, tags: dict[str, str]) -> None:
     """The run's outcome where people look: a tag (a runs-table column) and the run's description."""
+    from mlflow.entities import RunTag
+
     tags = {TAG_OUTCOME: outcome[:MAX_TAG], "mlflow.note.content": description, **tags}
     tr.client().log_batch(tr.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
@@ -153,6 +154,20 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
     for step in (1, 2):
         failed = [r for r in runs if r.name == f"validate-step-{step}"]
         assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
+
+
+def test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_started(pipeline, dataset, locations):
+    """A fresh run starts training first and opens its MLflow run while training starts (MLflow's import and
+    store are off the start-up path). An MLflow run that cannot be opened (its experiment was deleted in the
+    UI) stops that training and fails the run with MLflow's own words."""
+    client = MlflowClient(locations["tracking_uri"])
+    client.delete_experiment(client.create_experiment("podium"))
+    with pytest.raises(MlflowException, match="must be in the 'active' state"):
+        pipeline(_config("no-experiment", dataset, locations, training={"epochs": 50}), locations["tracking_uri"])
+    runs = task_runs("no-experiment", 3)
+    training = [r for r in runs if r.name.startswith("train-model")]
+    assert len(training) == 1 and training[0].state.is_final() and not training[0].state.is_completed(), \
+        [(r.name, r.state) for r in runs]  # stopped, not left to train its 50 epochs
 
 
 def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations, caplog):

@@ -89,6 +89,7 @@ def test_invalid_run_fails_before_any_server_starts(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(commands, "_quiet_libraries", lambda log_file: None)
     monkeypatch.setattr(podium.services, "ensure_prefect_server", no_server)
     monkeypatch.setattr(podium.services, "prepare_mlflow", no_server)
+    monkeypatch.setattr(podium.services, "check_mlflow", no_server)
 
     assert main(["run", "--epochs", "0", "--quiet"]) == 2
     assert "training.epochs = 0" in capsys.readouterr().err

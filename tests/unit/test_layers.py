@@ -44,6 +44,10 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     # what a run asks of Ray, read by `podium run` before anything else loads: Ray core and the config only
     "podium.resources": ({"prefect", "mlflow", "torch"}, ["ray", "pydantic"]),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),
+    # a fresh run starts training before MLflow (about a second to import) has loaded: the flow, and what
+    # `podium run` loads before it, name podium.tracking's functions without loading MLflow
+    "podium.flows.pipeline": ({"mlflow", "torch"}, ["prefect", "prefect.futures", "ray.train", "ray.util.queue"]),
+    "podium.commands": ({"mlflow", "torch"}, ["prefect"]),
     "podium.cli": (NOTHING_HEAVY, []),  # `podium --help` and a bad flag answer at once
     "podium": (NOTHING_HEAVY, []),
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from podium.services import ServiceError, _reuse, process_start_time, stop_prefect_server
+from podium.services import ServiceError, _reuse, check_mlflow, process_start_time, stop_prefect_server
 
 
 @pytest.fixture
@@ -119,3 +119,42 @@ def test_a_server_with_basic_auth_is_verified_with_prefects_auth_string(tmp_path
         assert _reuse(state, tmp_path.resolve() / "prefect", timeout_s=5) == f"http://127.0.0.1:{port}/api"
     finally:
         api.shutdown()
+
+
+# --- the MLflow check before training (the store itself opens while training runs) ----------------
+
+def test_a_sqlite_store_is_checked_without_opening_it(tmp_path):
+    db = tmp_path / "new" / "mlflow.db"
+    check_mlflow(f"sqlite:///{db}")
+    assert db.parent.is_dir() and not db.exists()  # its folder made; the flow creates the store
+
+    (tmp_path / "notes.txt").write_text("not a database")
+    with pytest.raises(ServiceError, match="notes.txt is not a SQLite database"):
+        check_mlflow(f"sqlite:///{tmp_path / 'notes.txt'}")
+    with pytest.raises(ServiceError, match="is a folder, expected a SQLite database file"):
+        check_mlflow(f"sqlite:///{tmp_path / 'new'}")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ServiceError, match="cannot create its folder"):
+        check_mlflow(f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}")
+
+
+def test_a_tracking_server_must_answer_and_any_answer_will_do():
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        check_mlflow(url)  # a proxy without /health is still a server: what it says is the flow's to read
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(ServiceError, match=r"MLflow tracking server http://127\.0\.0\.1:\d+ is not reachable: "
+                                           r".*refused.* \(tried for 0 s\)"):
+        check_mlflow(url, wait_s=0)
