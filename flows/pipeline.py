@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from datetime import datetime, timezone
 from typing import NoReturn, cast
 
@@ -35,6 +37,8 @@ from podium.training.events import TrainingRestart
 from podium.training.head import watching_head
 
 logger = logging.getLogger(__name__)
+
+TRAINING_START_WAIT_S = 30.0  # at most this long before the MLflow run opens anyway (a slow data plan)
 
 
 # Enough threads for training plus any validation concurrency a config asks for;
@@ -145,7 +149,14 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     stream = CheckpointStream()
     training: PrefectConcurrentFuture | None = None
     if fresh:  # nothing persisted, nothing to catch up: training starts now, and the MLflow run opens meanwhile
-        training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink, 0))  # the flow's thread pool
+        fitting = threading.Event()
+        training = cast(PrefectConcurrentFuture,  # the flow's thread pool
+                        train_model.submit(plan, stream.sink, 0, fitting))
+        # until training's own work in this process is done (the data's statistics, the datasets' plan):
+        # MLflow's import and store would take the interpreter from it; Ray Train's start leaves it idle
+        deadline = time.monotonic() + TRAINING_START_WAIT_S
+        while not fitting.wait(0.05) and not training.wrapped_future.done() and time.monotonic() < deadline:
+            pass
     tracking = _open_tracking(plan, tracking_uri, stream, training)
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -101,9 +102,11 @@ def trainer_datasets(plan: RunPlan, loop_config: dict[str, Any]) -> dict[str, An
     return None
 
 
-def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
+def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None) -> float:
     """Train to completion (or resume the run of the same name), announcing each report to `sink`;
-    `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer).
+    `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer). `fitting` is set once
+    this process's own part of the start is done (the data's statistics, the datasets' plan) and Ray Train
+    starts: from then on this thread waits on Ray.
 
     Returns the time training ended (epoch seconds)."""
     from podium.training import raytrain
@@ -113,6 +116,8 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
     datasets = trainer_datasets(plan, loop_config)
     logger.info("run %s: starting Ray Train (%s)", cfg.run_name,
                 "data through Ray Data: " + ", ".join(sorted(datasets)) if datasets else "no datasets")
+    if fitting is not None:
+        fitting.set()
     try:
         _fit(plan, sink, step_base, loop_config, datasets)
     except Exception as exc:
@@ -151,9 +156,9 @@ def _fit(plan: RunPlan, sink: EventSink, step_base: int, loop_config: dict[str, 
 
 
 @task(name="train-model", cache_policy=NO_CACHE)
-def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0) -> float:
+def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
-    return train(plan, sink, step_base)
+    return train(plan, sink, step_base, fitting)
 
 
 class NoCheckpointReported(RuntimeError):

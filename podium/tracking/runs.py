@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podium.redaction import redact_value
+from podium.redaction import redact_uri, redact_value
 from podium.tracking.client import (
     EXPERIMENT_KIND,
     MAX_TAG,
@@ -68,6 +68,12 @@ def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
 
     tags = {**EXPERIMENT_KIND, RUNS_VIEW_TAG: json.dumps(RUNS_VIEW_STATE)}
     exp = client.get_experiment_by_name(name)
+    if exp and exp.lifecycle_stage == "deleted":  # MLflow refuses new runs in it, and its name stays taken
+        uri = redact_uri(client.tracking_uri)
+        raise LookupError(
+            f"MLflow experiment {name!r} (id {exp.experiment_id}) was deleted at {uri}: restore it "
+            f"(`MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp.experiment_id}`), or run "
+            "with another --experiment")
     if exp:
         for key, value in tags.items():
             if key not in (exp.tags or {}):
