@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,8 @@ class Runner:
                 try:
                     summary = self.run_once(key, tag)
                 except Exception as exc:  # a failed run is a failed attempt, reported with the rest
-                    error = f"run failed: {str(exc).splitlines()[0]}"
+                    error = f"run failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                    (self.work / f"{tag}-error.txt").write_text(traceback.format_exc())  # the whole trace, kept
             reasons = check_attempt(summary, w, self.expectations(key), error)
             attempts.append({"reasons": reasons, "window": w.to_dict()})
             log(f"{tag}: {'measured' if not reasons else 'NOT a measurement: ' + '; '.join(reasons)} "

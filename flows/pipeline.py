@@ -16,6 +16,7 @@ from prefect.states import Cancelled
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from podium import prefect_api
+from podium.charts import preload_charts
 from podium.config import PipelineConfig
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
@@ -186,7 +187,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 say("checkpoint step %d saved: %s", event.step, event.checkpoint_uri)
                 seen.add(event.checkpoint_name)
                 announced += 1
-                preload_packaging()  # what promotion will load, loaded while training goes on (once)
+                preload_packaging()  # what promotion and the reports will load, loaded while training goes on (once)
+                preload_charts()
                 validations.add(record_checkpoint_task(tracking, event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()

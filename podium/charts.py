@@ -13,7 +13,27 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from podium.imports import Preload
 from podium.selection import VALIDATED, CheckpointRecord
+
+
+def _load_matplotlib() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: render to files
+    import matplotlib.figure
+    import matplotlib.font_manager
+    import matplotlib.ticker
+    from matplotlib.backends import backend_agg  # noqa: F401
+
+
+_MATPLOTLIB = Preload("podium-preload-charts", _load_matplotlib)
+
+
+def preload_charts() -> None:
+    """Load matplotlib (about half a second, its font list included) in a background thread, once per
+    process: the flow calls this while training runs, so that the reports at a run's end do not wait for it."""
+    _MATPLOTLIB.start()
 
 
 @dataclass(frozen=True)
@@ -35,9 +55,8 @@ def metric_figure(records: list[CheckpointRecord], metric: str, mode: str, title
 
     Checkpoints without a finite value (failed, pending, NaN) are marked with a cross on the step
     axis, so a missing point is visibly missing."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: render to files
+    _MATPLOTLIB.wait()
+    _load_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, ScalarFormatter
 

@@ -1,10 +1,15 @@
-"""Resolve 'package.module:function' import paths with errors that say what went wrong."""
+"""Resolve 'package.module:function' import paths with errors that say what went wrong; load modules
+ahead of the code that needs them, in a background thread."""
 
 from __future__ import annotations
 
 import importlib
+import logging
+import threading
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class ImportPathError(ValueError):
@@ -27,3 +32,30 @@ def resolve_callable(path: str, field: str = "import path") -> Callable[..., Any
     if not callable(obj):
         raise ImportPathError(f"{field} = {path!r}: {attr!r} is a {type(obj).__name__}, expected a function")
     return obj
+
+
+class Preload:
+    """Modules imported in a background thread, once per process, while the process mostly waits (a run
+    in training), so that the code that needs them later does not wait for their import. That code calls
+    `wait` before it imports them itself: no module is loaded from two threads at once."""
+
+    def __init__(self, name: str, load: Callable[[], None]):
+        self.name, self.load = name, load
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        try:
+            self.load()
+        except Exception:  # loaded again, and said, by the code that needs them
+            logger.debug("preloading %s failed", self.name, exc_info=True)
+
+    def start(self) -> None:
+        """Start the import (once; later calls do nothing)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Until the import is done (at once if it never started)."""
+        if self._thread is not None:
+            self._thread.join()

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from podium.imports import Preload
 from podium.selection import CheckpointRecord
 from podium.serving.load import fetch_folder
 from podium.serving.staging import list_objects
@@ -73,15 +73,12 @@ def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]
         return [{"name": c, "type": "double"} for c in columns], pd.DataFrame({c: [0.0, 0.0] for c in columns})
 
 
-_preload: threading.Thread | None = None
-
-
 def _load_export_modules() -> None:
-    try:
-        importlib.import_module("podium.training.export")
-        importlib.import_module("torch.export._trace")
-    except Exception:  # loaded again, and said, when the served model is built
-        logger.debug("preloading torch.export failed", exc_info=True)
+    importlib.import_module("podium.training.export")
+    importlib.import_module("torch.export._trace")
+
+
+_EXPORT = Preload("podium-preload-export", _load_export_modules)
 
 
 def preload_packaging() -> None:
@@ -89,22 +86,13 @@ def preload_packaging() -> None:
     tracing (dynamo, sympy), about a second of imports. The flow calls this once training has reported its
     first checkpoint, while this process mostly waits; promotion then does not wait for the imports, and
     neither does the start of the run. Once per process."""
-    global _preload
-    if _preload is None:
-        _preload = threading.Thread(target=_load_export_modules, name="podium-preload-export", daemon=True)
-        _preload.start()
-
-
-def await_preload() -> None:
-    """Until `preload_packaging`'s imports are done (at once if there were none)."""
-    if _preload is not None:
-        _preload.join()
+    _EXPORT.start()
 
 
 def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, workdir: str) -> ServedModel:
     """Build the served model of `record`'s checkpoint in `workdir` (see the module's docstring)."""
     from podium.tracking.models import package_model, package_python_model
-    await_preload()  # the modules it loaded are not loaded from two threads at once
+    _EXPORT.wait()  # the modules it loads are not loaded from two threads at once
     from podium.training.export import load_servable, write_model_folder  # torch loads here, not at import
 
     start = time.monotonic()
