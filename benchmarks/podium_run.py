@@ -252,11 +252,17 @@ def mlflow_records(tracking_uri: str, run_id: str) -> dict[str, Any]:
 SETTLE_S = 60.0
 
 
+# task runs every finished podium run has: the server may store the last of them after the flow run's end
+# (a cold server, busy with its first start, was seen storing promote-best-checkpoint a second later)
+SETTLED_TASKS = ("train-model", "promote-best-checkpoint")
+
+
 def _prefect_settled(prefect: dict[str, Any]) -> bool:
-    """The flow run has ended, every task run has too, and the train-model task run is among them."""
+    """The flow run has ended, every task run has too, and the train-model and promotion task runs are among
+    them."""
     tasks = prefect.get("tasks") or []
     return (bool((prefect.get("flow") or {}).get("end")) and all(t.get("end") for t in tasks)
-            and any(t["name"].startswith("train-model") for t in tasks))
+            and all(any(t["name"].startswith(name) for t in tasks) for name in SETTLED_TASKS))
 
 
 def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, Any]:
