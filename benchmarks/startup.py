@@ -152,8 +152,9 @@ def render(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], s
         "",
         f"Job: {JOB.train_rows:,} rows, {JOB.epochs} epochs, one worker, cheap validation. *warm*: the Prefect "
         "server up and the MLflow store created (by an earlier run); *cold*: a fresh home, no server, no database. "
-        "*cli: …*: the phases `podium run --json` reports (seconds each; `prefect_server`, `ray` and `mlflow_store` "
-        "overlap).", "",
+        "*cli: …*: the phases `podium run --json` reports (seconds each; `prefect_server` and `ray` run in "
+        "background threads, beside the others; `mlflow_check` checks the tracking URI without loading MLflow, "
+        "which loads once training has started).", "",
         markdown_table(["figure"] + ways, rows),
     ])
 

@@ -188,7 +188,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
         services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
     except services.ServiceError as exc:
         raise CliError(str(exc)) from None
-    clock.record("mlflow_store", began)
+    clock.record("mlflow_check", began)
     if servers.ray is not None:
         began = time.monotonic()
         import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)

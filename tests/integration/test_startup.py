@@ -94,5 +94,5 @@ def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done
     # nor may the main thread load other parts of `ray` meanwhile (the preflight waits where it would)
     assert out["ray_meanwhile"] == [], out["ray_meanwhile"]
     assert out["handed"] and out["prewarmed_again"] == 0
-    assert {"preflight", "mlflow_store", "ray", "prefect_server"} <= set(out["phases"])
+    assert {"preflight", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
     assert out["released"] and out["kept_others"]
