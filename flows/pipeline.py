@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from datetime import datetime, timezone
 from typing import NoReturn, cast
 
@@ -153,11 +152,10 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         fitting = threading.Event()
         training = cast(PrefectConcurrentFuture,  # the flow's thread pool
                         train_model.submit(plan, stream.sink, 0, fitting))
+        training.wrapped_future.add_done_callback(lambda _: fitting.set())  # a task that ends before Ray Train
         # until training's own work in this process is done (the data's statistics, the datasets' plan):
         # MLflow's import and store would take the interpreter from it; Ray Train's start leaves it idle
-        deadline = time.monotonic() + TRAINING_START_WAIT_S
-        while not fitting.wait(0.05) and not training.wrapped_future.done() and time.monotonic() < deadline:
-            pass
+        fitting.wait(TRAINING_START_WAIT_S)
     tracking = _open_tracking(plan, tracking_uri, stream, training)
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)

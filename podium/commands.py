@@ -158,8 +158,8 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
 
 
 def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
-    """The preflight and the MLflow store (and, for a training run, torch) in this thread while the servers
-    start in theirs (`_start_servers`); then wait for them. Returns (tracking_uri, api_url)."""
+    """The preflight and the tracking URI's check (and, for a training run, torch) in this thread while the
+    servers start in theirs (`_start_servers`); then wait for them. Returns (tracking_uri, api_url)."""
     # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
     # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
     # loop and validation it checks at once. The resume check reads Ray Train's checkpoints: it comes last.
