@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 # Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.commands._prepare).
 PROBE = r"""
-import importlib.abc, json, sys, threading, time
+import importlib.abc, json, os, sys, threading, time
 
 loaded_by_thread, ray_loaded_by_main = [], []
 
@@ -63,6 +63,10 @@ submitted = []
 original_prewarm = cluster.prewarm_validation_workers
 cluster.prewarm_validation_workers = lambda *a, **k: submitted.append(a) or original_prewarm(*a, **k)
 connect_ray(plan)
+# a Ray of podium's own passes its variables through the raylet's environment, not a job runtime_env (which
+# would keep Ray's prestarted workers from ever running the job's work), and leaves this process's as it was
+job_env = dict(ray.get_runtime_context().runtime_env)
+worker_env = ray.get(ray.remote(lambda: os.environ.get(cluster.POLL_INTERVAL_ENV)).remote())
 # only what was loaded (a failed optional import is no risk), by top-level package
 new = sorted({m.split(".")[0] for m in loaded_by_thread if m in sys.modules} - before - {"ray"})
 # once training and validation are done, the flow releases the Ray that start_early started (and only that)
@@ -75,7 +79,8 @@ cluster.await_release()
 print(json.dumps({"new": [m for m in new if not m.startswith("_cython")], "handed": handed,
                   "prewarmed_again": len(submitted), "phases": sorted(clock.phases), "released": released,
                   "ray_meanwhile": ray_meanwhile,
-                  "kept_others": ray.is_initialized()}))
+                  "kept_others": ray.is_initialized(), "job_env": job_env, "worker_env": worker_env,
+                  "poll": os.environ[cluster.POLL_INTERVAL_ENV], "pythonpath": os.environ.get("PYTHONPATH")}))
 ray.shutdown()
 """
 
@@ -96,3 +101,5 @@ def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done
     assert out["handed"] and out["prewarmed_again"] == 0
     assert {"preflight", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
     assert out["released"] and out["kept_others"]
+    assert out["job_env"] == {} and out["worker_env"] == out["poll"]
+    assert out["pythonpath"] == env.get("PYTHONPATH")
