@@ -114,14 +114,13 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
             runtime_env["py_modules"] = sorted(set(py_modules))
         ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
         return
-    pythonpath = [*roots, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
     # A Ray of podium's own is this process's child, and its workers inherit the raylet's environment: the
     # poll interval (set above) and the user's code roots reach them from there, not through a job
     # runtime_env. Ray prestarts worker processes (one per CPU) before any job exists, with no runtime env;
     # a job that sets one can never use them, and starts a new process for each of its first tasks and
     # actors (Ray Train's controller, its workers, podium's queue) while training waits on them.
-    with _environment(PYTHONPATH=os.pathsep.join(dict.fromkeys(pythonpath)) if pythonpath else None):
+    with _pythonpath(roots):
         # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
         # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused
         # anyway with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
@@ -130,18 +129,19 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
 
 
 @contextlib.contextmanager
-def _environment(**values: str | None) -> Iterator[None]:
-    """These variables set (None: left as they are) in os.environ while the block runs, then restored."""
-    saved = {name: os.environ.get(name) for name, value in values.items() if value is not None}
-    os.environ.update({name: value for name, value in values.items() if value is not None})
+def _pythonpath(roots: list[str]) -> Iterator[None]:
+    """`roots` put before PYTHONPATH while the block runs (the processes it starts inherit that), then restored.
+    Only this variable is touched: other threads (the Prefect server's start) read the environment meanwhile."""
+    before = os.environ.get("PYTHONPATH")
+    if roots:
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *filter(None, (before or "").split(os.pathsep))]))
     try:
         yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _warm_up(fn_path: str, hold_s: float) -> float:
