@@ -67,6 +67,14 @@ connect_ray(plan)
 # would keep Ray's prestarted workers from ever running the job's work), and leaves this process's as it was
 job_env = dict(ray.get_runtime_context().runtime_env)
 worker_env = ray.get(ray.remote(lambda: os.environ.get(cluster.POLL_INTERVAL_ENV)).remote())
+# a preload thread runs as far below this process as Ray's workers run (they nice() themselves at start);
+# this process, its main thread, keeps its priority
+from podium.imports import Preload
+own = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+nice = {"main_before": own()}
+probe = Preload("podium-preload-probe", lambda: nice.update(preload=own()))
+probe.start(); probe.wait()
+nice.update(worker=ray.get(ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote()), main_after=own())
 # only what was loaded (a failed optional import is no risk), by top-level package
 new = sorted({m.split(".")[0] for m in loaded_by_thread if m in sys.modules} - before - {"ray"})
 # once training and validation are done, the flow releases the Ray that start_early started (and only that)
@@ -80,7 +88,8 @@ print(json.dumps({"new": [m for m in new if not m.startswith("_cython")], "hande
                   "prewarmed_again": len(submitted), "phases": sorted(clock.phases), "released": released,
                   "ray_meanwhile": ray_meanwhile,
                   "kept_others": ray.is_initialized(), "job_env": job_env, "worker_env": worker_env,
-                  "poll": os.environ[cluster.POLL_INTERVAL_ENV], "pythonpath": os.environ.get("PYTHONPATH")}))
+                  "poll": os.environ[cluster.POLL_INTERVAL_ENV], "pythonpath": os.environ.get("PYTHONPATH"),
+                  "nice": nice}))
 ray.shutdown()
 """
 
@@ -103,3 +112,6 @@ def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done
     assert out["released"] and out["kept_others"]
     assert out["job_env"] == {} and out["worker_env"] == out["poll"]
     assert out["pythonpath"] == env.get("PYTHONPATH")
+    nice = out["nice"]
+    assert nice["main_after"] == nice["main_before"] < nice["worker"], nice
+    assert nice["preload"] == (nice["worker"] if sys.platform.startswith("linux") else nice["main_before"]), nice
