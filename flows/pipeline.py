@@ -227,6 +227,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     finally:
         watch.close()
         stream.close()
+    progress.flush()
     summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at)
     close_tracking_run(tracking)
     return summary

@@ -4,7 +4,10 @@ Training, validation, MLflow records and promotion never wait on Prefect:
 
 - every call podium makes itself (artifacts, lineage reads) goes through `call()`: it runs under a
   deadline, and is skipped while the server is known to be down (an artifact is kept, the latest per
-  key, and written when the server answers again);
+  key, and written when the server answers again); a write the flow's loop makes while training goes
+  on (the progress artifact) goes through `post()`, which does not wait for it at all: a server slow to
+  answer (one starved of CPU beside training answered /health after 3-10 s) would otherwise hold the
+  loop that records checkpoints and starts their validations;
 - Prefect's own background senders do not fail slowly once per item: the run's log lines wait in a
   bounded buffer while the server is down (`log_sink`), and events (task-run states, checkpoint
   announcements) stay in the unconfirmed buffer of Prefect's events client, which gives an event up
@@ -89,6 +92,8 @@ class PrefectLink:
         self._lock = threading.Lock()
         self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="podium-prefect")
         self._artifacts: OrderedDict[str, Callable[[], Any]] = OrderedDict()  # key -> the latest write
+        self._posted: dict[str, Callable[[], Any] | None] = {}  # key -> next write (None: one in flight only)
+        self._posts_done = threading.Condition(self._lock)
         self._logs: deque[dict[str, Any]] = deque(maxlen=MAX_HELD_LOGS)
         self.logs_dropped = 0
         self.failures_seen = 0  # Prefect's own failure records swallowed while it was down
@@ -163,11 +168,48 @@ class PrefectLink:
         latest per key) and done when the server answers again."""
         if self.down:
             if key is not None:
-                with self._lock:
-                    self._artifacts[key] = _in_context(fn)
-                    self._artifacts.move_to_end(key)
+                self._hold(key, _in_context(fn))
             return None
         return self._run(_in_context(fn), what, key=key)
+
+    def _hold(self, key: str, fn: Callable[[], Any]) -> None:
+        with self._lock:
+            self._artifacts[key] = fn
+            self._artifacts.move_to_end(key)
+
+    def post(self, what: str, fn: Callable[[], Any], *, key: str) -> None:
+        """`fn()`, a write of the latest state under `key`, done in the background; the caller does not wait.
+        Writes of one key are done one at a time, in order; one posted while another of its key is in flight
+        replaces any still waiting (only the latest state matters). While the server is down it is held as a
+        `call` with `key` would hold it. `flush` waits for what was posted."""
+        fn = _in_context(fn)
+        with self._lock:
+            sending = key in self._posted
+            self._posted[key] = fn
+        if not sending:
+            self._calls.submit(self._send_posted, what, key)
+
+    def _send_posted(self, what: str, key: str) -> None:
+        while True:
+            with self._lock:
+                fn = self._posted.get(key)
+                if fn is None:  # nothing more was posted meanwhile
+                    del self._posted[key]
+                    self._posts_done.notify_all()
+                    return
+                self._posted[key] = None
+            try:
+                if self.down:
+                    self._hold(key, fn)
+                else:
+                    self._run(fn, what, key=key)
+            except BaseException:  # _run reports its own failures; nothing may leave the key marked in flight
+                logger.debug("posting %s failed", what, exc_info=True)
+
+    def flush(self, timeout_s: float = CALL_DEADLINE_S) -> bool:
+        """Wait up to `timeout_s` for the writes posted so far. True if none is left."""
+        with self._lock:
+            return self._posts_done.wait_for(lambda: not self._posted, timeout=timeout_s)
 
     def _run(self, fn: Callable[[], T], what: str, key: str | None = None) -> T | None:
         future = self._calls.submit(fn)
@@ -180,8 +222,7 @@ class PrefectLink:
                     if not self.down and time.monotonic() < deadline:
                         continue
                     if self.down and key is not None:
-                        with self._lock:
-                            self._artifacts[key] = fn
+                        self._hold(key, fn)
                     if self.down:
                         return None  # the call goes on in its thread; its outcome no longer matters
                     raise
@@ -191,8 +232,7 @@ class PrefectLink:
                 return None
             self.mark_down(f"{what}: {type(exc).__name__}: {exc}".strip()[:300])
             if key is not None:
-                with self._lock:
-                    self._artifacts[key] = fn
+                self._hold(key, fn)
             return None
 
     # ---- Prefect's background senders
@@ -270,6 +310,7 @@ class PrefectLink:
         that the process exits without waiting on Prefect's senders) and say, in one sentence, what was
         not recorded. None if the server answers and the flow run's end was recorded."""
         self.stop_watch()
+        self.flush()  # the last progress written (or held, if the server went away meanwhile)
         if self.probe(timeout=3.0) and flow_end_recorded:
             return None
         with self._lock:
@@ -306,6 +347,11 @@ def link() -> PrefectLink:
 def call(what: str, fn: Callable[[], T], *, key: str | None = None) -> T | None:
     """`fn()`, a Prefect API call of podium's own, through this process's link (see PrefectLink.call)."""
     return link().call(what, fn, key=key)
+
+
+def post(what: str, fn: Callable[[], Any], *, key: str) -> None:
+    """`fn()` in the background, the latest per key, through this process's link (see PrefectLink.post)."""
+    link().post(what, fn, key=key)
 
 
 def current_deployment() -> tuple[str, str] | None:

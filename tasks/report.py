@@ -248,5 +248,9 @@ class Progress:
             return  # the flow polls several times a second: one API call per actual change
         pct, artifact_id = 100.0 * self.trained / self.total, self.id
         description = f"{self.trained:g}/{self.total} epochs, {self.validated} validated"
-        prefect_api.call("a progress update", lambda: update_progress_artifact(
+        prefect_api.post("a progress update", lambda: update_progress_artifact(  # the loop goes on meanwhile
             artifact_id, progress=pct, description=description), key=self.key)
+
+    def flush(self) -> None:
+        """Wait (bounded) until the latest progress is written: before the flow's final reports."""
+        prefect_api.link().flush()

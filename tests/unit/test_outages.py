@@ -46,6 +46,38 @@ def test_a_call_to_a_server_that_is_down_is_skipped_said_once_and_replayed_when_
     assert not link.down and link.outages == 1
 
 
+def test_a_posted_write_does_not_wait_for_a_slow_server_and_only_the_latest_waiting_one_is_sent():
+    """Found in a profile of a benchmark run: the flow's loop waited 3-10 s per progress update on a Prefect
+    server starved of CPU beside training, and the checkpoints announced meanwhile reached MLflow that late."""
+    import threading
+    import time
+
+    link = prefect_api.PrefectLink(_dead_url())
+    answer, asked, sent = threading.Event(), threading.Event(), []
+
+    def slow_write(i: int) -> None:
+        asked.set()
+        answer.wait(10)  # the server answers only when the test says so
+        sent.append(i)
+
+    started = time.monotonic()
+    link.post("a progress update", lambda: slow_write(0), key="progress")
+    assert asked.wait(5)
+    for i in range(1, 5):
+        link.post("a progress update", lambda i=i: slow_write(i), key="progress")
+    assert time.monotonic() - started < 2.0, "the caller waited for the server"
+    assert not link.flush(timeout_s=0.2)  # still in flight
+    answer.set()
+    assert link.flush(timeout_s=5)
+    assert sent == [0, 4], "the first write, then the latest of those posted while it was in flight"
+
+    link.mark_down("a test")
+    link.post("a progress update", lambda: sent.append(5), key="progress")
+    assert link.flush(timeout_s=5) and sent == [0, 4]  # held while down, like a call with a key
+    link.mark_up()
+    assert sent == [0, 4, 5]
+
+
 def test_a_write_held_past_the_end_of_its_flows_client_is_sent_with_a_client_of_its_own():
     """Found in the suite: the server came back just as the flow ended, and the held artifacts were sent with
     the client the flow's engine had closed ("Cannot send a request, as the client has been closed")."""
