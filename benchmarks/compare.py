@@ -12,6 +12,8 @@ metrics arrive, and what does podium cost at start?
  (b) validation inside the loop: rank 0 validates each checkpoint synchronously after reporting it
  (c) Ray Train's async validation: ValidationConfig(fn=...) + report(..., validation=ValidationTaskConfig)
  (a') (a) once more at the end of each round: how much the machine drifted over the round
+ (f) (a) with the costly validation looping on the other core in a plain process from the first checkpoint
+     on (no Ray, no podium): what validating beside training costs on this machine at the least
 
 All train the same job with one Ray Train worker on one CPU and validate with the same function
 (benchmarks.workload:validate_repeated) on one CPU, each in a fresh process with a fresh local Ray.
@@ -111,8 +113,8 @@ class Runner:
         """What this way must show (see benchmarks.guard.check_attempt)."""
         calibrated = self.workload.calibration.get("validation_s")
         # a validation of less than half a second (the smoke job) is mostly fixed costs: nothing to hold it to
-        costly = key in ("b", "c", "d") and calibrated is not None and calibrated >= 0.5
-        return Expectations(epochs=self.workload.epochs, validates=key not in ("a", "a2"), pinned=self.split.enabled,
+        costly = key in ("b", "c", "d", "f") and calibrated is not None and calibrated >= 0.5
+        return Expectations(epochs=self.workload.epochs, validates=key not in ("a", "a2", "f"), pinned=self.split.enabled,
                             max_foreign_cores=self.args.max_foreign_cpu, validation_s=calibrated if costly else None)
 
     def run_once(self, key: str, tag: str) -> dict[str, Any]:
@@ -259,7 +261,7 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
               "Start-up and the time outside training ((a) against podium warm and cold; podium's own phases from "
               "the Prefect API and from the `startup` block of `podium run --json`):", "",
               report.startup_table(results), "",
-              "Goals:", "", report.goals_table(results), ""]
+              "Goals:", "", report.goals_table(results), "", report.floor_line(results) or "", ""]
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ from benchmarks.summaries import LABELS
 from benchmarks.workload import fmt, markdown_table
 
 Results = dict[str, list[dict[str, Any]]]
-ORDER = ("a", "d", "d0", "d1", "b", "c", "a2")
+ORDER = ("a", "f", "d", "d0", "d1", "b", "c", "a2")
 
 
 def way_summaries(results: Results, key: str) -> list[dict[str, Any]] | None:
@@ -213,6 +213,18 @@ def all_good(results: Results) -> bool:
     return ways_ok and all(v == "met" for _, _, v in score_goals(results))
 
 
+def floor_line(results: Results) -> str | None:
+    """What the machine itself costs training when the other core validates ((f) against (a)), and what (d)
+    costs beyond that ((d) against (f)), each within its round; None unless both (f) and (d) count."""
+    f = series(results, "f", lambda s, r: _ratio(s["train_wall"], base(results, r, "train_wall")))
+    fs = way_summaries(results, "f")
+    d = series(results, "d", lambda s, r: _ratio(s["train_wall"], fs[r]["train_wall"] if fs else None))
+    if not f or not d:
+        return None
+    return (f"The floor: with the costly validation looping on the other core and nothing else, training took "
+            f"{spread(f, 2, '×')} (a) ((f)); podium's (d) took {spread(d, 2, '×')} (f) in the same rounds.")
+
+
 def goals_table(results: Results) -> str:
     """The goals as a markdown table."""
     rows = [[g, m, "met" if v == "met" else f"**{v}**"] for g, m, v in score_goals(results)]
@@ -228,3 +240,6 @@ def print_summary(results: Results, out: Callable[[str], None] = print) -> None:
             out(f"  {LABELS[key]}: not measured: {why}")
     for g, m, v in score_goals(results):
         out(f"  {g}: {m} [{v}]")
+    floor = floor_line(results)
+    if floor:
+        out(f"  {floor}")

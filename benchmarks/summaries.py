@@ -8,7 +8,8 @@ from benchmarks.workload import percentile, read_jsonl, uploaded_at
 
 LABELS = {"a": "(a) training only", "d": "(d) podium", "d0": "(d0) podium, cheap validation, warm",
           "d1": "(d1) podium, cheap validation, first run in a fresh home", "b": "(b) inline validation (sync, rank 0)",
-          "c": "(c) Ray Train async validation", "a2": "(a') training only, again"}
+          "c": "(c) Ray Train async validation", "a2": "(a') training only, again",
+          "f": "(f) training only, the validation looping on the other core (no Ray, no podium): the floor"}
 
 
 def bare_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -75,6 +76,10 @@ def summarize_bare(key: str, out: dict[str, Any], spec: dict[str, Any]) -> dict[
          "best_chosen": (out["best_chosen"] - last) if out.get("best_chosen") and last else None,
          "promoted": None, "best_step": out.get("best_step"), "rows": rows}
     s.update(latency_stats(rows, 1))
+    if key == "f":  # back to back on the newest checkpoint: no per-checkpoint latency, only the validation's cost
+        s.update({k: None for k in s if k.startswith(("lat_", "excess_", "wait_", "last_wait"))})
+        runs = [r["end"] - r["start"] for r in read_jsonl(spec["timing_log"]) if r["end"] <= out["fit_end"]]
+        s.update({"n": 0, "val_p50": percentile(runs, 50), "val_p95": percentile(runs, 95), "validations": len(runs)})
     return s
 
 

@@ -1,12 +1,17 @@
-"""Run one of the bare-Ray-Train variants (a), (b), (c) of the comparison in this process.
+"""Run one of the bare-Ray-Train variants (a), (b), (c), (f) of the comparison in this process.
 
-    python -m benchmarks.variants --variant a|b|c --spec spec.json --out result.json
+    python -m benchmarks.variants --variant a|b|c|f --spec spec.json --out result.json
 
 compare.py starts each variant in a fresh process (fresh Ray, cold workers, as a user
 would run it) and reads the JSON it writes. The TorchTrainer is built exactly as
 podium's `training.raytrain.fit` builds it (same scaling, run and checkpoint config,
 same Ray Train poll interval podium sets), with podium's CheckpointAnnouncer writing
 each persisted checkpoint to a file.
+
+(f) is (a) plus the costly validation run back to back on the newest checkpoint by a plain Python
+process (`validation_load`, no Ray, no podium) from the first checkpoint to the end of `fit()`: what
+any asynchronous validation on the other core costs training on this machine (shared caches, memory
+bandwidth, frequency), whoever schedules it. It is the floor under (c) and (d).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import argparse
 import json
 import logging
 import os
+import subprocess
+import sys
 import time
 
 STARTED = time.time()  # before the heavy imports: the process wall time includes them
@@ -31,7 +38,7 @@ from podium.training import raytrain  # noqa: E402
 from podium.training.ingest import builtin_datasets, dataset_config, podium_data_context  # noqa: E402
 
 LOOPS = {"a": "benchmarks.loops:train_loop_plain", "b": "benchmarks.loops:train_loop_inline_validation",
-         "c": "benchmarks.loops:train_loop_ray_validation"}
+         "c": "benchmarks.loops:train_loop_ray_validation", "f": "benchmarks.loops:train_loop_plain"}
 
 
 def init_ray(variant: str, log: str) -> None:
@@ -54,6 +61,7 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
     from podium.imports import resolve_callable
 
     log = spec["log"]
+    load = start_validation_load(spec) if variant == "f" else None
     if own_ray:
         init_ray(variant, log)
     ray_ready = time.time()
@@ -80,6 +88,9 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
     with podium_data_context(data_cpus=1):
         result = trainer.fit()
     fit_end = time.time()
+    if load is not None:
+        load.kill()
+        load.wait()
     best_step, best_value = None, None
     if variant == "b":
         recorded = [r for r in read_jsonl(log) if r["kind"] == "recorded"]
@@ -95,19 +106,50 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
     if own_ray:
         ray.shutdown()
     return {"variant": variant, "process_start": STARTED, "ray_ready": ray_ready, "fit_start": fit_start,
-            "fit_end": fit_end, "best_chosen": best_chosen if variant != "a" else None, "best_step": best_step,
+            "fit_end": fit_end, "best_chosen": best_chosen if variant in ("b", "c") else None, "best_step": best_step,
             "best_value": best_value, "process_end": time.time()}
+
+
+def start_validation_load(spec: dict) -> subprocess.Popen:
+    """(f)'s validation: `validation_load` in a process of its own (started before Ray, so its imports
+    overlap Ray's start, not training)."""
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.variants", "--validation-load", "--spec",
+                             spec["spec_path"]], env={**os.environ, "OMP_NUM_THREADS": "1"})  # as Ray sets it
+    # for a task with num_cpus=1: pyarrow and torch size their thread pools by it
+
+
+def validation_load(spec: dict) -> None:
+    """Validate the newest persisted checkpoint, back to back, until killed: the costly validation with
+    nothing around it. It waits for the first checkpoint, as every asynchronous validation does, and runs
+    at the niceness of a Ray worker, as the validations of (c) and (d) do."""
+    from podium.imports import yield_to_ray_workers
+
+    yield_to_ray_workers()
+    while True:
+        persisted = [e for e in read_jsonl(spec["log"]) if e["kind"] == "persisted" and e.get("checkpoint_uri")]
+        if not persisted:
+            time.sleep(0.05)
+            continue
+        newest = max(persisted, key=lambda e: e["step"])
+        path = newest["checkpoint_uri"].removeprefix("file://")
+        validate_repeated(ray.train.Checkpoint.from_directory(path), step=newest["step"], **spec["validate_kwargs"])
 
 
 def main() -> None:
     """CLI of one variant run."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variant", choices=sorted(LOOPS), required=True)
+    p.add_argument("--variant", choices=sorted(LOOPS))
     p.add_argument("--spec", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
+    p.add_argument("--validation-load", action="store_true", help="run (f)'s validation (until killed)")
     a = p.parse_args()
     with open(a.spec) as f:
-        spec = json.load(f)
+        spec = {**json.load(f), "spec_path": a.spec}
+    if a.validation_load:
+        validation_load(spec)
+        return
+    if not a.variant or not a.out:
+        p.error("--variant and --out are required (unless --validation-load)")
     out = run(a.variant, spec)
     with open(a.out, "w") as f:
         json.dump(out, f)

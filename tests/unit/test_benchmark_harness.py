@@ -82,6 +82,17 @@ def test_a_way_with_a_repeat_not_measured_gives_no_number_and_fails_the_check():
     assert not report.all_good(results)
 
 
+def test_the_floor_sets_f_against_a_and_d_against_f_within_each_round():
+    results = {"a": [measured(train_wall=10.0), measured(train_wall=20.0), measured(train_wall=10.0)],
+               "f": [measured(train_wall=10.4), measured(train_wall=20.8), measured(train_wall=10.6)],
+               "d": [measured(train_wall=10.4), measured(train_wall=21.8), measured(train_wall=10.6)]}
+    line = report.floor_line(results)
+    assert line is not None
+    assert "1.04× (1.04–1.06×) (a) ((f))" in line and "1.00× (1.00–1.05×) (f)" in line
+    assert report.floor_line({**results, "f": [NOT_MEASURED] * 3}) is None
+    assert "(f) training only" in report.table(results)
+
+
 def test_spread_is_median_and_range():
     assert report.spread([3.0, 1.0, 2.0]) == "2.0 (1.0–3.0)"
     assert report.spread([1.234], 2) == "1.23"
