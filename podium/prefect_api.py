@@ -309,8 +309,8 @@ class PrefectLink:
         """At the end of a command: a last probe; while the server is down, drop what waits for it (so
         that the process exits without waiting on Prefect's senders) and say, in one sentence, what was
         not recorded. None if the server answers and the flow run's end was recorded."""
+        self.flush()  # the last progress written (or held: the watch, still on, notices a server gone meanwhile)
         self.stop_watch()
-        self.flush()  # the last progress written (or held, if the server went away meanwhile)
         if self.probe(timeout=3.0) and flow_end_recorded:
             return None
         with self._lock:
