@@ -112,8 +112,10 @@ class Runner:
     def expectations(self, key: str) -> Expectations:
         """What this way must show (see benchmarks.guard.check_attempt)."""
         calibrated = self.workload.calibration.get("validation_s")
-        # a validation of less than half a second (the smoke job) is mostly fixed costs: nothing to hold it to
-        costly = key in ("b", "c", "d", "f") and calibrated is not None and calibrated >= 0.5
+        # a validation of less than half a second (the smoke job) is mostly fixed costs: nothing to hold it to.
+        # (f) is not held to it: its validation only has to keep the other core busy from the first checkpoint
+        # on, which it does back to back at whatever cost that core allows (1.3-1.9x calibrated, seen)
+        costly = key in ("b", "c", "d") and calibrated is not None and calibrated >= 0.5
         return Expectations(epochs=self.workload.epochs, validates=key not in ("a", "a2", "f"), pinned=self.split.enabled,
                             max_foreign_cores=self.args.max_foreign_cpu, validation_s=calibrated if costly else None)
 
