@@ -76,10 +76,9 @@ def summarize_bare(key: str, out: dict[str, Any], spec: dict[str, Any]) -> dict[
          "best_chosen": (out["best_chosen"] - last) if out.get("best_chosen") and last else None,
          "promoted": None, "best_step": out.get("best_step"), "rows": rows}
     s.update(latency_stats(rows, 1))
-    if key == "f":  # back to back on the newest checkpoint: no per-checkpoint latency, only the validation's cost
-        s.update({k: None for k in s if k.startswith(("lat_", "excess_", "wait_", "last_wait"))})
+    if key == "f":  # no metrics are recorded (no latencies); its validations run back to back, counted here
         runs = [r["end"] - r["start"] for r in read_jsonl(spec["timing_log"]) if r["end"] <= out["fit_end"]]
-        s.update({"n": 0, "val_p50": percentile(runs, 50), "val_p95": percentile(runs, 95), "validations": len(runs)})
+        s.update({"val_p50": percentile(runs, 50), "val_p95": percentile(runs, 95), "validations": len(runs)})
     return s
 
 

@@ -112,10 +112,10 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
 
 def start_validation_load(spec: dict) -> subprocess.Popen:
     """(f)'s validation: `validation_load` in a process of its own (started before Ray, so its imports
-    overlap Ray's start, not training)."""
+    overlap Ray's start, not training). OMP_NUM_THREADS=1 as Ray sets it for a task with num_cpus=1:
+    pyarrow and torch size their thread pools by it."""
     return subprocess.Popen([sys.executable, "-m", "benchmarks.variants", "--validation-load", "--spec",
-                             spec["spec_path"]], env={**os.environ, "OMP_NUM_THREADS": "1"})  # as Ray sets it
-    # for a task with num_cpus=1: pyarrow and torch size their thread pools by it
+                             spec["spec_path"]], env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def validation_load(spec: dict) -> None:

@@ -92,6 +92,9 @@ class PrefectLink:
         self._lock = threading.Lock()
         self._calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="podium-prefect")
         self._artifacts: OrderedDict[str, Callable[[], Any]] = OrderedDict()  # key -> the latest write
+        # posted writes are sent from a thread of their own: each is a `_run` on `_calls`, and a sender waiting
+        # in `_calls` for a call queued behind it would hold the pool until the deadline (and call that an outage)
+        self._posts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-prefect-post")
         self._posted: dict[str, Callable[[], Any] | None] = {}  # key -> next write (None: one in flight only)
         self._posts_done = threading.Condition(self._lock)
         self._logs: deque[dict[str, Any]] = deque(maxlen=MAX_HELD_LOGS)
@@ -187,7 +190,7 @@ class PrefectLink:
             sending = key in self._posted
             self._posted[key] = fn
         if not sending:
-            self._calls.submit(self._send_posted, what, key)
+            self._posts.submit(self._send_posted, what, key)
 
     def _send_posted(self, what: str, key: str) -> None:
         while True:
