@@ -263,8 +263,8 @@ def check_invariants(run_name: str, home: Path, tracking_uri: str, stores: Store
     from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_current, read_history
-    from podium.serving.load import load_promoted_model
     from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_RUN, TAG_SERVED_URI, TAG_STATUS
+    from podium.training.promoted import load_promoted_model
 
     violations = []
     serving = str(home / "serving" / model)

@@ -4,7 +4,7 @@
     python benchmarks/digest.py --size-mb 256 --files 4  # a quick look
     python benchmarks/digest.py --output BENCHMARKS.md   # also write the section there
 
-`podium.storage.datasets.dataset_digest` lists the dataset once and reads each file's last 64 KiB
+`podium.storage.fingerprint.dataset_digest` lists the dataset once and reads each file's last 64 KiB
 (one ranged GET: trailer and footer), never decoding a data page. For contrast, the same dataset read whole with pyarrow
 through podium's filesystem (once). Medians of --repeats digests; every digest lists afresh (podium's
 S3 filesystem caches no listings).
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.workload import load_average, machine_description, markdown_table, start_moto, update_markdown_section
-from podium.storage.datasets import TAIL_READ, dataset_digest
+from podium.storage.fingerprint import TAIL_READ, dataset_digest
 from podium.storage.locations import arrow_filesystem
 from podium.storage.s3 import s3_filesystem
 

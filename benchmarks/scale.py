@@ -59,7 +59,7 @@ def count_selection_queries(tracking_uri: str, experiment_id: str, run_id: str, 
     import sqlalchemy
     from mlflow.tracking import MlflowClient
 
-    from podium.selection import select_best
+    from podium.core.promotion import select_best
     from podium.tracking.client import TrackingRun
     from podium.tracking.records import list_records
 

@@ -24,9 +24,9 @@ from typing import Any
 import ray.train
 import torch
 
+from podium.core.events import CheckpointEvent
 from podium.training.checkpoint import CheckpointMeta, load_model, save_checkpoint
 from podium.training.data import load_arrays, make_classification_data
-from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model, evaluate
 
 VALIDATE_FN = "benchmarks.workload:validate_repeated"

@@ -11,7 +11,7 @@ serves them from this process instead (Prefect's `serve`): runs execute here.
 
 - nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
 - validate-on-event (validate-checkpoint): one run per `podium.checkpoint.persisted` event that a
-  training job outside the flow emitted through `podium.tasks.events.PrefectEventSink`; the event's run,
+  training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's run,
   checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
 - promote-on-demand (promote-run): promotion of the run named in its `config`.
 
@@ -34,8 +34,8 @@ from prefect.types.entrypoint import EntrypointType
 from podium.config import PipelineConfig
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
-from podium.flows.validate_checkpoint import RECORD_LOCK, validate_announced_checkpoint
-from podium.tasks.events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
+from podium.flows.validate_announced import RECORD_LOCK, validate_announced_checkpoint
+from podium.prefect_events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
 
 NIGHTLY = "nightly-training"
 VALIDATE = "validate-on-event"
@@ -61,6 +61,7 @@ def checkpoint_trigger() -> DeploymentEventTrigger:
             "step": "{{ event.payload.step }}",
             "epoch": "{{ event.payload.epoch }}",
             "metrics": "{{ event.payload.metrics }}",
+            "validation_requested": "{{ event.payload.validation_requested }}",
         },
     )
 
@@ -96,7 +97,7 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
 
 
 def ensure_record_lock() -> None:
-    """Create the global concurrency limit that serializes record creation (see podium.flows.validate_checkpoint)."""
+    """Create the global concurrency limit that serializes record creation (see podium.flows.validate_announced)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound

@@ -17,6 +17,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from podium import prefect_api
 from podium.charts import preload_charts
 from podium.config import PipelineConfig
+from podium.core.events import TrainingRestart
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, hand_off, summarize_run
@@ -33,7 +34,6 @@ from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run
 from podium.training import cluster
-from podium.training.events import TrainingRestart
 from podium.training.head import watching_head
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from typing import Any
 
 from prefect.futures import PrefectConcurrentFuture
 
-from podium.tasks.events import emit_checkpoint_event
+from podium.core.events import CheckpointEvent, TrainingRestart, TrainingStarted
+from podium.prefect_events import emit_checkpoint_event
 from podium.training import raytrain
-from podium.training.events import CheckpointEvent, TrainingRestart, TrainingStarted
 
 logger = logging.getLogger(__name__)
 

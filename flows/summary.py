@@ -6,7 +6,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from podium.config import PipelineConfig
-from podium.selection import CheckpointRecord
+from podium.core.records import CheckpointRecord
 from podium.settings import PodiumSettings
 from podium.tasks.promote import PromotionOutcome
 from podium.tasks.report import publish_reports

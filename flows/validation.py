@@ -10,22 +10,23 @@ from typing import cast
 
 from prefect.futures import PrefectConcurrentFuture
 
-from podium.failures import plain_text
-from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+from podium.core.events import ValidationRequest
+from podium.core.failures import plain_text
+from podium.core.records import FAILED, SKIPPED, VALIDATED, CheckpointRecord
+from podium.core.verdict import ValidationOutcome
 from podium.tasks.plan import RunPlan
 from podium.tasks.report import say
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
 from podium.tasks.validate import (
     ReportArguments,
-    fail_if_diverged,
     report_arguments,
-    unfilled_arguments,
     validation_task,
+    verdict_after_validation,
+    verdict_before_validation,
 )
 from podium.tracking.client import TrackingRun, TrackingUnavailable
-from podium.tracking.records import mark_failed, mark_skipped
-from podium.training.events import ValidationRequest
+from podium.tracking.records import record_verdict
 from podium.training.validation_call import (
     ValidationStopped,
     accept_validations,
@@ -75,22 +76,14 @@ class ValidationQueue:
         key = record.uri
         if key in self.done or key in self.running or any(r.uri == key for r, _ in self.pending):
             return
-        if record.status != PENDING:
-            self.done[key] = record
-        elif (failed := fail_if_diverged(self.tracking, record)) is not None:
-            self.done[key] = failed
-        elif request is not None and not request.requested:
-            self.done[key] = mark_skipped(self.tracking, record, f"not validated: {request.describe()}")
+        verdict = verdict_before_validation(self.plan, record, request)
+        if verdict.validate:
+            self.pending.append((record, report_arguments(self.plan, request)))
         else:
-            arguments = report_arguments(self.plan, request)
-            missing = unfilled_arguments(self.plan, arguments)
-            if missing:
-                given = sorted(arguments.names) if arguments else sorted(self.plan.config.validation.kwargs)
-                self.done[key] = mark_failed(self.tracking, record, (
-                    f"not validated: {self.plan.config.validation.fn} requires {', '.join(missing)}, which "
-                    f"neither podium nor the arguments given for this checkpoint ({given}) fill"))
-            else:
-                self.pending.append((record, arguments))
+            if verdict.to_record:
+                log = logger.warning if verdict.status == FAILED else logger.info
+                log("checkpoint step %d %s: %s", record.step, verdict.status, verdict.reason)
+            self.done[key] = record_verdict(self.tracking, record, verdict)
         self.pump()
 
     def catch_up(self, seen: set[str]) -> list[CheckpointRecord]:
@@ -117,16 +110,18 @@ class ValidationQueue:
                     self.done[key] = future.result()
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
-                except BaseException as exc:  # the validation failed after its retries
-                    if self.stopping() or isinstance(exc, ValidationStopped):
+                except BaseException as exc:  # the validation failed after its retries, or was stopped
+                    stopped = self.stopping() or isinstance(exc, ValidationStopped)
+                    verdict = verdict_after_validation(self.plan, record, ValidationOutcome(
+                        error=f"{type(exc).__name__}: {exc}", stopped=stopped))
+                    if not verdict.to_record:
                         logger.info("validation of step %d ended with the stop (%s): it stays pending", record.step,
                                     type(exc).__name__)
                         self.stopped[key] = record
                         continue
-                    reason = f"{type(exc).__name__}: {exc}"
-                    logger.warning("validation of step %d (%s) failed: %s", record.step, key, reason)
-                    self._say_failure(record, exc, reason)
-                    self.done[key] = mark_failed(self.tracking, record, reason)
+                    logger.warning("validation of step %d (%s) failed: %s", record.step, key, verdict.reason)
+                    self._say_failure(record, exc, verdict.reason or "")
+                    self.done[key] = record_verdict(self.tracking, record, verdict)
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
                 self.unrecorded[key] = record

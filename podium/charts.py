@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from podium.core.records import VALIDATED, CheckpointRecord
 from podium.imports import Preload
-from podium.selection import VALIDATED, CheckpointRecord
 
 
 def _load_matplotlib() -> None:

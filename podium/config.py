@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from podium.redaction import has_password, redact_uri
+from podium.core.redaction import has_password, redact_uri
 
 if TYPE_CHECKING:
     from podium.settings import PodiumSettings

@@ -335,7 +335,7 @@ def _check_sqlite_store(path: Path, tracking_uri: str) -> None:
 
 
 def _check_tracking_server(tracking_uri: str, wait_s: float) -> None:
-    from podium.redaction import redact_uri
+    from podium.core.redaction import redact_uri
 
     url = f"{tracking_uri.rstrip('/')}/health"
     deadline = time.monotonic() + wait_s

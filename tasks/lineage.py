@@ -19,10 +19,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium import prefect_api
-from podium.redaction import redact_uri
-from podium.selection import CheckpointRecord, Decision
-from podium.tasks.gate import comparison_summary
+from podium.core.promotion import Decision
+from podium.core.records import CheckpointRecord
+from podium.core.redaction import redact_uri
+from podium.core.version import __version__
 from podium.tasks.plan import RunPlan
+from podium.tasks.rescore import comparison_summary
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import lineage_tags, record_run_inputs
 from podium.tracking.runs import run_tags
@@ -98,9 +100,7 @@ def _git(folder: str, *args: str) -> str | None:
 def code_lineage(import_paths: list[str]) -> dict[str, str]:
     """The code version of the first of `import_paths` (the training loop) whose package is in a git
     checkout: MLflow's `mlflow.source.git.commit` and `repoURL`, and whether the checkout had changes."""
-    import podium
-
-    out = {"podium.version": podium.__version__}
+    out = {"podium.version": __version__}
     for path in import_paths:
         module_name = path.partition(":")[0]
         try:

@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from podium.core.records import CheckpointRecord
 from podium.imports import Preload
-from podium.selection import CheckpointRecord
-from podium.serving.load import fetch_folder
 from podium.serving.staging import list_objects
 from podium.storage.locations import is_remote
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun
 from podium.training.data import open_dataset
+from podium.training.promoted import fetch_folder
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from podium.config import (
     PipelineConfig,
     field_default,
 )
+from podium.core.redaction import redact_uri
 from podium.imports import ImportPathError, resolve_callable
-from podium.redaction import redact_uri
-from podium.storage.datasets import DatasetDigest, dataset_digest
+from podium.storage.fingerprint import DatasetDigest, dataset_digest
 from podium.storage.locations import normalize_location
 from podium.storage.preflight import check_location
 from podium.storage.s3 import StorageError
@@ -72,7 +72,7 @@ class RunPlan(BaseModel):
     loop_config: dict[str, Any]  # what the training loop's config holds (Ray Datasets are added at the Ray boundary)
     validate_kwargs: dict[str, Any]  # podium's facts, offered to the validation function by parameter name
     data_warnings: list[str] = []  # data problems the config allows (data.allow): reported, not refused
-    # 'train' and 'val': what the data is, by digest, when the run was planned (podium.storage.datasets)
+    # 'train' and 'val': what the data is, by digest, when the run was planned (podium.storage.fingerprint)
     data: dict[str, DatasetDigest] = {}
 
     @property

@@ -18,20 +18,22 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from podium.selection import Champion, CheckpointRecord, Decision, decide_promotion, select_best
-from podium.serving import layout, load, staging
+from podium.core.promotion import Decision, decide_promotion, select_best
+from podium.core.records import Champion, CheckpointRecord
+from podium.serving import layout, staging
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
-from podium.tasks.gate import comparison_summary, decide_on_same_data
 from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
+from podium.tasks.rescore import comparison_summary, decide_on_same_data
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
 from podium.tracking.models import log_model_files
 from podium.tracking.records import list_records
 from podium.tracking.registry import alias_target, register_champion, registered_version_for, set_alias
+from podium.training import promoted as load
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class PromotionOutcome(BaseModel):
     # what the best was compared against: the champion's value and where it came from
     champion_before_value: float | None = None
     champion_before_run: str | None = None
-    comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.gate)
+    comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.core.comparison)
 
 
 def read_champion(serving: str) -> Champion | None:
@@ -102,7 +104,7 @@ def decide(plan: RunPlan, records: list[CheckpointRecord],
            tracking: TrackingRun | None = None) -> tuple[Decision, Champion | None]:
     """Best checkpoint of `records` against the serving location's champion (no side effects without
     `tracking`). With `tracking`, both are scored on the same validation data first: a number measured on
-    other data is measured again and recorded there (podium.tasks.gate).
+    other data is measured again and recorded there (podium.tasks.rescore).
 
     Checkpoints a rollback withdrew from this serving location are left out (its history says which)."""
     p = plan.config.promotion

@@ -19,7 +19,7 @@ from prefect.artifacts import (
 
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
-from podium.selection import CheckpointRecord
+from podium.core.records import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
 from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
 from podium.tracking.runs import tag_outcome

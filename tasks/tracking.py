@@ -8,11 +8,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from podium.selection import CheckpointRecord
+from podium.core.events import CheckpointEvent
+from podium.core.records import CheckpointRecord
 from podium.tracking.client import TAG_FLOW_RUN, TrackingRun, resolve_tracking_uri
 from podium.tracking.records import record_checkpoint, record_checkpoints
 from podium.tracking.runs import find_tracking_run, open_tracking_run
-from podium.training.events import CheckpointEvent
 
 
 @task(name="open-tracking-run", cache_policy=NO_CACHE)

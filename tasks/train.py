@@ -11,16 +11,16 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.failures import UserCodeError, user_frames
+from podium.core.events import CheckpointEvent, EventSink
+from podium.core.failures import UserCodeError, user_frames
 from podium.imports import resolve_callable
-from podium.resources import required_cpus, warm_up_of, worker_import_paths
 from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
 from podium.training import cluster, ingest
-from podium.training.events import CheckpointEvent, EventSink
+from podium.training.resources import required_cpus, warm_up_of, worker_import_paths
 
 # podium.training.raytrain (Ray Train, ray.data, pandas) is imported where it is used: `podium run` calls
-# podium.resources.start_ray_early and then loads other libraries while Ray starts in a background thread,
+# podium.training.resources.start_ray_early and then loads other libraries while Ray starts in a background thread,
 # and no part of `ray` beyond its core may load meanwhile (see cluster.start_early).
 
 

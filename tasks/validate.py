@@ -9,13 +9,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from podium.core.events import ValidationRequest, ValidationResult
+from podium.core.records import FAILED, PENDING, CheckpointRecord
+from podium.core.verdict import ValidationOutcome, Verdict, decide_verdict
 from podium.imports import resolve_callable
-from podium.selection import CheckpointRecord, judge_training, judge_validation
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun, TrackingUnavailable
-from podium.tracking.records import mark_failed, merge_validation
+from podium.tracking.records import record_verdict
 from podium.training import validation_call
-from podium.training.events import ValidationRequest, ValidationResult
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +40,34 @@ def report_arguments(plan: RunPlan, request: ValidationRequest | None) -> Report
     return ReportArguments(validation_call.keep_arguments(user), tuple(user), request.timeout_s)
 
 
-def unfilled_arguments(plan: RunPlan, arguments: ReportArguments | None) -> list[str]:
-    """Required parameters of the validation function that neither podium, validation.kwargs nor the
-    report's fn_kwargs fill (checked before the task starts: it would fail with a TypeError)."""
+def argument_names(plan: RunPlan, request: ValidationRequest | None) -> tuple[str, ...]:
+    """The names of the user's arguments for a checkpoint's validation: validation.kwargs, with the
+    report's fn_kwargs over them (as Ray merges them)."""
+    return tuple({**plan.config.validation.kwargs, **(request.fn_kwargs if request else {})})
+
+
+def unfilled_arguments(plan: RunPlan, names: tuple[str, ...]) -> list[str]:
+    """Required parameters of the validation function that neither podium nor the user's arguments
+    (`names`) fill (checked before the task starts: it would fail with a TypeError)."""
     fn = resolve_callable(plan.config.validation.fn, "validation.fn")
-    user = arguments.names if arguments else tuple(plan.config.validation.kwargs)
-    return validation_call.missing_arguments(fn, [*plan.validate_kwargs, "step", *user])
+    return validation_call.missing_arguments(fn, [*plan.validate_kwargs, "step", *names])
+
+
+def verdict_before_validation(plan: RunPlan, record: CheckpointRecord,
+                              request: ValidationRequest | None = None) -> Verdict:
+    """The verdict on a checkpoint as it is announced (`podium.core.verdict.decide_verdict`): kept, failed,
+    skipped, or to be validated (`verdict.validate`)."""
+    names = argument_names(plan, request)
+    asked = record.status == PENDING and (request is None or request.requested)
+    return decide_verdict(step=record.step, metric=plan.config.promotion.metric, status=record.status,
+                          training=record.metrics, request=request, validation_fn=plan.config.validation.fn,
+                          missing_arguments=unfilled_arguments(plan, names) if asked else (), given_arguments=names)
+
+
+def verdict_after_validation(plan: RunPlan, record: CheckpointRecord, outcome: ValidationOutcome) -> Verdict:
+    """The verdict on a checkpoint once its validation has ended (`podium.core.verdict.decide_verdict`)."""
+    return decide_verdict(step=record.step, metric=plan.config.promotion.metric, training=record.metrics,
+                          outcome=outcome)
 
 
 def validate(plan: RunPlan, record: CheckpointRecord, uri: str | None = None,
@@ -66,25 +89,14 @@ def validate_and_record(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
     error: it is not retried). Validated metrics name the data they were measured on: data.val, by
     digest, unless the report sent arguments of its own (which may name other data: unknown then)."""
     result = validate(plan, record, arguments=arguments)
-    failure = judge_validation(result.metrics, result.non_numeric, record.metrics, plan.config.promotion.metric)
-    if failure is not None:
-        logger.warning("checkpoint step %d failed validation: %s", record.step, failure)
-        return mark_failed(tracking, record, failure, result.metrics)
-    return merge_validation(tracking, record, result.metrics, None if arguments else plan.data.get("val"))
-
-
-def fail_if_diverged(tracking: TrackingRun, record: CheckpointRecord) -> CheckpointRecord | None:
-    """A pending checkpoint whose training metrics are not finite is failed without being validated
-    (its weights have diverged); returns the failed record, or None if the checkpoint is to be validated."""
-    failure = judge_training(record.metrics, record.step)
-    if failure is None:
-        return None
-    logger.warning("checkpoint step %d: %s", record.step, failure)
-    return mark_failed(tracking, record, failure)
+    verdict = verdict_after_validation(plan, record, ValidationOutcome(result.metrics, result.non_numeric))
+    if verdict.status == FAILED:
+        logger.warning("checkpoint step %d failed validation: %s", record.step, verdict.reason)
+    return record_verdict(tracking, record, verdict, None if arguments else plan.data.get("val"))
 
 
 @task(name="validate-checkpoint", cache_policy=NO_CACHE)
-def validate_checkpoint(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord,
+def validate_checkpoint_task(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord,
                         arguments: ReportArguments | None = None) -> CheckpointRecord:
     """Validate one checkpoint on Ray and record its metrics in MLflow (retried per the config)."""
     return validate_and_record(plan, tracking, record, arguments)
@@ -100,7 +112,7 @@ def retry_unless_tracking_down(task: Any, task_run: Any, state: Any) -> bool:
 def validation_task(plan: RunPlan, record: CheckpointRecord):
     """The validation task for one checkpoint, named after its step, with the configured retries."""
     v = plan.config.validation
-    return validate_checkpoint.with_options(
+    return validate_checkpoint_task.with_options(
         task_run_name=f"validate-step-{record.step}", retries=v.retries, retry_delay_seconds=v.retry_delay_s,
         retry_condition_fn=retry_unless_tracking_down,
     )

@@ -24,15 +24,7 @@ from ray.train.v2._internal.execution.context import get_train_context
 from ray.train.v2._internal.execution.train_fn_utils import DistributedTrainFnUtils, set_train_fn_utils
 from ray.util.queue import Empty, Queue
 
-from podium.failures import describe_failure
-from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
-from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
-    DEFAULT_POLL_INTERVAL_S,
-    POLL_INTERVAL_ENV,
-    code_roots,
-    ensure_ray,
-)
-from podium.training.events import (
+from podium.core.events import (
     CheckpointEvent,
     EventSink,
     TrainingRestart,
@@ -40,6 +32,14 @@ from podium.training.events import (
     ValidationRequest,
     numeric_metrics,
     step_of,
+)
+from podium.core.failures import describe_failure
+from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
+from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
+    DEFAULT_POLL_INTERVAL_S,
+    POLL_INTERVAL_ENV,
+    code_roots,
+    ensure_ray,
 )
 
 logger = logging.getLogger(__name__)

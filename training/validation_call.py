@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from podium.failures import user_frames
+from podium.core.events import ValidationResult, read_validation_result
+from podium.core.failures import user_frames
 from podium.imports import resolve_callable
-from podium.training.events import ValidationResult, read_validation_result
 
 if TYPE_CHECKING:
     import ray

@@ -25,7 +25,7 @@ from fsspec.asyn import sync
 from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from podium.redaction import redact_uri
+from podium.core.redaction import redact_uri
 
 S3_SCHEMES = ("s3", "s3a")
 

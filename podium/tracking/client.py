@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import requests
 
-from podium.redaction import redact_uri
+from podium.core.redaction import redact_uri
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -18,9 +18,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from podium.failures import plain_text
-from podium.selection import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
-from podium.storage.datasets import DatasetDigest
+from podium.core.events import CheckpointEvent
+from podium.core.failures import plain_text
+from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+from podium.core.verdict import Verdict
+from podium.storage.fingerprint import DatasetDigest
 from podium.tracking.client import (
     MAX_TAG,
     TAG_CHECKPOINT,
@@ -38,7 +40,6 @@ from podium.tracking.client import (
     tracking_call,
 )
 from podium.tracking.datasets import TAG_VAL_DATA, TAG_VAL_DIGEST
-from podium.training.events import CheckpointEvent
 
 if TYPE_CHECKING:
     from mlflow.entities import LoggedModelOutput, Metric
@@ -291,6 +292,21 @@ def mark_failed(tr: TrackingRun, record: CheckpointRecord, reason: str,
     client.finalize_logged_model(model_id, LoggedModelStatus.FAILED)
     return CheckpointRecord(step=record.step, uri=record.uri, status=FAILED, metrics=merged,
                             model_id=record.model_id, run_name=record.run_name, failure=reason, validated_at=now)
+
+
+def record_verdict(tr: TrackingRun, record: CheckpointRecord, verdict: Verdict,
+                   dataset: DatasetDigest | None = None) -> CheckpointRecord:
+    """Write a decided verdict (`podium.core.verdict.decide_verdict`) onto the checkpoint's record: the one
+    way verdicts reach MLflow. A verdict that is not new (kept, or still pending) writes nothing and
+    returns the record as it is. `dataset`: the validation data a validated checkpoint's metrics were
+    measured on."""
+    if not verdict.to_record:
+        return record
+    if verdict.status == VALIDATED:
+        return merge_validation(tr, record, dict(verdict.metrics), dataset)
+    if verdict.status == SKIPPED:
+        return mark_skipped(tr, record, verdict.reason or "not validated")
+    return mark_failed(tr, record, verdict.reason or "failed", dict(verdict.metrics) or None)
 
 
 @tracking_call("listing checkpoint records")

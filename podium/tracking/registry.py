@@ -6,7 +6,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from podium.selection import CheckpointRecord
+from podium.core.records import CheckpointRecord
 from podium.tracking.client import (
     TAG_SERVED_URI,
     TAG_WITHDRAWN,

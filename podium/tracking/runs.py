@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podium.redaction import redact_uri, redact_value
+from podium.core.redaction import redact_uri, redact_value
 from podium.tracking.client import (
     EXPERIMENT_KIND,
     MAX_TAG,

@@ -22,17 +22,18 @@ from mlflow.tracking import MlflowClient
 from podium_nightly_code import FEATURES, expected_accuracy, write_data
 
 from podium.cli import main
+from podium.cli.provenance import digest_report
 from podium.config import PipelineConfig
-from podium.provenance import digest_report
-from podium.selection import Champion, decide_promotion
+from podium.core.events import CheckpointEvent
+from podium.core.promotion import decide_promotion
+from podium.core.records import Champion
 from podium.serving.layout import read_current, read_version
-from podium.storage.datasets import dataset_digest
+from podium.storage.fingerprint import dataset_digest
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import promote_best_checkpoint
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 from podium.training.checkpoint import CheckpointMeta, save_checkpoint
-from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model
 
 pytestmark = pytest.mark.integration

@@ -23,11 +23,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer
 
+from podium.core.events import CheckpointEvent
 from podium.serving.layout import read_history
 from podium.tracking.client import TAG_CHECKPOINT, TAG_RUN, TAG_STATUS, TAG_STEP
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
-from podium.training.events import CheckpointEvent
 
 pytestmark = pytest.mark.integration
 

@@ -51,14 +51,14 @@ from served_checks import check_served_champion
 from servers import wait_http_ok
 
 from podium.config import expand_run_name
+from podium.core.events import CheckpointEvent
 from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
-from podium.flows.validate_checkpoint import RECORD_LOCK
+from podium.flows.validate_announced import RECORD_LOCK
+from podium.prefect_events import EVENT_PERSISTED
 from podium.serving.layout import read_current
-from podium.tasks.events import EVENT_PERSISTED
 from podium.tracking.client import TAG_CHECKPOINT
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import find_tracking_run, open_tracking_run
-from podium.training.events import CheckpointEvent
 
 pytestmark = [pytest.mark.integration, pytest.mark.production]
 
@@ -569,7 +569,7 @@ import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from podium.tasks.events import PrefectEventSink
+from podium.prefect_events import PrefectEventSink
 from podium.tasks.plan import plan_run
 from podium.config import PipelineConfig
 from podium.training.ingest import builtin_datasets, dataset_config

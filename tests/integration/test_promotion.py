@@ -18,16 +18,16 @@ from mlflow.tracking import MlflowClient
 
 from podium import load_promoted_model
 from podium.config import PipelineConfig
+from podium.core.events import CheckpointEvent
+from podium.core.verdict import decide_verdict
 from podium.serving.layout import ServingError, read_current, read_history
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import promote_best_checkpoint
 from podium.tasks.rollback import roll_back
-from podium.tasks.validate import fail_if_diverged
 from podium.tracking.client import TAG_METRICS, TAG_WITHDRAWN
-from podium.tracking.records import list_records, merge_validation, record_checkpoint
+from podium.tracking.records import list_records, merge_validation, record_checkpoint, record_verdict
 from podium.tracking.runs import open_tracking_run
 from podium.training.checkpoint import CheckpointMeta, save_checkpoint
-from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model
 
 pytestmark = pytest.mark.integration
@@ -150,7 +150,8 @@ def test_a_diverged_checkpoint_next_to_a_working_champion_is_never_promoted(tmp_
     champion = _promote(serving, storage, _validated_run(tracking_uri, storage, "champ", 9.67517)).promoted
     diverged = open_tracking_run(tracking_uri, "podium", "diverged", {})
     # the training loss went NaN: the checkpoint is failed without being validated
-    failed = fail_if_diverged(diverged, _recorded(diverged, storage, step=94, loss=math.nan))
+    record = _recorded(diverged, storage, step=94, loss=math.nan)
+    failed = record_verdict(diverged, record, decide_verdict(step=94, metric="val_loss", training=record.metrics))
     assert failed.status == "failed" and failed.failure == "training metric(s) not finite at step 94: loss = nan"
     # a verdict that holds a NaN (as podium <= 0.2 wrote them): MLflow's LoggedModel metrics read it back as
     # 0.0, "better" than the champion's 9.7; podium's own copy reads back NaN, and NaN is never promoted

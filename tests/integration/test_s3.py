@@ -26,8 +26,8 @@ from mlflow.tracking import MlflowClient
 from s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
 
 from podium.config import ConfigError, build_config
+from podium.core.events import CheckpointEvent
 from podium.serving.layout import read_current, read_history
-from podium.serving.load import fetch_version, load_promoted_model
 from podium.serving.staging import stage_version
 from podium.storage.locations import arrow_filesystem
 from podium.storage.s3 import MiB, s3_filesystem
@@ -38,8 +38,8 @@ from podium.tracking.records import merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 from podium.training.checkpoint import CheckpointMeta, save_checkpoint
 from podium.training.data import load_arrays, make_classification_data
-from podium.training.events import CheckpointEvent
 from podium.training.model import ModelSpec, build_model
+from podium.training.promoted import fetch_version, load_promoted_model
 
 pytestmark = pytest.mark.integration
 
@@ -582,7 +582,7 @@ def relayed(s3, monkeypatch):
 def test_store_unreachable_for_seconds_is_ridden_out_and_nothing_is_lost(relayed, tmp_path):
     import threading
 
-    from podium.serving.load import load_version_model
+    from podium.training.promoted import load_version_model
 
     prefix = f"s3://{BUCKET}/{tmp_path.name}"
     source = f"{prefix}/storage/run/checkpoint_000001"
@@ -605,7 +605,7 @@ def test_store_that_stays_down_fails_with_a_message_naming_it(relayed, tmp_path,
 
 def test_dataset_digest_reads_only_listings_and_footers(s3, tmp_path):
     """The digest of a Parquet folder on S3: ranged GETs of each file's footer (HTTP 206), never the whole file."""
-    from podium.storage.datasets import TAIL_READ, dataset_digest
+    from podium.storage.fingerprint import TAIL_READ, dataset_digest
 
     make_classification_data(str(tmp_path), train_rows=30000, val_rows=10)
     fs = s3_filesystem()

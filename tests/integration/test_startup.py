@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-# Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.commands._prepare).
+# Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.cli.commands._prepare).
 PROBE = r"""
 import importlib.abc, json, os, sys, threading, time
 
@@ -39,10 +39,11 @@ cluster.EarlyStart.start = start
 
 import ray
 from podium import commands
-from podium.cli import build_parser, config_from_args
+from podium.cli.main import build_parser
+from podium.cli.options import config_from_args
 from podium.settings import PodiumSettings
 from podium.tasks.plan import plan_run
-from podium.resources import warm_up_of
+from podium.training.resources import warm_up_of
 from podium.tasks.train import connect_ray
 
 args = build_parser().parse_args(["run", "--epochs", "1", "--num-workers", "1", "--concurrency", "1",

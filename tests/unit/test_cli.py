@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import podium.commands as commands
+import podium.cli.commands as commands
 import podium.services
-from podium.cli import OPTIONS, CliError, build_parser, config_from_args, main
+from podium.cli.errors import CliError
+from podium.cli.main import build_parser, main
+from podium.cli.options import OPTIONS, config_from_args
 from podium.settings import PodiumSettings
 
 

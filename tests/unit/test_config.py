@@ -79,9 +79,9 @@ def test_a_config_file_that_is_not_a_table_is_refused(tmp_path):
 
 
 def test_cli_help_shows_the_config_models_defaults():
-    from podium.cli import OPTIONS, _help
+    from podium.cli.options import OPTIONS, option_help
     from podium.config import field_default
 
-    help_by_flag = {flag: _help(path, text) for flag, path, typ, text in OPTIONS if typ is not None}
+    help_by_flag = {flag: option_help(path, text) for flag, path, typ, text in OPTIONS if typ is not None}
     assert f"(default: {field_default('training.epochs')})" in help_by_flag["--epochs"]
     assert f"(default: {field_default('promotion.metric')})" in help_by_flag["--metric"]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from podium.storage.datasets import TAIL_READ, DatasetError, dataset_digest
+from podium.storage.fingerprint import TAIL_READ, DatasetError, dataset_digest
 
 
 def write(path, rows: int = 1000, seed: int = 0) -> str:

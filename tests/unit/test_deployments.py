@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import pickle
 import uuid
+from dataclasses import replace
 
 import pytest
 from prefect.events.schemas.events import Event
@@ -14,12 +15,12 @@ from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from podium.config import PipelineConfig
+from podium.core.events import CheckpointEvent, ValidationRequest
 from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE, build_deployments
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
-from podium.flows.validate_checkpoint import validate_announced_checkpoint
-from podium.tasks.events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
-from podium.training.events import CheckpointEvent
+from podium.flows.validate_announced import validate_announced_checkpoint
+from podium.prefect_events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
 from podium.training.raytrain import CheckpointAnnouncer
 
 CONFIG = PipelineConfig(run_name="nightly", data={"train": "/d/train.parquet", "val": "/d/val.parquet"})
@@ -81,8 +82,13 @@ def test_trigger_renders_the_event_into_typed_flow_parameters(deployments):
                                                 jinja_context={"event": _server_event(announced)}))
     assert rendered == {"run_name": "ext-job", "checkpoint_uri": CHECKPOINT.checkpoint_uri,
                         "checkpoint_name": "checkpoint_00000188", "step": 188, "epoch": 1,
-                        "metrics": {"loss": 0.25, "accuracy": 0.9}}
+                        "metrics": {"loss": 0.25, "accuracy": 0.9}, "validation_requested": None}
     assert isinstance(rendered["step"], int)
+    # a report that said validation=False reaches the flow as such: its checkpoint is recorded as skipped
+    declined = replace(CHECKPOINT, validation=ValidationRequest(requested=False, stated=True))
+    said_no = hydrate(copy.deepcopy(params), HydrationContext(render_jinja=True, raise_on_error=True, jinja_context={
+        "event": _server_event(PrefectEventSink("http://prefect.invalid/api").prefect_event(declined))}))
+    assert said_no["validation_requested"] is False
     # merged with the deployment's default config, they validate against the flow's signature
     validated = validate_announced_checkpoint.validate_parameters({**deployments[VALIDATE].parameters, **rendered})
     assert validated["step"] == 188 and validated["config"] == CONFIG

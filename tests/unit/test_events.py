@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from podium.training.events import CheckpointEvent, read_validation_result, step_of
+from podium.core.events import CheckpointEvent, read_validation_result, step_of
 
 
 @pytest.mark.parametrize("metrics, expected", [

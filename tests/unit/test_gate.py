@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from podium.gate import RESCORED, STORED, VALIDATED, Comparison, Measure, comparison_from_dict, needs_rescore, rescored
+from podium.core.comparison import RESCORED, STORED, VALIDATED, Comparison, Measure, comparison_from_dict, needs_rescore, rescored
 
 A, B = "a" * 32, "b" * 32
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from podium import prefect_api
-from podium.failures import user_frames
+from podium.core.failures import user_frames
 from podium.flows.stop import RunStopped, StopRequest, exit_code, stop_on_signals
 from podium.serving.layout import is_disk_full
 

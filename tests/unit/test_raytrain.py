@@ -9,9 +9,9 @@ import inspect
 import ray.train
 from ray.train import ValidationTaskConfig
 
-from podium.failures import describe_failure, plain_text
+from podium.core.events import CheckpointEvent, ValidationRequest
+from podium.core.failures import describe_failure, plain_text
 from podium.training import raytrain
-from podium.training.events import CheckpointEvent, ValidationRequest
 
 
 def test_each_form_of_validation_becomes_a_request():

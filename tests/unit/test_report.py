@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podium.charts import Mark, metric_figure
-from podium.selection import FAILED, VALIDATED, CheckpointRecord
+from podium.core.records import FAILED, VALIDATED, CheckpointRecord
 from podium.settings import PodiumSettings
 from podium.tasks.promote import Promoted, PromotionOutcome
 from podium.tasks.report import chart_markdown, outcome_texts

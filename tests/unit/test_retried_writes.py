@@ -11,7 +11,7 @@ import pytest
 from mlflow.entities import LoggedModelOutput
 from mlflow.exceptions import MlflowException
 
-from podium.selection import CheckpointRecord
+from podium.core.records import CheckpointRecord
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.records import list_as_output
 from podium.tracking.registry import register_champion

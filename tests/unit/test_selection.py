@@ -6,17 +6,9 @@ import math
 
 import pytest
 
-from podium.selection import (
-    FAILED,
-    PENDING,
-    VALIDATED,
-    Champion,
-    CheckpointRecord,
-    decide_promotion,
-    judge_training,
-    judge_validation,
-    select_best,
-)
+from podium.core.promotion import decide_promotion, select_best
+from podium.core.records import FAILED, PENDING, VALIDATED, Champion, CheckpointRecord
+from podium.core.verdict import judge_training, judge_validation
 
 
 def rec(step: int, status: str = VALIDATED, **metrics: float) -> CheckpointRecord:

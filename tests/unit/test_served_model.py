@@ -23,9 +23,8 @@ import torch
 from torch import nn
 
 from podium.config import build_config
-from podium.selection import CheckpointRecord
+from podium.core.records import CheckpointRecord
 from podium.serving.layout import ServingError, seal_version, switch_current
-from podium.serving.load import check_loadable, load_promoted_model
 from podium.serving.staging import stage_version
 from podium.tasks.package import build_served_model
 from podium.tasks.plan import plan_run
@@ -35,6 +34,7 @@ from podium.training.checkpoint import CheckpointMeta, load_model, save_checkpoi
 from podium.training.export import ExportError
 from podium.training.model import ModelSpec, Standardize, build_model
 from podium.training.preprocessing import compute_feature_stats
+from podium.training.promoted import check_loadable, load_promoted_model
 
 FEATURES = ["income", "ratio", "visits", "member"]
 

@@ -25,8 +25,8 @@ from podium.serving.layout import (
     withdrawn_checkpoints,
     write_json,
 )
-from podium.serving.load import check_loadable, fetch_version, load_promoted_model
 from podium.serving.staging import stage_version, verify_files
+from podium.training.promoted import check_loadable, fetch_version, load_promoted_model
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """What a run asks of Ray, from its configuration alone: the logical CPUs of a local Ray, the import paths its
 workers need, and the validation warm-up. Light (the configuration and Ray core), so that `podium run` can
-start Ray before it loads Prefect, MLflow, pyarrow's datasets or the preflight (podium.commands)."""
+start Ray before it loads Prefect, MLflow, pyarrow's datasets or the preflight (podium.cli.commands)."""
 
 from __future__ import annotations
 

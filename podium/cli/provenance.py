@@ -18,15 +18,15 @@ import re
 import time
 from typing import Any
 
-from podium.cli import CliError, ServerUnreachable
-from podium.output import short_number
+from podium.cli.errors import CliError, ServerUnreachable
+from podium.cli.output import short_number
 from podium.settings import PodiumSettings
 
 DIGEST_RE = re.compile(r"^[0-9a-f]{8,64}$")
 
 
 def _gate() -> Any:
-    from podium import gate
+    from podium.core import comparison as gate
 
     return gate
 

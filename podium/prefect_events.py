@@ -10,7 +10,7 @@ from prefect.events import Event, emit_event
 from prefect.events.clients import get_events_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from podium.training.events import STEP_KEYS, CheckpointEvent, TrainingRestart
+from podium.core.events import STEP_KEYS, CheckpointEvent, TrainingRestart
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The same-data gate in promotion: the candidate and the champion scored on the same validation data.
 
 Before the decision, a number measured on other validation data than the current one (by digest;
-`podium.gate`) is measured again on it: in a nightly run that is the champion's, once, with the
+`podium.core.comparison`) is measured again on it: in a nightly run that is the champion's, once, with the
 configured validation function on the same Ray resources as every validation. The re-score is
 recorded on the champion's MLflow LoggedModel as an evaluation on that dataset. When the digests
 agree, nothing is validated again. A champion that cannot be validated any more (its format or the
@@ -16,10 +16,11 @@ import logging
 import time
 from typing import Any
 
-from podium.gate import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
-from podium.selection import Champion, CheckpointRecord, Decision, decide_promotion
+from podium.core.comparison import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
+from podium.core.promotion import Decision, decide_promotion
+from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
-from podium.storage.datasets import DatasetDigest
+from podium.storage.fingerprint import DatasetDigest
 from podium.tasks.plan import RunPlan
 from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun

@@ -96,7 +96,7 @@ def _load_local(version: PromotedVersion, path: str) -> Any:
 
     if CHECKPOINT_META not in files:
         raise ServingError(f"{version.uri} holds the files of a checkpoint that is not in podium's format: fetch "
-                           "them with podium.serving.load.fetch_version, or from MLflow with "
+                           "them with podium.training.promoted.fetch_version, or from MLflow with "
                            "mlflow.artifacts.download_artifacts('models:/<model>@champion'); promote with "
                            "--model-loader to serve a loadable model")
     try:  # a version promoted before podium built served models: the checkpoint itself

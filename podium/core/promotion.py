@@ -2,47 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from podium.gate import Comparison
+from podium.core.comparison import Comparison
+from podium.core.numbers import finite
+from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
 Mode = Literal["min", "max"]
-
-PENDING, VALIDATED, FAILED = "pending", "validated", "failed"
-SKIPPED = "skipped"  # recorded, not validated: the loop's report said validation=False
-
-
-@dataclass(frozen=True)
-class CheckpointRecord:
-    """One checkpoint as recorded in MLflow: training metrics and, once validated, validation metrics."""
-
-    step: int
-    uri: str
-    status: str = PENDING
-    metrics: dict[str, float] = field(default_factory=dict)
-    model_id: str | None = None
-    run_name: str | None = None
-    failure: str | None = None
-    validated_at: float | None = None
-    withdrawn: str | None = None  # why it was withdrawn from serving (a rollback), if it was
-    note: str | None = None  # why a checkpoint was not validated (a skipped one)
-    val_digest: str | None = None  # digest of the validation data its metrics were measured on
-
-
-@dataclass(frozen=True)
-class Champion:
-    """What the serving location currently holds."""
-
-    version: str
-    step: int | None
-    metric: str
-    value: float | None
-    source: str | None = None
-    mode: str | None = None  # None: a champion promoted before podium recorded the direction
-    run_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,42 +21,7 @@ class Decision:
     reason: str
     candidate: CheckpointRecord | None = None
     value: float | None = None
-    comparison: Comparison | None = None  # which numbers were compared, on which data (podium.gate)
-
-
-def _finite(v: float | None) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _listed(values: Mapping[str, object]) -> str:
-    return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in sorted(values.items()))
-
-
-def judge_training(metrics: Mapping[str, float], step: int) -> str | None:
-    """Why a checkpoint must not be validated or promoted on its training metrics, or None if they are fine.
-
-    A loss that went NaN or infinite means the weights have diverged (one NaN in a feature is enough);
-    the checkpoint's validation could still report a finite accuracy, so it is failed here."""
-    bad = {k: v for k, v in metrics.items() if not _finite(v)}
-    return f"training metric(s) not finite at step {step}: {_listed(bad)}" if bad else None
-
-
-def judge_validation(returned: Mapping[str, float], non_numeric: Mapping[str, str],
-                     training: Mapping[str, float], metric: str) -> str | None:
-    """The verdict on what a validation function returned: None (validated), or why the checkpoint failed.
-
-    Every value must be a finite number: a string, a NaN or an infinity fails the checkpoint (a model
-    with NaN weights can still score a finite accuracy, next to a NaN loss). The ranking `metric` must
-    be among the validation's or the training's metrics."""
-    if non_numeric:
-        return f"validation returned non-numeric metric(s): {', '.join(f'{k} = {v}' for k, v in sorted(non_numeric.items()))}"
-    bad = {k: v for k, v in returned.items() if not _finite(v)}
-    if bad:
-        return f"validation returned non-finite metric(s): {_listed(bad)}"
-    if metric not in returned and metric not in training:
-        return (f"validation returned no {metric!r} (the promotion metric); it returned {sorted(returned)}"
-                + (f", training reported {sorted(training)}" if training else ""))
-    return None
+    comparison: Comparison | None = None  # which numbers were compared, on which data (podium.core.comparison)
 
 
 def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
@@ -104,7 +37,7 @@ def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
     withdrawn = withdrawn or {}
     out = {r.step: r.withdrawn or withdrawn[r.uri] for r in records if r.withdrawn or r.uri in withdrawn}
     validated = [r for r in records if r.status == VALIDATED]
-    eligible = [r for r in validated if _finite(r.metrics.get(metric)) and r.step not in out]
+    eligible = [r for r in validated if finite(r.metrics.get(metric)) and r.step not in out]
     out_note = "".join(f"; step {step} is withdrawn ({why})" for step, why in sorted(out.items()))
     if not eligible:
         if not records:
@@ -154,7 +87,7 @@ def decide_promotion(
         return Decision(False, f"{head} ({mode}); champion {champion.version} was ranked by {champion.metric!r} "
                                f"({champion.mode or 'direction not recorded'}): not comparable, not promoted "
                                "(--always-promote, promotion.always, replaces it)", best, value)
-    if champion.value is None or not _finite(champion.value):
+    if champion.value is None or not finite(champion.value):
         return Decision(True, f"{head}; champion {champion.version} has no finite {metric}", best, value)
     gain = (champion.value - value) if mode == "min" else (value - champion.value)
     if gain > min_delta:

@@ -51,11 +51,11 @@ class CheckpointEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-serializable) for event payloads: the validation request's `fn_kwargs`
-        stay out (they may hold a dataset); whether validation was requested goes in."""
+        stay out (they may hold a dataset); whether validation was requested goes in (None: not stated,
+        validated by default)."""
         out = asdict(replace(self, validation=None))
         del out["validation"]
-        if self.validation is not None:
-            out["validation_requested"] = self.validation.requested
+        out["validation_requested"] = self.validation.requested if self.validation is not None else None
         return out
 
     @classmethod

@@ -13,15 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podium.cli import (
-    NOT_RECORDED_EXIT,
-    CliError,
-    RunFailed,
-    ServerUnreachable,
-    config_from_args,
-    tracking_outage_message,
-)
-from podium.output import print_mlflow_links, print_status, print_summary, summary_json
+from podium.cli.errors import NOT_RECORDED_EXIT, CliError, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli.options import config_from_args
+from podium.cli.output import print_mlflow_links, print_status, print_summary, summary_json
 from podium.settings import PodiumSettings
 
 
@@ -133,7 +127,7 @@ class StartupClock:
 @dataclass
 class _Servers:
     """What a command started first, each in a background thread: the Prefect server (checked, or started),
-    and for a training run Ray with the validation warm-up (podium.resources.start_ray_early)."""
+    and for a training run Ray with the validation warm-up (podium.training.resources.start_ray_early)."""
 
     prefect: Any  # podium.services.Background
     ray: Any = None  # podium.training.cluster.EarlyStart
@@ -150,7 +144,7 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
     servers = _Servers(services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
                                            settings.prefect_api_url, name="podium-prefect-server"))
     if which == "run":
-        from podium.resources import start_ray_early
+        from podium.training.resources import start_ray_early
 
         _ray_logs_to_file(log_file)
         servers.ray = start_ray_early(config)
@@ -163,7 +157,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
     # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
     # loop and validation it checks at once. The resume check reads Ray Train's checkpoints: it comes last.
-    from podium.resources import names_user_code
+    from podium.training.resources import names_user_code
 
     if servers.ray is not None and names_user_code(config):
         servers.ray.wait()
@@ -239,7 +233,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress.setLevel(logging.INFO)
     tracking_uri, api_url = _prepare(config, settings, clock, servers)
     from podium.config import ConfigError
-    from podium.failures import UserCodeError
+    from podium.core.failures import UserCodeError
     from podium.serving.layout import ServingError
     from podium.tasks.plan import RunInProgress
     from podium.tasks.train import NoCheckpointReported
@@ -346,8 +340,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from MLflow and the serving location (read-only)."""
     settings = PodiumSettings()
     config, tracking = _find_run(args, settings)
-    from podium.output import champion_json
-    from podium.provenance import status_report
+    from podium.cli.output import champion_json
+    from podium.cli.provenance import status_report
     from podium.serving.layout import ServingError, promoted_by
     from podium.tracking.client import TAG_REASON, TrackingUnavailable
     from podium.tracking.records import list_records
@@ -455,8 +449,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     """The champions of a serving location: every switch, when, why and what started it (read-only)."""
     settings = PodiumSettings()
+    from podium.cli.output import print_history
     from podium.config import default_serving
-    from podium.output import print_history
     from podium.serving.history import lineage_of, parse_switch
     from podium.serving.layout import ServingError, read_history, read_pointer
 

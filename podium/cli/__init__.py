@@ -1,0 +1,13 @@
+"""The `podium` command: what a person or a scheduler starts. Nothing else in podium imports it.
+
+- `main`: the parser and the entry point (`podium`, `python -m podium`, `python -m podium.cli`)
+- `options`: the options of `run` and `promote`, and the configuration they set
+- `errors`: the errors printed without a traceback, and their exit codes
+- `commands`: what each command does once its arguments are parsed
+- `output`: what the commands print (a summary for people, or one JSON object)
+- `provenance`: `podium lineage`, and what `podium status` says about data and origins
+"""
+
+from podium.cli.main import main
+
+__all__ = ["main"]

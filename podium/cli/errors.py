@@ -1,0 +1,36 @@
+"""How the `podium` command fails: the errors it prints without a traceback, and their exit codes."""
+
+from __future__ import annotations
+
+# `podium run` / `podium promote` did all their work (trained, validated, recorded in MLflow, promoted),
+# but the Prefect server stopped answering: the flow run's end (and what was held for it) is not in Prefect
+NOT_RECORDED_EXIT = 4
+
+
+class CliError(Exception):
+    """A user error: printed without a traceback, exit code 2."""
+
+    exit_code = 2
+
+
+class ServerUnreachable(CliError):
+    """A server podium records to stopped answering during a run: printed without a traceback, exit
+    code 3. The run can be resumed."""
+
+    exit_code = 3
+
+
+class RunFailed(CliError):
+    """The run ended without anything to promote for a reason podium can state (its loop never
+    reported a checkpoint): printed without a traceback, exit code 1."""
+
+    exit_code = 1
+
+
+def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:
+    """What to tell someone whose run stopped because the MLflow tracking server did not answer."""
+    return (f"{exc}.\n"
+            f"  The run {run_name!r} stopped. What MLflow already recorded is kept, and so are the checkpoints "
+            "in storage.\n"
+            f"  Once the server answers again, run the same `podium {command}` (same --run-name): it resumes, "
+            "and checkpoints that already have a verdict are not validated again.")
