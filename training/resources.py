@@ -4,7 +4,7 @@ start Ray before it loads Prefect, MLflow, pyarrow's datasets or the preflight (
 
 from __future__ import annotations
 
-from podium.config import BUILTIN_LOOP, BUILTIN_VALIDATE, PipelineConfig
+from podium.config import BUILTIN_LOOP, PipelineConfig
 from podium.training import cluster
 
 
@@ -21,13 +21,6 @@ def required_cpus(config: PipelineConfig) -> float:
 def worker_import_paths(config: PipelineConfig) -> list[str]:
     """The code Ray's workers run: the train loop and the validation function."""
     return [config.training.train_loop or BUILTIN_LOOP, config.validation.fn]
-
-
-def names_user_code(config: PipelineConfig) -> bool:
-    """Whether the run calls code of the user's own (a train loop, a validation function, a model loader),
-    which the preflight imports, rather than podium's built-ins only."""
-    own = {*worker_import_paths(config), config.promotion.model_loader} - {BUILTIN_LOOP, BUILTIN_VALIDATE, None}
-    return bool(own)
 
 
 def warm_up_of(config: PipelineConfig) -> cluster.WarmUp:

@@ -152,25 +152,16 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
 
 
 def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
-    """The preflight and the tracking URI's check (and, for a training run, torch) in this thread while the
-    servers start in theirs (`_start_servers`); then wait for them. Returns (tracking_uri, api_url)."""
-    # While Ray starts in its thread, this one must not load other parts of `ray` (cluster.start_early): the
-    # preflight imports the user's code, which may import Ray Train, so it waits for Ray first; podium's own
-    # loop and validation it checks at once. The resume check reads Ray Train's checkpoints: it comes last.
-    from podium.training.resources import names_user_code
+    """What must come before the flow, in this thread while the servers start in theirs (`_start_servers`):
+    the demo data, the tracking URI's check and (for a training run) torch; then wait for the servers.
+    Returns (tracking_uri, api_url).
 
-    if servers.ray is not None and names_user_code(config):
-        servers.ray.wait()
+    The preflight and the resume check are the flow's own (`plan_run_task`, `check_resume_task`): a run
+    started here and one started by a deployment are planned by the same code, once, and a refusal comes
+    back from the flow as one sentence (exit 2)."""
     began = time.monotonic()
     _maybe_make_demo_data(config, settings)
-    from podium.config import ConfigError
-    from podium.tasks.plan import plan_run
-
-    try:
-        plan = plan_run(config)  # before anything trains
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-    clock.record("preflight", began)
+    clock.record("demo_data", began)
     from podium import services
 
     tracking_uri = settings.resolved_tracking_uri()
@@ -189,16 +180,8 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
 
         # (torch.export's tracing, which promotion needs, loads while training runs: flows.pipeline)
         clock.record("import_torch", began)
-        servers.ray.wait()  # Ray Train may load from here on (see podium.training.cluster.start_early)
+        servers.ray.wait()  # the flow's preflight imports the user's code, which may load Ray Train: Ray first
         clock.record("ray", servers.ray.started, servers.ray.ended)
-        began = time.monotonic()
-        from podium.tasks.resume import check_resume
-
-        try:
-            check_resume(plan)  # a resume that would change the model's shape (the flow checks again, locked)
-        except ConfigError as exc:
-            raise CliError(str(exc)) from None
-        clock.record("resume_check", began)
     try:
         api_url = servers.prefect.result()
     except services.ServiceError as exc:

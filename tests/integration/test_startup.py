@@ -38,7 +38,7 @@ def start(self):
 cluster.EarlyStart.start = start
 
 import ray
-from podium import commands
+from podium.cli import commands
 from podium.cli.main import build_parser
 from podium.cli.options import config_from_args
 from podium.settings import PodiumSettings
@@ -106,10 +106,10 @@ def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done
     # a package first loaded by the Ray thread could be initialised by both threads at once: add it to
     # podium.training.cluster.RAY_LAZY_IMPORTS
     assert out["new"] == [], out["new"]
-    # nor may the main thread load other parts of `ray` meanwhile (the preflight waits where it would)
+    # nor may the main thread load other parts of `ray` meanwhile (the flow plans once Ray is up)
     assert out["ray_meanwhile"] == [], out["ray_meanwhile"]
     assert out["handed"] and out["prewarmed_again"] == 0
-    assert {"preflight", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
+    assert {"demo_data", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
     assert out["released"] and out["kept_others"]
     assert out["job_env"] == {} and out["worker_env"] == out["poll"]
     assert out["pythonpath"] == env.get("PYTHONPATH")
