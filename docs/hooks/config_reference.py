@@ -13,12 +13,11 @@ import types
 import typing
 from typing import Any
 
+import _checkout
 import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
-
-import _checkout
 
 MARKER = "<!-- podium:config-reference -->"
 
