@@ -1,1 +1,8 @@
-"""Prefect tasks: each a thin decorator around a plain, typed function that tests can call directly."""
+"""Units of work: plain, typed functions that tests call directly, and the Prefect tasks around them.
+
+- `plan`: the preflight, turned into a RunPlan; `resume`: what a resumed run changes
+- `train`: the Ray Train run; `validate`: one checkpoint's validation and its verdict
+- `tracking`: recording checkpoints in MLflow; `lineage`: where a run and a model come from
+- `promote`: the promotion, with `rescore` (the same-data gate) and `package` (the served model)
+- `report`: the Prefect artifacts people read; `rollback`: serving back one champion (the CLI's)
+"""

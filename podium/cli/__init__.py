@@ -3,7 +3,8 @@
 - `main`: the parser and the entry point (`podium`, `python -m podium`, `python -m podium.cli`)
 - `options`: the options of `run` and `promote`, and the configuration they set
 - `errors`: the errors printed without a traceback, and their exit codes
-- `commands`: what each command does once its arguments are parsed
+- `run`: `podium run` and `podium promote`: the start-up beside the servers, the flow run, its exit codes
+- `commands`: what the other commands do once their arguments are parsed
 - `output`: what the commands print (a summary for people, or one JSON object)
 - `provenance`: `podium lineage`, and what `podium status` says about data and origins
 """

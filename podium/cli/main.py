@@ -26,6 +26,7 @@ def use_current_directory() -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the CLI)."""
     from podium.cli import commands
+    from podium.cli import run as run_command
 
     parser = argparse.ArgumentParser(
         prog="podium",
@@ -38,12 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Train, validate every checkpoint as it lands, record in MLflow, promote.")
     add_run_options(run)
     add_ray_address(run)
-    run.set_defaults(func=lambda a: commands.run_flow(a, "run"))
+    run.set_defaults(func=lambda a: run_command.run_flow(a, "run"))
     promote = sub.add_parser("promote", help="Promote the best checkpoint of an existing run.",
                              description="Promote the best validated checkpoint of an existing run.")
     add_run_options(promote)
     add_ray_address(promote)
-    promote.set_defaults(func=lambda a: commands.run_flow(a, "promote"))
+    promote.set_defaults(func=lambda a: run_command.run_flow(a, "promote"))
     status = sub.add_parser("status", help="Checkpoints of a run (default: the latest), what it promoted, "
                                            "and the model's champion.")
     add_run_options(status)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -191,3 +192,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 def add_ray_address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", help="Run on this existing Ray cluster, e.g. 10.0.0.5:6379 (sets RAY_ADDRESS; "
                                          "default: RAY_ADDRESS, else a local Ray).")
+
+
+def use_ray_address(address: str | None) -> None:
+    """Point Ray at an existing cluster; only effective before Ray is initialised in this process."""
+    if address:
+        os.environ["RAY_ADDRESS"] = address

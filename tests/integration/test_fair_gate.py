@@ -61,7 +61,7 @@ def _rescores(calls_log: str, before: int) -> list[str]:
 
 def _old_rule(summary, stored: float) -> bool:
     """What the gate decided before podium compared on the same data: the stored number, as it is."""
-    best = max(summary.checkpoints, key=lambda r: r.metrics["accuracy"])
+    best = max(summary.checkpoints, key=lambda r: (r.metrics["accuracy"], r.step))  # ties: the later step
     return decide_promotion(best, Champion("v", 0, "accuracy", stored), "accuracy", "max").promote
 
 

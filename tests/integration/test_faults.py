@@ -302,7 +302,10 @@ class RayHead:
                        env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, check=True, timeout=120)
 
     def processes(self, name: str = "") -> list[int]:
-        """The pids of this head's processes, or of those named `name`."""
+        """The pids of this head's processes, or of those named `name`: every process whose command line
+        names the head's temp dir, except this test's own process and a `podium` command (a driver, not
+        part of the head). Told apart by what runs, never by a path: a clone or a virtualenv in a folder
+        named `podium` puts that word in every Ray worker's command line."""
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -310,7 +313,8 @@ class RayHead:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if self.temp in cmd and name in cmd and "pytest" not in cmd and "podium" not in cmd:
+            driver = " -m podium" in cmd or os.path.basename(cmd.split(" ", 1)[0]) == "podium"
+            if self.temp in cmd and name in cmd and int(pid) != os.getpid() and not driver:
                 found.append(int(pid))
         return found
 
@@ -327,7 +331,12 @@ def ray_head(tmp_path, prefect_api, locations):
     head = RayHead(tmp_path, _podium_env(prefect_api, locations, tmp_path))
     head.start()
     yield head
-    head.kill()
+    # never `ray stop`: it would stop every Ray on this machine. A raylet may start a worker while its
+    # siblings die: kill until none of the head's processes is left
+    deadline = time.monotonic() + 30
+    while head.processes() and time.monotonic() < deadline:
+        head.kill()
+        time.sleep(0.2)
     shutil.rmtree(head.temp, ignore_errors=True)
 
 

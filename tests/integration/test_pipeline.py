@@ -61,7 +61,7 @@ def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, da
     assert min(r.validated_at for r in records) < summary.training_ended_at
 
     # the promoted checkpoint is the best by val_loss (lower is better)
-    best = min(records, key=lambda r: r.metrics["val_loss"])
+    best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     promoted = summary.promotion.promoted
     assert promoted is not None and promoted.step == best.step
     assert promoted.value == pytest.approx(best.metrics["val_loss"])
@@ -140,7 +140,7 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
     # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
     assert by_epoch[2].status == "failed" and "longer than 12 s" in by_epoch[2].failure
     assert all(by_epoch[s].status == "validated" for s in (0, 3))
-    best = max((by_epoch[s] for s in (0, 3)), key=lambda r: r.metrics["score"])
+    best = max((by_epoch[s] for s in (0, 3)), key=lambda r: (r.metrics["score"], r.step))
     assert summary.promotion.promoted.step == best.step
     assert math.isfinite(summary.promotion.promoted.value)
     # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score

@@ -544,7 +544,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
         assert Path(r.uri).parent == storage and (Path(r.uri) / "model.pt").is_file()
         assert {"val_loss", "val_accuracy"} <= set(r.metrics)
     current = read_current(team["config"]["serving"])
-    best = min(records, key=lambda r: r.metrics["val_loss"])
+    best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     assert current.version == "v000001" and current.manifest["step"] == best.step
     # the deployment's run recorded where it came from, with no configuration of its own
     lineage = current.manifest["lineage"]["tags"]

@@ -49,8 +49,10 @@ def _validated_once_each(records, calls: list[dict]) -> dict[str, dict]:
 
 
 def _best(records, metric: str, mode: str = "max"):
+    """The best validated checkpoint as podium documents the rule: ties go to the later step."""
     validated = [r for r in records if r.status == "validated"]
-    return (max if mode == "max" else min)(validated, key=lambda r: r.metrics[metric])
+    sign = 1.0 if mode == "max" else -1.0
+    return max(validated, key=lambda r: (sign * r.metrics[metric], r.step))
 
 
 def test_torch_linear_example_with_its_own_defaults(pipeline, locations, tmp_path):

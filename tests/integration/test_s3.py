@@ -134,7 +134,7 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
 
     # serving on S3: versioned prefix, manifest, pointer, history; the champion loads and predicts as recorded
     promoted = summary.promotion.promoted
-    best = min(records, key=lambda r: r.metrics["val_loss"])
+    best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/model"
     assert read_current(serving).version == "v000001" and len(read_history(serving)) == 1
     layout = set(s3.keys(BUCKET, "serving/"))

@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-# Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.cli.commands._prepare).
+# Runs in a fresh interpreter: the state of a `podium run` process, then its start-up (podium.cli.run._prepare).
 PROBE = r"""
 import importlib.abc, json, os, sys, threading, time
 
@@ -38,7 +38,7 @@ def start(self):
 cluster.EarlyStart.start = start
 
 import ray
-from podium.cli import commands
+from podium.cli import run as commands
 from podium.cli.main import build_parser
 from podium.cli.options import config_from_args
 from podium.settings import PodiumSettings

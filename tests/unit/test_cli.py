@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import podium.cli.commands as commands
+import podium.cli.run as run_command
 import podium.services
 from podium.cli.errors import CliError
 from podium.cli.main import build_parser, main
@@ -88,7 +88,7 @@ def test_invalid_run_fails_before_any_server_starts(tmp_path, monkeypatch, capsy
 
     monkeypatch.setenv("PODIUM_HOME", str(tmp_path))
     # routes library logs to a file under home and edits the root logger: not what this test is about
-    monkeypatch.setattr(commands, "_quiet_libraries", lambda log_file: None)
+    monkeypatch.setattr(run_command, "_quiet_libraries", lambda log_file: None)
     monkeypatch.setattr(podium.services, "ensure_prefect_server", no_server)
     monkeypatch.setattr(podium.services, "prepare_mlflow", no_server)
     monkeypatch.setattr(podium.services, "check_mlflow", no_server)

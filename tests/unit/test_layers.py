@@ -214,6 +214,7 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     # a fresh run starts training before MLflow (about a second to import) has loaded: the flow, and what
     # `podium run` loads before it, name podium.tracking's functions without loading MLflow
     "podium.flows.pipeline": ({"mlflow", "torch"}, ["prefect", "prefect.futures", "ray.train", "ray.util.queue"]),
+    "podium.cli.run": ({"mlflow", "torch"}, ["prefect"]),
     "podium.cli.commands": ({"mlflow", "torch"}, ["prefect"]),
     # `podium --help`, a bad flag and `podium lineage --help` answer at once
     "podium.cli.main": (NOTHING_HEAVY, []),

@@ -1,0 +1,290 @@
+"""`podium run` and `podium promote`: the start-up (servers, Ray, logging, torch, side by side), then the flow run,
+and what its end is in exit codes.
+
+The start-up's phases are timed (`StartupClock`) and reported in `--json`'s `startup` block."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podium.cli.errors import NOT_RECORDED_EXIT, CliError, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli.options import config_from_args, use_ray_address
+from podium.cli.output import print_summary, summary_json
+from podium.settings import PodiumSettings
+
+
+class _ProgressPrinter(logging.Handler):
+    def __init__(self, stream: Any, start: float):
+        super().__init__(logging.INFO)
+        self.stream, self.start = stream, start
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream.write(f"[{time.monotonic() - self.start:7.1f}s] {record.getMessage()}\n")
+        self.stream.flush()
+
+
+def _library_environment(log_file: Path) -> None:
+    """The environment podium's libraries read when they load, and Ray's processes when they start: set
+    before Ray starts (its workers inherit it) and before Prefect and MLflow are imported."""
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "podium")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    from podium.prefect_api import bound_client_settings
+
+    bound_client_settings(os.environ)  # Prefect's client reads them when it is imported, below
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    # mlflow would add a stderr handler to its logger on import; without it, its records reach the file below
+    # (and mlflow is imported when it is needed, not here)
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    # Ray Data configures its logger with a console handler when it is imported (here and in the local
+    # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
+    # records to the log file, and no further
+    ray_data_logging = log_file.parent / "ray-data-logging.json"
+    ray_data_logging.write_text(json.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"podium": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "filename": str(log_file), "formatter": "podium"}},
+        "loggers": {"ray.data": {"level": "INFO", "handlers": ["file"], "propagate": False}}}))
+    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(ray_data_logging))
+
+
+_log_handlers: dict[Path, logging.Handler] = {}
+
+
+def _log_handler(log_file: Path) -> logging.Handler:
+    """The one handler that writes this process's library records to `log_file`."""
+    if log_file not in _log_handlers:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler = _log_handlers[log_file] = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    return _log_handlers[log_file]
+
+
+def _ray_logs_to_file(log_file: Path) -> None:
+    """Ray's driver-side records (its logger has a stderr handler of its own, and does not propagate) go to
+    the log file: `ray.init`'s warnings are not podium's progress lines. Before Ray starts."""
+    import ray  # noqa: F401  (its logging configuration is applied when it is imported)
+
+    ray_logger = logging.getLogger("ray")
+    for h in list(ray_logger.handlers):
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+            ray_logger.removeHandler(h)
+    ray_logger.addHandler(_log_handler(log_file))
+
+
+def _quiet_libraries(log_file: Path) -> None:
+    """Route library logs to a file: the terminal shows podium's progress lines."""
+    handler = _log_handler(log_file)
+    import prefect.logging.handlers  # configures Prefect's logging; its console handler is replaced below
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()
+    for name in ("", "prefect"):
+        lg = logging.getLogger(name)
+        for h in list(lg.handlers):
+            if isinstance(h, prefect.logging.handlers.PrefectConsoleHandler):
+                lg.removeHandler(h)
+    logging.getLogger().addHandler(handler)
+    # Prefect's log sender writes "--- Error logging to API ---" and the error to stderr for each batch the
+    # server did not take, unless logging.raiseExceptions is off: the terminal is for progress lines, and an
+    # outage of the server is said once (podium.prefect_api)
+    logging.raiseExceptions = False
+    logging.getLogger("podium").setLevel(logging.INFO)  # podium's own INFO records reach the file (root says WARNING)
+    logging.getLogger("mlflow").setLevel(logging.INFO)  # the level mlflow's own configuration would set
+
+
+class StartupClock:
+    """When each start-up phase of a command ran, in seconds since the command started (`--json` reports it)."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.started_at = time.time()
+        self.phases: dict[str, list[float]] = {}
+
+    def record(self, name: str, began: float, ended: float | None = None) -> None:
+        """A phase that ran from `began` to `ended` (time.monotonic(); default: now)."""
+        self.phases[name] = [round(began - self.start, 3), round((ended or time.monotonic()) - self.start, 3)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The "startup" block of the JSON output."""
+        return {"started_at": round(self.started_at, 3), "phases": self.phases}
+
+
+@dataclass
+class _Servers:
+    """What a command started first, each in a background thread: the Prefect server (checked, or started),
+    and for a training run Ray with the validation warm-up (podium.training.resources.start_ray_early)."""
+
+    prefect: Any  # podium.services.Background
+    ray: Any = None  # podium.training.cluster.EarlyStart
+
+
+def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Servers:
+    """Set the libraries' environment (Ray's processes inherit it), then start the servers in the background:
+    the first thing a command does once its flags are read, so that they start while everything else loads
+    and the preflight runs. A preflight that fails ends the command, and a Ray it started with it."""
+    from podium import services
+
+    log_file = settings.home_dir / "logs" / "podium.log"
+    _library_environment(log_file)
+    servers = _Servers(services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
+                                           settings.prefect_api_url, name="podium-prefect-server"))
+    if which == "run":
+        from podium.training.resources import start_ray_early
+
+        _ray_logs_to_file(log_file)
+        servers.ray = start_ray_early(config)
+    return servers
+
+
+def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
+    """What must come before the flow, in this thread while the servers start in theirs (`_start_servers`):
+    the demo data, the tracking URI's check and (for a training run) torch; then wait for the servers.
+    Returns (tracking_uri, api_url).
+
+    The preflight and the resume check are the flow's own (`plan_run_task`, `check_resume_task`): a run
+    started here and one started by a deployment are planned by the same code, once, and a refusal comes
+    back from the flow as one sentence (exit 2)."""
+    began = time.monotonic()
+    _maybe_make_demo_data(config, settings)
+    clock.record("demo_data", began)
+    from podium import services
+
+    tracking_uri = settings.resolved_tracking_uri()
+    began = time.monotonic()
+    from podium.tracking.client import apply_http_retry_defaults
+
+    apply_http_retry_defaults()  # before the first MLflow request
+    try:
+        services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
+    except services.ServiceError as exc:
+        raise CliError(str(exc)) from None
+    clock.record("mlflow_check", began)
+    if servers.ray is not None:
+        began = time.monotonic()
+        import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
+
+        # (torch.export's tracing, which promotion needs, loads while training runs: flows.pipeline)
+        clock.record("import_torch", began)
+        servers.ray.wait()  # the flow's preflight imports the user's code, which may load Ray Train: Ray first
+        clock.record("ray", servers.ray.started, servers.ray.ended)
+    try:
+        api_url = servers.prefect.result()
+    except services.ServiceError as exc:
+        raise CliError(str(exc)) from None
+    clock.record("prefect_server", servers.prefect.started, servers.prefect.ended)
+    return tracking_uri, api_url
+
+
+def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
+    default = settings.home_dir / "data"
+    if config.data.train.startswith(str(default)) and not Path(config.data.train).exists():
+        from podium.training.data import make_classification_data
+
+        make_classification_data(str(default))
+
+
+def run_flow(args: argparse.Namespace, which: str) -> int:
+    """`podium run` / `podium promote`: the whole pipeline, or promotion alone, as a Prefect flow run."""
+    use_ray_address(args.ray_address)
+    settings = PodiumSettings()
+    clock = StartupClock()
+    start = clock.start
+    config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
+    servers = _start_servers(config, settings, which)
+    clock.record("config_and_servers", start)
+    began = time.monotonic()
+    _quiet_libraries(settings.home_dir / "logs" / "podium.log")
+    clock.record("logging", began)
+    progress = logging.getLogger("podium.progress")
+    if not args.quiet:
+        progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
+    progress.setLevel(logging.INFO)
+    tracking_uri, api_url = _prepare(config, settings, clock, servers)
+    from podium.config import ConfigError
+    from podium.core.failures import UserCodeError
+    from podium.serving.layout import ServingError
+    from podium.tasks.plan import RunInProgress
+    from podium.tasks.train import NoCheckpointReported
+    from podium.tracking.client import TrackingUnavailable
+
+    began = time.monotonic()
+    from prefect.exceptions import CancelledRun
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from podium.services import ui_url
+
+    progress.info("Prefect UI: %s", ui_url(api_url))
+    from podium import prefect_api
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        if which == "run":
+            from podium.flows.pipeline import train_validate_promote as flow_fn
+        else:
+            from podium.flows.promote import promote_run as flow_fn
+        clock.record("import_flow", began)
+        logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
+        from podium.flows.summary import finished_summary
+
+        flow_end_recorded = True
+        try:
+            try:
+                summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
+                    config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
+                finished_summary(config.run_name)
+            except Exception as exc:
+                done = finished_summary(config.run_name)
+                if done is None or not prefect_api.is_unreachable(exc):
+                    raise
+                # the run did its work; only Prefect's engine could not record the flow run's final state
+                logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: %s: %s",
+                                                    type(exc).__name__, exc)
+                summary, flow_end_recorded = done, False
+        except TrackingUnavailable as exc:
+            raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
+        except (RunInProgress, ConfigError, ServingError, LookupError) as exc:
+            # refused inside the flow: a run in progress, a resume that changes the model's shape, a serving
+            # location that is corrupt, a run to promote that does not exist
+            raise CliError(str(exc)) from None
+        except NoCheckpointReported as exc:
+            raise RunFailed(str(exc)) from None
+        except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log
+            raise RunFailed(f"{exc}\n(the full trace, with Ray's frames: {settings.home_dir / 'logs' / 'podium.log'})"
+                            ) from None
+        except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
+            from podium.flows.stop import STOP, exit_code
+
+            if STOP.signum is None:
+                raise  # cancelled from Prefect's side: Prefect's own handling stands
+            prefect_api.link().settle(True)
+            print(f"podium: {exc}", file=sys.stderr, flush=True)
+            return exit_code(STOP.signum)
+        if not flow_end_recorded:  # the server may be back by now: then the CLI records the end itself
+            flow_end_recorded = prefect_api.record_flow_end(summary.flow_run_id, f"{config.run_name}: done")
+        not_recorded = prefect_api.link().settle(flow_end_recorded)
+    elapsed = time.monotonic() - start
+    if args.json:
+        out = summary_json(summary, config.serving, config)
+        out["wall_time_s"] = round(elapsed, 1)
+        out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
+        out["startup"] = clock.to_dict()
+        if not_recorded:
+            out["prefect_not_recorded"] = not_recorded
+        print(json.dumps(out))
+    else:
+        print_summary(summary, config, settings, tracking_uri, api_url, elapsed)
+    if not_recorded:
+        print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
+              "and the serving location have it.", file=sys.stderr, flush=True)
+        return NOT_RECORDED_EXIT
+    return 0
