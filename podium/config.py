@@ -3,6 +3,10 @@
 Every layer reads it; it is turned into plain dicts only at the Ray boundary. Defaults are
 stated here once (the CLI's help reads them from the model). Building a config has no side
 effects.
+
+Why one module of this size: the models are the configuration's one source of truth (the CLI's
+defaults and the documentation's reference are read from them); each section's model sits beside the
+checks of its fields.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Training, validation, MLflow records and promotion never wait on Prefect:
 A watch thread probes `/health` while a run is on, so an outage is noticed within seconds whether or
 not podium happens to be calling Prefect. The flow engine's own calls (the flow run's states) are
 bounded by Prefect's client settings, which the CLI sets (`bound_client_settings`).
+
+Why one module of this size: the link's calls, posts, held writes, watch and background senders share
+one piece of state (is the server up, what is held for it); split, each part would reach into the others.
 """
 
 from __future__ import annotations

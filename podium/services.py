@@ -5,6 +5,10 @@ next command finds it again through home/prefect/server.json. That file is a cla
 fact: before a server is reused or stopped, its process (pid and start time) and its API (the
 port answers, and it is the server of this home's database) are checked. A file that fails
 the check is stale: it is replaced, and the process it names is never signalled.
+
+Why one module of this size: the Prefect server, the MLflow store and the MLflow UI are the embedded
+defaults as one unit (started, checked and stopped together by the commands), sharing the process and
+port handling.
 """
 
 from __future__ import annotations
