@@ -34,8 +34,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+PORT_ATTEMPTS = 3  # starts of the local Prefect server, each on a port found free, before podium gives up
+
+
 class ServiceError(RuntimeError):
     """A server podium needs is unreachable or would not start."""
+
+
+class PortTaken(ServiceError):
+    """The port a local server was started on was taken by another process first."""
 
 
 def _prefect_auth_headers() -> dict[str, str]:
@@ -103,12 +110,14 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def _free_port(preferred: int) -> int:
-    if _port_free(preferred):
-        return preferred
+def _any_free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _free_port(preferred: int) -> int:
+    return preferred if _port_free(preferred) else _any_free_port()
 
 
 def process_start_time(pid: int) -> str | None:
@@ -227,12 +236,24 @@ def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = No
         reused = _reuse(state_file, prefect_home, timeout_s)
         if reused:
             return reused
-        return _start_prefect_server(prefect_home, _free_port(port), timeout_s, env or {})
+        # a port found free can be taken by another process before the server binds it (another
+        # project's podium starting at the same moment): then the server starts again on another port
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                chosen = _free_port(port) if attempt == 0 else _any_free_port()
+                return _start_prefect_server(prefect_home, chosen, timeout_s, env or {})
+            except PortTaken as exc:
+                logger.warning("%s: starting the Prefect server on another port", exc)
+        raise ServiceError(f"the local Prefect server lost its port {PORT_ATTEMPTS} times in a row; see "
+                           f"{prefect_home / 'server.log'}")
 
 
 def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: dict[str, str]) -> str:
+    """Start a server on `port`; raises PortTaken where another process has the port."""
     url = f"http://127.0.0.1:{port}/api"
     log_path = prefect_home / "server.log"
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    logged_before = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -244,11 +265,15 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            with open(log_path, "rb") as f:
+                f.seek(logged_before)
+                if b"already in use" in f.read():  # prefect's own check, or uvicorn's bind
+                    raise PortTaken(f"port {port} was taken before the Prefect server could bind it")
             raise ServiceError(f"the local Prefect server exited with code {proc.returncode}; see {log_path}")
         if _healthy(url):
             if not _serves_home(url, prefect_home):  # another server took the port first
                 _terminate_group(proc.pid)
-                raise ServiceError(f"port {port} answers as another Prefect server; see {log_path}")
+                raise PortTaken(f"port {port} answers as another Prefect server")
             (prefect_home / "server.json").write_text(json.dumps(
                 {"pid": proc.pid, "started": started, "port": port, "api_url": url, "home": str(prefect_home)}))
             return url
