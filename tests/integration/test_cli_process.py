@@ -44,7 +44,7 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     assert out["run_name"] == "cli" and out["tracking_uri"] == cli_env["MLFLOW_TRACKING_URI"]
     assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
     assert all({"step", "uri", "status", "metrics"} <= set(c) for c in out["checkpoints"])
-    best = min(out["checkpoints"], key=lambda c: c["metrics"]["val_loss"])
+    best = min(out["checkpoints"], key=lambda c: (c["metrics"]["val_loss"], -c["step"]))  # ties: the later step
     assert out["promoted"]["step"] == best["step"] and out["promoted"]["metric"] == "val_loss"
     assert out["promoted"]["value"] == pytest.approx(best["metrics"]["val_loss"])
     alpha_serving = home / "serving" / "alpha"  # the model's own default serving location
