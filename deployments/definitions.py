@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     """Register podium's deployments on a work pool, or serve them from this process."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    # local: `python -m podium.deployments --help` answers before the servers' clients load
     from podium.config import ConfigError, load_config
     from podium.services import ServiceError, ensure_prefect_server
     from podium.settings import PodiumSettings

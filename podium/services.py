@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from podium.core.redaction import redact_uri
+
 logger = logging.getLogger(__name__)
 
 
@@ -364,8 +366,6 @@ def _check_sqlite_store(path: Path, tracking_uri: str) -> None:
 
 
 def _check_tracking_server(tracking_uri: str, wait_s: float) -> None:
-    from podium.core.redaction import redact_uri
-
     url = f"{tracking_uri.rstrip('/')}/health"
     deadline = time.monotonic() + wait_s
     said = False

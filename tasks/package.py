@@ -91,6 +91,7 @@ def preload_packaging() -> None:
 
 def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, workdir: str) -> ServedModel:
     """Build the served model of `record`'s checkpoint in `workdir` (see the module's docstring)."""
+    # local: MLflow's model flavours and torch load only at promotion
     from podium.tracking.models import package_model, package_python_model
     _EXPORT.wait()  # the modules it loads are not loaded from two threads at once
     from podium.training.export import load_servable, write_model_folder  # torch loads here, not at import

@@ -297,6 +297,7 @@ def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
     after a crash starts at once), an S3 lease otherwise (a dead run's lease expires
     PODIUM_S3_LEASE_TTL_S after its last renewal: a rerun waits that long at most).
     """
+    # local: s3fs's client loads only when a run takes its lock
     from podium.storage.lease import LeaseError, location_lock
     from podium.storage.locations import is_s3, join
     from podium.storage.s3 import s3_settings

@@ -83,6 +83,7 @@ def origin(command: str | None = None) -> dict[str, Any]:
     or the command, and who ran it where."""
     from prefect.runtime import flow_run
 
+    # local: Prefect's runtime and API client load only when a promotion asks who started it
     from podium.prefect_api import current_deployment
 
     try:

@@ -50,6 +50,7 @@ def rescore(plan: RunPlan, uri: str, step: int) -> dict[str, float]:
     resources, `validation.retries` retries `retry_delay_s` apart."""
     import ray
 
+    # local: Ray Train's driver side loads only when the champion must be re-scored
     from podium.tasks.train import connect_ray
 
     if not ray.is_initialized():  # inside the pipeline Ray is up; `podium promote` connects only now

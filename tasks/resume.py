@@ -113,6 +113,7 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
 
     from prefect.runtime import flow_run
 
+    # local: Prefect's client and MLflow load only when a resume is checked (`podium run`'s start-up)
     from podium import prefect_api
     from podium.tracking.client import TAG_FLOW_RUN, TrackingUnavailable, resolve_tracking_uri
     from podium.tracking.runs import find_tracking_run, run_tags

@@ -69,6 +69,7 @@ def stats_location(plan: RunPlan) -> str:
 def load_or_compute_stats(plan: RunPlan) -> dict[str, Any]:
     """The training data's statistics saved with this run, or, the first time, one streaming pass over
     it whose result is saved. A resumed run keeps the numbers its checkpoints were trained with."""
+    # local: Ray Data loads only when the statistics are computed (a resumed run reads them back)
     from podium.training.stats import compute_data_stats
 
     uri = stats_location(plan)

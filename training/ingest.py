@@ -77,6 +77,7 @@ def decoded_bytes(uri: str, columns: list[str]) -> int:
     """Bytes that `columns` of the Parquet data at `uri` take decoded, from the files' footers (no rows read,
     several footers at once): rows x width for a fixed-width column, the size of its pages before
     compression for others."""
+    # local: pyarrow's dataset module loads only when footers are read
     from podium.training.data import map_fragments, open_dataset
 
     dataset = open_dataset(uri)

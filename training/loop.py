@@ -175,6 +175,7 @@ def _feature_stats(config: dict[str, Any]) -> FeatureStats:
             raise ValueError(f"feature_stats are for columns {stats.columns}, the loop trains on "
                              f"{config['feature_columns']}")
         return stats
+    # local: Ray Data loads only where a loop must compute the statistics itself
     from podium.training.stats import compute_data_stats
 
     return FeatureStats.from_dict(compute_data_stats(config["train_data"], list(config["feature_columns"])).to_dict())

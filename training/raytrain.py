@@ -255,6 +255,7 @@ def fit(
     Every worker runs podium's ReportCapture, so reports' `validation=` reach the announcer."""
     from ray.train.torch import TorchTrainer  # torch loads here, in the process that trains, not on import
 
+    # local: Ray Data loads in the process that trains, with TorchTrainer above
     from podium.training.ingest import dataset_config, podium_data_context, read_parquet_dataset
 
     fs, path = arrow_filesystem(storage)

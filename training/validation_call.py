@@ -165,6 +165,7 @@ def validate_remote(
     `user` may be an ObjectRef (see keep_arguments): Ray resolves it in the task."""
     import ray  # the calling convention above is read before training, without Ray
 
+    # local, with Ray: the calling convention is read before training, without Ray
     from podium.training.cluster import VALIDATION_RUNTIME_ENV
 
     task = ray.remote(call_validation).options(

@@ -1,5 +1,9 @@
 """What the other commands do once their arguments are parsed: status, ui, rollback, history, make-data,
-server, worker (`podium run` and `podium promote`: podium.cli.run)."""
+server, worker (`podium run` and `podium promote`: podium.cli.run).
+
+Imports inside functions are on purpose (start-up): a command loads only the libraries it uses (`podium
+history` never loads MLflow or Prefect).
+"""
 
 from __future__ import annotations
 

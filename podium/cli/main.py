@@ -2,6 +2,8 @@
 
 Import paths given on the command line (`--train-loop`, `--validate-fn`) resolve from the current
 directory first, as uvicorn and celery do: run podium from your repository's root.
+
+Imports inside functions are on purpose (start-up): the commands load when the parser is built.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The options of `podium run` and `podium promote`, and the configuration they set.
 
 Each option names the config field it overrides; its default is read from the config model, stated there once.
+
+Imports inside functions are on purpose (start-up): the config model (pydantic) loads only when a
+command's configuration is built or its help printed.
 """
 
 from __future__ import annotations

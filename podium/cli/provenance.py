@@ -22,6 +22,8 @@ from podium.cli.errors import CliError, ServerUnreachable
 from podium.cli.output import short_number
 from podium.settings import PodiumSettings
 
+# Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
+
 DIGEST_RE = re.compile(r"^[0-9a-f]{8,64}$")
 
 

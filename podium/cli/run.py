@@ -1,7 +1,11 @@
 """`podium run` and `podium promote`: the start-up (servers, Ray, logging, torch, side by side), then the flow run,
 and what its end is in exit codes.
 
-The start-up's phases are timed (`StartupClock`) and reported in `--json`'s `startup` block."""
+The start-up's phases are timed (`StartupClock`) and reported in `--json`'s `startup` block.
+
+Imports inside functions are on purpose (start-up): each phase loads its libraries when it runs, beside the
+servers' start, and `podium --help` or a bad flag answers before any of them loads.
+"""
 
 from __future__ import annotations
 

@@ -248,6 +248,7 @@ def store_exists(tracking_uri: str) -> bool:
 
 def resolve_tracking_uri(tracking_uri: str | None) -> str:
     """The given tracking URI, else MLFLOW_TRACKING_URI, else podium's embedded SQLite store."""
+    # local: pydantic-settings reads the environment only when no URI is given
     from podium.settings import PodiumSettings
 
     return tracking_uri or PodiumSettings().resolved_tracking_uri()
