@@ -169,8 +169,10 @@ def _promotion_beyond_validation(s: dict[str, Any], r: int) -> float | None:
 
 
 GOALS = [
-    Goal("podium's training wall, costly validation (d) ≤ 1.05× (a)", ("a", "d"),
-         lambda res, k: series(res, "d", lambda s, r: _ratio(s["train_wall"], base(res, r, "train_wall"))), 1.05, "×"),
+    # against the machine's floor measured in the same round: training beside the same validation in a plain
+    # process on the other core (f); a goal against (a) alone measured the machine, not podium
+    Goal("podium's training wall, costly validation (d) ≤ 1.03× the floor (f), in the same round", ("a", "f", "d"),
+         lambda res, k: _d_against_f(res), 1.03, "×"),
     Goal("last ckpt → promotion done ≤ one validation + 3 s (d; beyond the last checkpoint's queue wait)", ("d",),
          lambda res, k: series(res, "d", _promotion_beyond_validation), 3.0, " s beyond the validation", 1),
     Goal("ckpt → metrics p95 ≤ validation + 1 s within the concurrency (d; beyond queue wait + validation)", ("d",),
@@ -182,6 +184,12 @@ GOALS = [
          lambda res, k: series(res, "d1", lambda s, r: _minus(s["process_wall"], base(res, r, "process_wall"))), 8.0,
          " s over (a)", 1),
 ]
+
+
+def _d_against_f(results: Results) -> list[float] | None:
+    """(d)'s training wall over (f)'s, round by round."""
+    floor = way_summaries(results, "f")
+    return series(results, "d", lambda s, r: _ratio(s["train_wall"], floor[r]["train_wall"] if floor else None))
 
 
 def _minus(x: float | None, y: float | None) -> float | None:
@@ -217,8 +225,7 @@ def floor_line(results: Results) -> str | None:
     """What the machine itself costs training when the other core validates ((f) against (a)), and what (d)
     costs beyond that ((d) against (f)), each within its round; None unless both (f) and (d) count."""
     f = series(results, "f", lambda s, r: _ratio(s["train_wall"], base(results, r, "train_wall")))
-    fs = way_summaries(results, "f")
-    d = series(results, "d", lambda s, r: _ratio(s["train_wall"], fs[r]["train_wall"] if fs else None))
+    d = _d_against_f(results)
     if not f or not d:
         return None
     return (f"The floor: with the costly validation looping on the other core and nothing else, training took "
