@@ -290,5 +290,11 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     if not_recorded:
         print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
               "and the serving location have it.", file=sys.stderr, flush=True)
-        return NOT_RECORDED_EXIT
-    return 0
+    from podium.core.verdict import run_failure
+
+    failure = run_failure([r.status for r in summary.checkpoints])
+    if failure:  # the summary above says what each checkpoint got; a scheduler reads the exit code
+        print(f"podium: run {config.run_name!r} failed: {failure}. Each reason is on its MLflow record and in "
+              "`podium status`.", file=sys.stderr, flush=True)
+        return RunFailed.exit_code
+    return NOT_RECORDED_EXIT if not_recorded else 0

@@ -123,3 +123,15 @@ def judge_validation(returned: Mapping[str, float], non_numeric: Mapping[str, st
         return (f"validation returned no {metric!r} (the promotion metric); it returned {sorted(returned)}"
                 + (f", training reported {sorted(training)}" if training else ""))
     return None
+
+
+def run_failure(statuses: Sequence[str]) -> str | None:
+    """Why a run whose checkpoints ended with `statuses` failed as a whole, or None.
+
+    A run none of whose checkpoints was validated, with at least one that failed, did not do its work,
+    whatever else it did: its scheduler must not read it as a success. A run whose checkpoints were all
+    skipped (its loop said `validation=False` every time) or kept from an earlier attempt is not failed here."""
+    failed = sum(s == FAILED for s in statuses)
+    if failed and not any(s == VALIDATED for s in statuses):
+        return f"every validation failed ({failed} of {len(statuses)} checkpoint(s) failed, none validated)"
+    return None

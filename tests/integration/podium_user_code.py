@@ -132,3 +132,8 @@ def validate_softmax(checkpoint: ray.train.Checkpoint, val_data: str) -> dict:
     model.load_state_dict(state)
     with torch.no_grad():
         return {"accuracy": float((model(x).argmax(1) == y).float().mean())}
+
+
+def validate_returns_none(checkpoint: ray.train.Checkpoint, config: dict) -> None:
+    """A validation function that forgot its `return`."""
+    validate_fn(checkpoint, config)

@@ -170,3 +170,22 @@ def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, tmp_path):
+    """A validation function that returns None fails every checkpoint: the run prints its summary (the JSON a
+    scheduler keeps), says why on stderr and exits 1, so nobody reads it as a success."""
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    proc = podium(["run", "--json", "--run-name", "none-back", "--train-loop", "podium_user_code:train_func",
+                   "--validate-fn", "podium_user_code:validate_returns_none", "--loop-config", "epochs=2",
+                   "--num-workers", "1", "--validation-retries", "0", "--metric", "score", "--mode", "max",
+                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
+                  cli_env, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["status"] for c in out["checkpoints"]] == ["failed", "failed"] and out["promoted"] is None
+    assert "returned NoneType, expected a dict" in out["checkpoints"][0]["failure"]
+    assert "podium: run 'none-back' failed: every validation failed (2 of 2 checkpoint(s) failed" in proc.stderr
+    from podium.serving.layout import read_current
+
+    assert read_current(str(tmp_path / "serving")) is None

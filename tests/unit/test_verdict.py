@@ -8,7 +8,7 @@ import pytest
 
 from podium.core.events import ValidationRequest
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED
-from podium.core.verdict import ValidationOutcome, Verdict, decide_verdict
+from podium.core.verdict import ValidationOutcome, Verdict, decide_verdict, run_failure
 
 FINE = {"loss": 0.4, "epoch": 1.0}
 DIVERGED = {"loss": math.nan, "epoch": 1.0}
@@ -86,3 +86,12 @@ def test_every_caller_decides_through_the_one_function():
     users = {str(path) for root in roots for path in root.rglob("*.py")
              if any(name in path.read_text() for name in pieces) and path.name not in ("verdict.py", "records.py")}
     assert not users, f"these modules decide or write a verdict themselves: {sorted(users)}"
+
+
+def test_a_run_whose_every_validation_failed_has_failed():
+    assert run_failure([FAILED, FAILED]) == "every validation failed (2 of 2 checkpoint(s) failed, none validated)"
+    assert run_failure([FAILED, SKIPPED, FAILED]) == ("every validation failed (2 of 3 checkpoint(s) failed, "
+                                                      "none validated)")
+    assert run_failure([FAILED, VALIDATED]) is None  # one good checkpoint: the run did its work
+    assert run_failure([SKIPPED, SKIPPED]) is None  # nothing asked for validation: not a failure of it
+    assert run_failure([]) is None  # no checkpoint at all is said elsewhere (NoCheckpointReported)
