@@ -27,6 +27,7 @@ from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
+from podium.tasks.rescore import promotion_needs_ray
 from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
@@ -196,7 +197,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
         records = validations.finish()
         watch.close()  # promotion needs no Ray
-        if config.promotion.verify != "revalidate":  # (a champion re-scored on new data starts Ray anew)
+        if not promotion_needs_ray(plan, records):  # a re-score or a revalidation keeps Ray up
             stream.close()
             cluster.release_ray()  # a local Ray this command started shuts down while promotion runs
         progress.update(validated=validations.validated)

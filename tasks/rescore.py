@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from podium.core import records
 from podium.core.comparison import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
 from podium.core.promotion import Decision, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
@@ -43,6 +44,23 @@ def champion_digest(version: layout.PromotedVersion) -> str | None:
     """The digest of the validation data the champion's number was measured on (None: not recorded)."""
     val = (version.manifest.get("datasets") or {}).get("val") or {}
     return val.get("digest")
+
+
+def promotion_needs_ray(plan: RunPlan, checkpoints: list[CheckpointRecord]) -> bool:
+    """Whether promotion will validate anything (and so needs Ray): `verify = "revalidate"`, a validated
+    checkpoint measured on other data than this run's validation data, or a champion that was. Errs on the
+    side of yes: a local Ray kept up costs a few seconds at the end, one shut down under a re-score ends the run."""
+    if plan.config.promotion.verify == "revalidate":
+        return True
+    val = plan.data.get("val")
+    digest = val.digest if val else None
+    if any(r.status == records.VALIDATED and needs_rescore(r.val_digest, digest) for r in checkpoints):
+        return True
+    try:
+        current = layout.read_current(plan.serving)
+    except Exception:  # a serving location promotion will refuse: it says why, with Ray or without
+        return True
+    return current is not None and needs_rescore(champion_digest(current), digest)
 
 
 def rescore(plan: RunPlan, uri: str, step: int) -> dict[str, float]:

@@ -265,6 +265,14 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
         except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log
             raise RunFailed(f"{exc}\n(the full trace, with Ray's frames: {settings.home_dir / 'logs' / 'podium.log'})"
                             ) from None
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise  # a signal's exit (Ray's SIGTERM handler): its code stands
+            # something inside the flow (a library) asked the process to exit as if it had succeeded: the run
+            # did not finish, and the exit code must not say it did
+            raise RunFailed(f"the run {config.run_name!r} ended before it finished: sys.exit({exc.code!r}) was "
+                            f"called inside the flow (see {settings.home_dir / 'logs' / 'podium.log'}); the same "
+                            "command resumes it") from None
         except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
             from podium.flows.stop import STOP, exit_code
 

@@ -189,3 +189,19 @@ def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, 
     from podium.serving.layout import read_current
 
     assert read_current(str(tmp_path / "serving")) is None
+
+
+def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_command(cli_env, dataset, tmp_path):
+    """Night 1 promotes a champion measured on its validation data; night 2 brings other validation data: the
+    same `podium run` re-scores the champion on it (Ray kept up for that) and compares the two on the same rows.
+    Through the real process, where a Ray shut down early once ended the run in a crash with exit code 0."""
+    from podium.training.data import make_classification_data
+
+    _, harder_val = make_classification_data(str(tmp_path / "other"), train_rows=600, val_rows=600, seed=7)
+    common = ["--epochs", "1", "--num-workers", "1", "--metric", "val_accuracy", "--mode", "max",
+              "--train-data", dataset[0], "--storage", str(tmp_path / "storage")]
+    podium(["run", "--json", "--run-name", "night-1", "--val-data", dataset[1], *common], cli_env)
+    proc = podium(["run", "--json", "--run-name", "night-2", "--val-data", harder_val, *common], cli_env)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "re-scored" in out["promotion_reason"], out["promotion_reason"]
+    assert harder_val in out["promotion_reason"], out["promotion_reason"]  # the data both were measured on
