@@ -75,8 +75,7 @@ def validate_announced_checkpoint(
     except TrackingUnavailable:
         raise  # validated, but the verdict could not be written: it stays pending, to be validated again
     except Exception as exc:
-        record_verdict(tracking, record, verdict_after_validation(plan, record, ValidationOutcome(
-            error=f"{type(exc).__name__}: {exc}")))
+        record_verdict(tracking, record, verdict_after_validation(plan, record, ValidationOutcome.raised(exc)))
         raise
     say("checkpoint step %d of %s %s: %s", step, run_name, record.status, record.failure or record.metrics)
     return record

@@ -112,8 +112,7 @@ class ValidationQueue:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries, or was stopped
                     stopped = self.stopping() or isinstance(exc, ValidationStopped)
-                    verdict = verdict_after_validation(self.plan, record, ValidationOutcome(
-                        error=f"{type(exc).__name__}: {exc}", stopped=stopped))
+                    verdict = verdict_after_validation(self.plan, record, ValidationOutcome.raised(exc, stopped))
                     if not verdict.to_record:
                         logger.info("validation of step %d ended with the stop (%s): it stays pending", record.step,
                                     type(exc).__name__)

@@ -22,6 +22,7 @@ from typing import Any
 from podium.cli.errors import NOT_RECORDED_EXIT, CliError, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
+from podium.core.verdict import run_failure
 from podium.settings import PodiumSettings
 
 
@@ -298,8 +299,6 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     if not_recorded:
         print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
               "and the serving location have it.", file=sys.stderr, flush=True)
-    from podium.core.verdict import run_failure
-
     failure = run_failure([r.status for r in summary.checkpoints])
     if failure:  # the summary above says what each checkpoint got; a scheduler reads the exit code
         print(f"podium: run {config.run_name!r} failed: {failure}. Each reason is on its MLflow record and in "

@@ -37,6 +37,11 @@ class ValidationOutcome:
     error: str | None = None  # it raised after its retries: "TypeError: ..."
     stopped: bool = False  # it ended because the run was asked to stop
 
+    @classmethod
+    def raised(cls, exc: BaseException, stopped: bool = False) -> ValidationOutcome:
+        """A validation that ended with `exc` (after its retries), or with the run's stop."""
+        return cls(error=f"{type(exc).__name__}: {exc}", stopped=stopped)
+
 
 @dataclass(frozen=True)
 class Verdict:
