@@ -22,10 +22,10 @@ from podium.serving.layout import read_current
 
 
 def check_served_champion(tracking_uri: str, model: str, serving: str, val_data: str, logs: Path,
-                          env: dict[str, str], monkeypatch) -> None:
-    """The champion of `model`, loaded from `models:/<model>@champion` with MLflow (pyfunc, pytorch, a real
-    `mlflow models serve` process) and with podium's `load_promoted_model`, gives the same classes on raw
-    validation rows; the registry version names its run, schema and metrics."""
+                          env: dict[str, str], monkeypatch, serve: bool = True) -> None:
+    """The champion of `model`, loaded from `models:/<model>@champion` with MLflow (pyfunc, pytorch and, with
+    `serve`, a real `mlflow models serve` process) and with podium's `load_promoted_model`, gives the same
+    classes on raw validation rows; the registry version names its run, schema and metrics."""
     rows = pd.read_parquet(val_data).head(40)  # raw validation rows, the label column included
     current = read_current(serving)
     features = [f"f{i:02d}" for i in range(16)]
@@ -55,6 +55,9 @@ def check_served_champion(tracking_uri: str, model: str, serving: str, val_data:
     assert {"val_loss", "val_accuracy"} <= {m.key for m in logged.metrics}
     assert {"name": model, "version": str(version.version)} in json.loads(logged.tags["mlflow.modelVersions"])
 
+    assert os.path.basename(current.uri) == "model"
+    if not serve:
+        return
     # `mlflow models serve` answers a POST of those rows with the same classes
     with model_server(uri, {**env, "MLFLOW_TRACKING_URI": tracking_uri}, logs / f"serve-{model}.log") as url:
         body = json.dumps({"dataframe_split": json.loads(rows[features].to_json(orient="split", index=False))})
@@ -62,4 +65,3 @@ def check_served_champion(tracking_uri: str, model: str, serving: str, val_data:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as answer:
             assert json.loads(answer.read())["predictions"] == expected.tolist()
-    assert os.path.basename(current.uri) == "model"

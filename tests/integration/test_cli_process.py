@@ -22,10 +22,10 @@ def podium(args, env, check=True):
 
 
 @pytest.fixture
-def cli_env(prefect_api, tmp_path):
+def cli_env(prefect_api, tmp_path, tracking_uri):
     env = dict(os.environ)
     env.update({"PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
-                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+                "MLFLOW_TRACKING_URI": tracking_uri})
     env.pop("RAY_ADDRESS", None)
     return env
 
@@ -50,8 +50,9 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     alpha_serving = home / "serving" / "alpha"  # the model's own default serving location
     assert out["promoted"]["uri"] == str(alpha_serving / "versions" / "v000001" / "model")
     assert out["champion"]["version"] == "v000001" and out["champion"]["checkpoint"] == best["uri"]
+    # `mlflow models serve` answers for the champion in test_production (an MLflow server, S3 artifacts)
     check_served_champion(cli_env["MLFLOW_TRACKING_URI"], "alpha", str(alpha_serving), dataset[1], tmp_path,
-                          cli_env, monkeypatch)
+                          cli_env, monkeypatch, serve=False)
 
     # another model in the same folder, ranked by another metric in the other direction: its own champion
     beta = ["--run-name", "cli-beta", "--model", "beta", "--metric", "val_accuracy", "--mode", "max", *data]

@@ -172,8 +172,8 @@ def _record(tracking_uri: str, run_name: str, ckpt: str, accuracy: float, datase
 
 
 @pytest.mark.parametrize("rescore", ["refuse", "stored"])
-def test_a_champion_that_cannot_be_scored_any_more_is_the_configured_decision(ray_cluster, tmp_path, rescore):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_champion_that_cannot_be_scored_any_more_is_the_configured_decision(ray_cluster, tmp_path, tracking_uri,
+                                                                               rescore):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     # the champion: podium's own checkpoint format, promoted before podium recorded what data it was scored on
     old = os.path.join(storage, "old", "checkpoint_1")

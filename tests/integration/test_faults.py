@@ -32,6 +32,8 @@ def _user_config(run_name, dataset, locations, loop_extra=None, validate_extra=N
                      "train_loop_config": {"epochs": epochs, **(loop_extra or {})}},
         "validation": {"fn": "podium_user_code:validate_fn", "kwargs": validate_extra or {}},
         "promotion": {"metric": "score", "mode": "max"},
+        # one training worker: what these tests break is podium's process, the worker's or the disk's, not DDP
+        "scaling": {"num_workers": 1},
     }
 
 
@@ -259,7 +261,7 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     exception with their own frames, once; Ray's frames stay in the log file."""
     config = _user_config("user-raises", dataset, locations, epochs=4, loop_extra={"raise_at_epoch": 3},
                           validate_extra={"fail_epoch": 1})
-    config["scaling"] = {"max_failures": 0}
+    config["scaling"]["max_failures"] = 0
     config["validation"]["retries"] = 0
     (tmp_path / "podium.json").write_text(json.dumps(config))
     proc = _podium(["run", "--config", str(tmp_path / "podium.json")], _podium_env(prefect_api, locations, tmp_path))

@@ -41,14 +41,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_template_db(tmp_path_factory) -> Path:
-    """An empty MLflow SQLite store with its schema migrated once for the session."""
-    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(f"sqlite:///{db}").search_experiments(max_results=1)
-    return db
-
-
 @pytest.fixture
 def mlflow_server(tmp_path, mlflow_template_db):
     server = MlflowServer(tmp_path / "mlflow", mlflow_template_db)
@@ -81,6 +73,7 @@ def _config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
         "validation": {"fn": "podium_user_code:validate_fn", "concurrency": 1,
                        "kwargs": {"calls_log": str(calls), "sleep_s": 2}},
         "promotion": {"metric": "score", "mode": "max", "verify": "hashes"},
+        "scaling": {"num_workers": 1},  # the outages are the servers', not the training's: one worker
     }
     path = tmp_path / "podium.json"
     path.write_text(json.dumps(config))

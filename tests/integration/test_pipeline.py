@@ -94,11 +94,13 @@ def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, da
 
 
 def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locations, tmp_path):
-    first = pipeline(_config("gate-a", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
+    one = {"num_workers": 1}  # the gate is under test, not the training: one worker each run
+    first = pipeline(_config("gate-a", dataset, locations, training={"epochs": 2}, scaling=one),
+                     locations["tracking_uri"])
     assert first.promotion.promoted is not None
     # a worse model (one tiny epoch at a tiny learning rate) must not replace the champion
     second = pipeline(_config("gate-b", dataset, locations,
-                              training={"epochs": 1, "learning_rate": 1e-5}), locations["tracking_uri"])
+                              training={"epochs": 1, "learning_rate": 1e-5}, scaling=one), locations["tracking_uri"])
     assert second.promotion.promoted is None
     assert "not more than min_delta" in second.promotion.reason
     assert read_current(locations["serving"]).version == first.promotion.promoted.version
@@ -111,7 +113,8 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
     column[17] = np.nan
     nan_train = str(tmp_path / "nan-train.parquet")
     pq.write_table(table.set_column(table.schema.get_field_index("f03"), "f03", [column]), nan_train)
-    diverging = _config("gate-nan", dataset, locations, data={"train": nan_train}, training={"epochs": 1})
+    diverging = _config("gate-nan", dataset, locations, data={"train": nan_train}, training={"epochs": 1},
+                        scaling=one)
     with pytest.raises(ConfigError, match="data.train: feature column 'f03' has 1 NaN, infinite or null value"):
         pipeline(diverging, locations["tracking_uri"])
     diverging["data"]["allow"] = ["non_finite_features"]

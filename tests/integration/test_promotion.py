@@ -73,8 +73,7 @@ def _alias_source(tracking_uri: str) -> str:
     return client.get_model_version_by_alias("podium", "champion").tags["podium.served_uri"]
 
 
-def test_two_promotions_at_once_leave_one_consistent_champion(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_two_promotions_at_once_leave_one_consistent_champion(tmp_path, tracking_uri):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     a = _validated_run(tracking_uri, storage, "run-a", val_loss=0.5)
     b = _validated_run(tracking_uri, storage, "run-b", val_loss=0.4)
@@ -100,8 +99,7 @@ def test_two_promotions_at_once_leave_one_consistent_champion(tmp_path):
         assert _alias_source(tracking_uri) == read_current(serving).uri and out.to_version != out.from_version
 
 
-def test_rollback_restores_previous_champion_and_alias(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_rollback_restores_previous_champion_and_alias(tmp_path, tracking_uri):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     first = _promote(serving, storage, _validated_run(tracking_uri, storage, "old", 0.5)).promoted
     second = _promote(serving, storage, _validated_run(tracking_uri, storage, "new", 0.3)).promoted
@@ -114,8 +112,7 @@ def test_rollback_restores_previous_champion_and_alias(tmp_path):
     load_promoted_model(serving)  # complete and loadable
 
 
-def test_promoter_killed_at_any_moment_leaves_champion_intact_and_rerun_finishes(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_promoter_killed_at_any_moment_leaves_champion_intact_and_rerun_finishes(tmp_path, tracking_uri):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     champion = _promote(serving, storage, _validated_run(tracking_uri, storage, "champ", 0.5)).promoted
     reference = load_promoted_model(serving)
@@ -144,8 +141,7 @@ def test_promoter_killed_at_any_moment_leaves_champion_intact_and_rerun_finishes
     assert len(read_history(serving)) == 2
 
 
-def test_a_diverged_checkpoint_next_to_a_working_champion_is_never_promoted(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_diverged_checkpoint_next_to_a_working_champion_is_never_promoted(tmp_path, tracking_uri):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     champion = _promote(serving, storage, _validated_run(tracking_uri, storage, "champ", 9.67517)).promoted
     diverged = open_tracking_run(tracking_uri, "podium", "diverged", {})
@@ -174,8 +170,7 @@ def test_a_diverged_checkpoint_next_to_a_working_champion_is_never_promoted(tmp_
     assert math.isnan({r.step: r for r in list_records(diverged)}[188].metrics["val_loss"])
 
 
-def test_rollbacks_walk_back_the_champions_and_a_withdrawn_checkpoint_stays_out(tmp_path):
-    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_rollbacks_walk_back_the_champions_and_a_withdrawn_checkpoint_stays_out(tmp_path, tracking_uri):
     serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
     runs = [_validated_run(tracking_uri, storage, f"r{i}", val_loss) for i, val_loss in
             enumerate((0.5, 0.4, 0.3, 0.2), start=1)]
