@@ -278,10 +278,20 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
                 raise PortTaken(f"port {port} answers as another Prefect server")
             (prefect_home / "server.json").write_text(json.dumps(
                 {"pid": proc.pid, "started": started, "port": port, "api_url": url, "home": str(prefect_home)}))
+            _started_here.add(prefect_home)
             return url
         time.sleep(0.1)  # a refused connection costs nothing; the flow waits for this answer
     _terminate_group(proc.pid)
     raise ServiceError(f"the local Prefect server did not become healthy in {timeout_s:g} s; see {log_path}")
+
+
+# the homes whose Prefect server this process started (a command that is refused stops it again)
+_started_here: set[Path] = set()
+
+
+def started_here(home: Path) -> bool:
+    """Whether this process started the local Prefect server of `home` (rather than finding it running)."""
+    return home.resolve() / "prefect" in _started_here
 
 
 def _terminate_group(pid: int) -> None:
@@ -307,6 +317,7 @@ def stop_prefect_server(home: Path, timeout_s: float = 30.0) -> bool:
             while _ours(state) and time.monotonic() < deadline:
                 time.sleep(0.2)
         state_file.unlink(missing_ok=True)
+        _started_here.discard(prefect_home)
         return ours
 
 

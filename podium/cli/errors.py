@@ -13,6 +13,12 @@ class CliError(Exception):
     exit_code = 2
 
 
+class Refused(CliError):
+    """The command refused to start its work (a bad input, a run of the same name in progress, a store it
+    cannot use): printed without a traceback, exit code 2, and a server the command started for it is stopped
+    again, so that nothing it started outlives it."""
+
+
 class ServerUnreachable(CliError):
     """A server podium records to stopped answering during a run: printed without a traceback, exit
     code 3. The run can be resumed."""

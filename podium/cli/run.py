@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podium.cli.errors import NOT_RECORDED_EXIT, CliError, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli.errors import NOT_RECORDED_EXIT, CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
 from podium.core.verdict import run_failure
@@ -173,7 +173,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     try:
         services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
     except services.ServiceError as exc:
-        raise CliError(str(exc)) from None
+        raise Refused(str(exc)) from None
     clock.record("mlflow_check", began)
     if servers.ray is not None:
         began = time.monotonic()
@@ -186,7 +186,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     try:
         api_url = servers.prefect.result()
     except services.ServiceError as exc:
-        raise CliError(str(exc)) from None
+        raise Refused(str(exc)) from None
     clock.record("prefect_server", servers.prefect.started, servers.prefect.ended)
     return tracking_uri, api_url
 
@@ -204,9 +204,33 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     use_ray_address(args.ray_address)
     settings = PodiumSettings()
     clock = StartupClock()
-    start = clock.start
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     servers = _start_servers(config, settings, which)
+    try:
+        return _run_started(args, which, settings, clock, config, servers)
+    except Refused:
+        _stop_what_a_refusal_started(settings, servers)
+        raise
+
+
+def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) -> None:
+    """A refused command leaves no server behind: the Prefect server it started for this command (its start
+    finished first, so that none is left starting) is stopped again. One it found running stays."""
+    from podium import services
+
+    try:
+        servers.prefect.result()
+    except services.ServiceError:
+        return
+    if services.started_here(settings.home_dir):
+        services.stop_prefect_server(settings.home_dir)
+        logging.getLogger(__name__).info("refused: stopped the Prefect server this command started")
+
+
+def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings, clock: StartupClock, config: Any,
+                 servers: _Servers) -> int:
+    """run_flow, once the servers are starting."""
+    start = clock.start
     clock.record("config_and_servers", start)
     began = time.monotonic()
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
@@ -257,9 +281,12 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
                 summary, flow_end_recorded = done, False
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
-        except (RunInProgress, ConfigError, ServingError, LookupError) as exc:
-            # refused inside the flow: a run in progress, a resume that changes the model's shape, a serving
-            # location that is corrupt, a run to promote that does not exist
+        except (RunInProgress, ConfigError) as exc:
+            # refused by the flow's preflight: a bad input, a run in progress, a resume that changes the model
+            raise Refused(str(exc)) from None
+        except (ServingError, LookupError) as exc:
+            # a serving location that is full or corrupt, a run to promote that does not exist: the run's
+            # records stay in the Prefect UI, its server up
             raise CliError(str(exc)) from None
         except NoCheckpointReported as exc:
             raise RunFailed(str(exc)) from None

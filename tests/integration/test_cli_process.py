@@ -206,3 +206,43 @@ def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "re-scored" in out["promotion_reason"], out["promotion_reason"]
     assert harder_val in out["promotion_reason"], out["promotion_reason"]  # the data both were measured on
+
+
+def _prefect_servers_of(home) -> list[int]:
+    """The pids of `prefect server` processes whose PREFECT_HOME is under `home`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"prefect" in cmd and b"server" in cmd and f"PREFECT_HOME={home}".encode() in b"\n".join(environ):
+            found.append(int(pid))
+    return found
+
+
+def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
+    """Three runs refused by the preflight, on the embedded defaults (no Prefect server configured): each
+    started the local Prefect server for itself, and each stops it again; `podium server stop` has nothing
+    left to find."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
+    env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    csv = tmp_path / "table.parquet"
+    csv.write_text("f00,label\n1.0,0\n")
+    a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
+    a_file.write_text("")
+    refusals = {"missing": ["--train-data", str(tmp_path / "missing.parquet")],
+                "csv": ["--train-data", str(csv)],
+                "unwritable": ["--storage", str(a_file / "storage")]}
+    for what, flags in refusals.items():
+        args = ["run", "--run-name", f"refused-{what}", "--epochs", "1", "--train-data", dataset[0],
+                "--val-data", dataset[1], *flags]
+        proc = podium(args, env, check=False)
+        assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert not (home / "prefect" / "server.json").exists(), what
+        assert _prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
