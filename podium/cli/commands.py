@@ -214,6 +214,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     use_ray_address(args.ray_address)
     # flow runs start in a temporary folder: the embedded defaults must not resolve against it
     env = {**os.environ, "PREFECT_API_URL": api_url, "PODIUM_HOME": str(settings.home_dir)}
+    # podium's own records (progress, verdicts, the decision and its reason) go to each flow run's log in
+    # Prefect, as a `podium run`'s do
+    extra = [n for n in env.get("PREFECT_LOGGING_EXTRA_LOGGERS", "").split(",") if n.strip()]
+    env["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(dict.fromkeys([*extra, "podium"]))
     cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process"]
     if args.limit:
         cmd += ["--limit", str(args.limit)]

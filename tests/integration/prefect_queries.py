@@ -68,3 +68,17 @@ def flow_run_state(name: str, timeout: float = 30.0):
         if (state and state.is_final()) or time.monotonic() > deadline:
             return state
         time.sleep(0.5)
+
+
+def flow_run_logs(flow_run_id) -> list[str]:
+    """The messages of a flow run's log in Prefect, oldest first (the API pages them 200 at a time)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    messages: list[str] = []
+    with get_client(sync_client=True) as c:
+        while True:
+            page = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                               limit=200, offset=len(messages))
+            messages += [entry.message for entry in page]
+            if len(page) < 200:
+                return messages

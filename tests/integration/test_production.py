@@ -45,7 +45,7 @@ from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
 from prefect.deployments import run_deployment
-from prefect_queries import checkpoint_events, task_runs
+from prefect_queries import checkpoint_events, flow_run_logs, task_runs
 from s3_server import S3Server
 from served_checks import check_served_champion
 from servers import wait_http_ok
@@ -533,8 +533,13 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     flow_run = run_deployment(f"train-validate-promote/{NIGHTLY}", timeout=0)
     _wait_flow_run(flow_run.id, team["worker_log"])
     with get_client(sync_client=True) as client:
-        started = client.read_flow_run(flow_run.id).expected_start_time
-    run_name = expand_run_name("nightly-{date}", started)  # what the flow named this night's run
+        ran = client.read_flow_run(flow_run.id)
+    run_name = expand_run_name("nightly-{date}", ran.expected_start_time)  # what the flow named this night's run
+    # named as `podium run` names its flow runs, not at random; podium's own lines in its log, as for a CLI run
+    assert ran.name == f"{run_name}-run", ran.name
+    messages = "\n".join(flow_run_logs(flow_run.id))
+    assert f"run {run_name}: MLflow run" in messages and "training done:" in messages, messages[-3000:]
+    assert "promotion: step" in messages, messages[-3000:]
 
     tracking = find_tracking_run(stack.mlflow, "podium", run_name)
     records = list_records(tracking)
@@ -557,7 +562,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     assert champion.source == f"models:/{best.model_id}" and champion.tags["podium.served_uri"] == current.uri
     check_served_champion(stack.mlflow, "podium", team["config"]["serving"], team["config"]["data"]["val"],
                           stack.root, {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, monkeypatch)
-    validations = [r for r in task_runs(flow_run.name, expect_at_least=2) if r.name.startswith("validate-step-")]
+    validations = [r for r in task_runs(ran.name, expect_at_least=2) if r.name.startswith("validate-step-")]
     assert sorted(r.name for r in validations) == sorted(f"validate-step-{r.step}" for r in records)
 
 
