@@ -1,6 +1,7 @@
 """What a flow run of podium's looks like in Prefect, whoever starts it: its name (`<run name>-run` for a
 training run, `<run name>-promote` for a promotion, the run name's `{date}` filled for the run's scheduled
-start) and podium's own lines in its log.
+start), podium's own lines in its log, and a `config` parameter that names only some settings merged over
+the deployment's own.
 
 `podium run` names its flow run the same way (`podium.cli.run`) and sets the log level itself; a deployment's
 run (a schedule, a worker, `prefect deployment run`) gets both from here."""
@@ -13,7 +14,8 @@ from datetime import datetime, timezone
 
 from prefect.runtime import flow_run
 
-from podium.config import PipelineConfig, expand_run_name
+from podium import prefect_api
+from podium.config import PipelineConfig, expand_run_name, merge
 
 
 def flow_run_namer(suffix: str) -> Callable[[], str]:
@@ -35,3 +37,14 @@ def podium_logs_at_info() -> None:
     podium_logger = logging.getLogger("podium")
     if podium_logger.level == logging.NOTSET:
         podium_logger.setLevel(logging.INFO)
+
+
+def with_deployment_defaults(config: PipelineConfig) -> PipelineConfig:
+    """`config` with the deployment's own config under it: a run of a deployment started with a `config` that
+    names only some settings (`--param config='{"run_name": "night-3"}'`) keeps the deployment's for the rest.
+    Prefect replaces a parameter whole; the settings a run names win. Without a deployment, `config` as is."""
+    defaults = prefect_api.deployment_parameter("config")
+    given = prefect_api.flow_run_parameter("config")  # what the run was started with, before validation
+    if not isinstance(defaults, dict) or not isinstance(given, dict):
+        return config
+    return PipelineConfig.model_validate(merge(defaults, given))

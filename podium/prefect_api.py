@@ -380,6 +380,32 @@ def current_deployment() -> tuple[str, str] | None:
     return str(deployment_id), call("reading the deployment's name", name) or ""
 
 
+def deployment_parameter(name: str) -> Any:
+    """The deployment's own value of parameter `name` (what a run of it gets unless told otherwise), or None
+    for a flow run without a deployment, or when the API does not answer."""
+    current = current_deployment()
+    if current is None:
+        return None
+
+    def read() -> Any:  # (prefect.runtime.deployment.parameters are the flow run's, not the deployment's)
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            return (client.read_deployment(current[0]).parameters or {}).get(name)
+
+    return call("reading the deployment's parameters", read)
+
+
+def flow_run_parameter(name: str) -> Any:
+    """Parameter `name` of the current flow run as it was started with it (its JSON, before validation), or
+    None outside a flow run."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    parameters = getattr(getattr(ctx, "flow_run", None), "parameters", None) or {}
+    return parameters.get(name)
+
+
 def _in_context(fn: Callable[[], T]) -> Callable[[], T]:
     """`fn` bound to the caller's context (the flow or task run an artifact belongs to), for another thread."""
     ctx = contextvars.copy_context()

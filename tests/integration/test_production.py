@@ -565,6 +565,16 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     validations = [r for r in task_runs(ran.name, expect_at_least=2) if r.name.startswith("validate-step-")]
     assert sorted(r.name for r in validations) == sorted(f"validate-step-{r.step}" for r in records)
 
+    # promotion on demand, naming only the run: the deployment's own config gives every other setting
+    # (Prefect replaces a parameter whole; podium merges what a run names over the deployment's)
+    again = run_deployment(f"promote-run/{PROMOTE}", parameters={"config": {"run_name": run_name}}, timeout=0)
+    _wait_flow_run(again.id, team["worker_log"])
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(again.id).name == f"{run_name}-promote"
+    messages = "\n".join(flow_run_logs(again.id))
+    assert "promotion:" in messages and "already the champion" in messages, messages[-3000:]
+    assert read_current(team["config"]["serving"]).version == "v000001"
+
 
 EXTERNAL_JOB = """
 # A training job of its own, outside any podium flow: plain Ray Train with podium's announcer and
