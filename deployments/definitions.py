@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
             ids = register_deployments(deployments, args.pool)
         for d, deployment_id in zip(deployments, ids):
             print(f"{d.flow_name}/{d.name}: {deployment_id} (work pool {args.pool})")
+        # `prefect deployment run` and `prefect worker` must talk to this server: a shell without this variable
+        # reaches another (or a temporary one) and finds no deployment
+        print(f"registered on the Prefect server at {api_url}; for the prefect CLI in another shell: "
+              f"export PREFECT_API_URL={api_url}")
         return
     from prefect import serve
 

@@ -436,6 +436,7 @@ def team(stack):
                              str(config_file), "--cron", cron, "--timezone", "UTC"],
                             env=env, capture_output=True, text=True, timeout=600)
     assert deploy.returncode == 0, f"deploy failed:\n{deploy.stdout}\n{deploy.stderr[-4000:]}"
+    assert f"export PREFECT_API_URL={stack.prefect}" in deploy.stdout, deploy.stdout  # says which server
 
     log = stack.root / "worker.log"
     worker = subprocess.Popen(
