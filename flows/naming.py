@@ -15,17 +15,44 @@ from datetime import datetime, timezone
 from prefect.runtime import flow_run
 
 from podium import prefect_api
-from podium.config import PipelineConfig, expand_run_name, merge
+from podium.config import PipelineConfig, merge
+
+# flow run id -> the config its name was made from, taken by its body (one read of the deployment per run)
+_named: dict[str, PipelineConfig] = {}
+
+
+def _started_at() -> datetime:
+    return flow_run.scheduled_start_time or datetime.now(timezone.utc)
+
+
+def run_config(config: PipelineConfig) -> PipelineConfig:
+    """The config a podium flow run works with: `config` with the deployment's own config under it, and the run
+    name's `{date}` filled for the run's scheduled start.
+
+    A run of a deployment started with a `config` that names only some settings (`--param config='{"run_name":
+    "night-3"}'`) keeps the deployment's for the rest: Prefect replaces a parameter whole; the settings a run
+    names win. Without a deployment, `config` as is. The flow's name and its body get the same one."""
+    named = _named.pop(str(flow_run.id), None)
+    if named is not None:
+        return named
+    defaults = prefect_api.deployment_parameter("config")
+    given = prefect_api.flow_run_parameter("config")  # what the run was started with, before validation
+    if isinstance(defaults, dict) and isinstance(given, dict):
+        config = PipelineConfig.model_validate(merge(defaults, given))
+    return config.at(_started_at())
 
 
 def flow_run_namer(suffix: str) -> Callable[[], str]:
-    """A `flow_run_name` callable for a flow whose `config` parameter is a PipelineConfig (or its dict)."""
+    """A `flow_run_name` callable for a flow whose `config` parameter is a PipelineConfig (Prefect validates the
+    parameters before it names the run)."""
 
     def name() -> str:
-        config = flow_run.parameters.get("config")
-        raw = config.get("run_name") if isinstance(config, dict) else getattr(config, "run_name", None)
-        template = raw or PipelineConfig.model_fields["run_name"].default
-        return f"{expand_run_name(template, flow_run.scheduled_start_time or datetime.now(timezone.utc))}-{suffix}"
+        config: PipelineConfig = flow_run.parameters["config"]
+        try:
+            config = _named[str(flow_run.id)] = run_config(config)
+        except ValueError:  # invalid once merged: the flow's body fails with it; the name keeps the run's own
+            pass
+        return f"{config.at(_started_at()).run_name}-{suffix}"
 
     return name
 
@@ -37,14 +64,3 @@ def podium_logs_at_info() -> None:
     podium_logger = logging.getLogger("podium")
     if podium_logger.level == logging.NOTSET:
         podium_logger.setLevel(logging.INFO)
-
-
-def with_deployment_defaults(config: PipelineConfig) -> PipelineConfig:
-    """`config` with the deployment's own config under it: a run of a deployment started with a `config` that
-    names only some settings (`--param config='{"run_name": "night-3"}'`) keeps the deployment's for the rest.
-    Prefect replaces a parameter whole; the settings a run names win. Without a deployment, `config` as is."""
-    defaults = prefect_api.deployment_parameter("config")
-    given = prefect_api.flow_run_parameter("config")  # what the run was started with, before validation
-    if not isinstance(defaults, dict) or not isinstance(given, dict):
-        return config
-    return PipelineConfig.model_validate(merge(defaults, given))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from datetime import datetime, timezone
 from typing import NoReturn, cast
 
 from prefect import flow
@@ -18,7 +17,7 @@ from podium import prefect_api
 from podium.charts import preload_charts
 from podium.config import PipelineConfig
 from podium.core.events import TrainingRestart
-from podium.flows.naming import flow_run_namer, podium_logs_at_info, with_deployment_defaults
+from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, hand_off, summarize_run
@@ -52,8 +51,7 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
     then promote the best checkpoint if it beats the current champion."""
     podium_logs_at_info()
-    config = with_deployment_defaults(config)
-    config = config.at(flow_run.scheduled_start_time or datetime.now(timezone.utc))  # fills {date} for nightly runs
+    config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
     plan = plan_run_task(config)
     for warning in plan.data_warnings:
         say("data: %s (allowed by data.allow)", warning)

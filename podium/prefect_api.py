@@ -365,10 +365,7 @@ def current_deployment() -> tuple[str, str] | None:
 
     Read from the flow run's context: `prefect.runtime.deployment` asks the API for every flow run without a
     deployment (and fails when the server is down). Only the name of an actual deployment is asked, bounded."""
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    deployment_id = getattr(getattr(ctx, "flow_run", None), "deployment_id", None)
+    deployment_id = _current_deployment_id()
     if deployment_id is None:
         return None
 
@@ -380,18 +377,25 @@ def current_deployment() -> tuple[str, str] | None:
     return str(deployment_id), call("reading the deployment's name", name) or ""
 
 
+def _current_deployment_id() -> Any:
+    """The id of the deployment that started the current flow run (from its context), or None."""
+    from prefect.context import FlowRunContext
+
+    return getattr(getattr(FlowRunContext.get(), "flow_run", None), "deployment_id", None)
+
+
 def deployment_parameter(name: str) -> Any:
     """The deployment's own value of parameter `name` (what a run of it gets unless told otherwise), or None
     for a flow run without a deployment, or when the API does not answer."""
-    current = current_deployment()
-    if current is None:
+    deployment_id = _current_deployment_id()
+    if deployment_id is None:
         return None
 
     def read() -> Any:  # (prefect.runtime.deployment.parameters are the flow run's, not the deployment's)
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            return (client.read_deployment(current[0]).parameters or {}).get(name)
+            return (client.read_deployment(deployment_id).parameters or {}).get(name)
 
     return call("reading the deployment's parameters", read)
 

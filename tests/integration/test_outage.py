@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shutil
 import signal
 import socket
 import sqlite3
@@ -341,28 +340,20 @@ def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) 
     return path
 
 
-def _sqlite_store(tmp_path: Path, template_db: Path) -> str:
-    """An MLflow store on SQLite, its schema migrated before podium or the test opens it."""
-    shutil.copy(template_db, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
-def _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, template_db, name: str):
-    """A podium run on a SQLite store, its first checkpoint recorded, then the Prefect server killed.
-    Returns (run, tracking_uri, validations log)."""
+def _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, name: str):
+    """A podium run on a SQLite store (`tracking_uri`), its first checkpoint recorded, then the Prefect server
+    killed. Returns (run, validations log)."""
     calls = tmp_path / "validations.log"
     config = _prefect_outage_config(tmp_path, dataset, name, calls)
-    tracking_uri = _sqlite_store(tmp_path, template_db)
     run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri))
     run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 1, "the first checkpoint record")
     prefect_server.kill()
-    return run, tracking_uri, calls
+    return run, calls
 
 
 def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefect_server, podium_runs, dataset,
-                                                                           tmp_path, mlflow_template_db):
-    run, tracking_uri, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path,
-                                                         mlflow_template_db, "prefect-down")
+                                                                           tmp_path, tracking_uri):
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, "prefect-down")
 
     rc, out, err = run.finish()
     assert rc == 4, f"exit {rc}:\n{err[-4000:]}"
@@ -390,12 +381,11 @@ def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefe
 
 
 def test_prefect_server_back_after_an_outage_the_records_catch_up(prefect_server, podium_runs, dataset, tmp_path,
-                                                                  mlflow_template_db):
+                                                                  tracking_uri):
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_queries import artifact_keys, flow_run_state, task_runs
 
-    run, tracking_uri, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path,
-                                                         mlflow_template_db, "prefect-back")
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, "prefect-back")
     run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 3, "checkpoints recorded while Prefect is down")
     prefect_server.start()  # same port, same database
 
