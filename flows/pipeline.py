@@ -16,6 +16,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from podium import prefect_api
 from podium.charts import preload_charts
 from podium.config import PipelineConfig
+from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
@@ -33,7 +34,7 @@ from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
-from podium.tracking.runs import close_tracking_run
+from podium.tracking.runs import close_tracking_run, tag_stopped_early
 from podium.training import cluster
 from podium.training.head import watching_head
 
@@ -144,16 +145,35 @@ def _open_tracking(plan: RunPlan, tracking_uri: str | None, stream: CheckpointSt
         raise
 
 
+def _stop_early_if_plateaued(plan: RunPlan, validations: ValidationQueue, stream: CheckpointStream,
+                             training: PrefectConcurrentFuture | None, stopping: threading.Event) -> EarlyStop | None:
+    """With training.early_stop_patience set: once that many verdicts in a row, in step order, did not improve on
+    the best, stop Ray Train (its persisted checkpoints stay and are validated) and say so. Returns the stop."""
+    t, p = plan.config.training, plan.config.promotion
+    if t.early_stop_patience is None or training is None or stopping.is_set():
+        return None
+    verdict = early_stop(validations.records(), p.metric, p.mode, t.early_stop_patience, t.early_stop_min_delta)
+    if verdict is None:
+        return None
+    say("stopping training early at step %d: %s", verdict.step, verdict.reason)
+    stopping.set()  # before the abort: the training task takes Ray Train's error for it as its end
+    if not stream.stop_training(training):
+        logger.warning("training did not stop in time; Ray stops with this process")
+    return verdict
+
+
 def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
                             stop: StopRequest, fresh: bool) -> RunSummary:
     config = plan.config
     connect_ray_task(plan)
     stream = CheckpointStream()
     training: PrefectConcurrentFuture | None = None
+    stopping_early = threading.Event()
+    stopped_early: EarlyStop | None = None
     if fresh:  # nothing persisted, nothing to catch up: training starts now, and the MLflow run opens meanwhile
         fitting = threading.Event()
         training = cast(PrefectConcurrentFuture,  # the flow's thread pool
-                        train_model.submit(plan, stream.sink, 0, fitting))
+                        train_model.submit(plan, stream.sink, 0, fitting, stopping_early))
         training.wrapped_future.add_done_callback(lambda _: fitting.set())  # a task that ends before Ray Train
         # until training's own work in this process is done (the data's statistics, the datasets' plan):
         # MLflow's import and store would take the interpreter from it; Ray Train's start leaves it idle
@@ -170,7 +190,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     try:
         if training is None:  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict, first
             validations.catch_up(seen)
-            training = cast(PrefectConcurrentFuture, train_model.submit(plan, stream.sink, validations.last_step))
+            training = cast(PrefectConcurrentFuture,
+                            train_model.submit(plan, stream.sink, validations.last_step, None, stopping_early))
         for events in stream.follow(training):
             for event in events:
                 if isinstance(event, TrainingRestart):
@@ -192,6 +213,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 validations.add(record_checkpoint_task(tracking, event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()
+            stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training, stopping_early)
             progress.update(validated=validations.validated)
             stop.check()  # a stop asked for: here, with every announced checkpoint recorded
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
@@ -205,6 +227,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         require_checkpoints(plan, len(records), reports)
         say("training done: %d checkpoint(s) in the run, %d new in this attempt%s; %s", len(records),
             announced, f", {restarts} worker restart(s)" if restarts else "", validations.tally())
+        if stopped_early is not None:
+            tag_stopped_early(tracking, stopped_early.step, stopped_early.reason)
         stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
         outcome = promote_best_checkpoint_task(plan, tracking)
     except RunStopped as exc:
@@ -230,6 +254,6 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         watch.close()
         stream.close()
     progress.flush()
-    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at)
+    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
     close_tracking_run(tracking)
     return summary

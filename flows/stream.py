@@ -21,6 +21,7 @@ class CheckpointStream:
         self.queue: Any = raytrain.open_event_queue()
         self.sink = raytrain.RayQueueSink(self.queue)
         self.controller: object | None = None  # Ray Train's controller, once it has started (for a clean stop)
+        self._held: list[CheckpointEvent | TrainingRestart] = []  # drained while stopping training, not yet followed
 
     def follow(self, training: PrefectConcurrentFuture,
                poll_s: float = 0.2) -> Iterator[list[CheckpointEvent | TrainingRestart]]:
@@ -28,7 +29,7 @@ class CheckpointStream:
         none, every `poll_s` seconds at most, until training has ended and the queue is empty."""
         while True:
             done = training.wrapped_future.done()  # in-process: no API round trip per poll
-            events = self._drain(poll_s)
+            events, self._held = [*self._held, *self._drain(poll_s)], []
             for event in events:
                 if isinstance(event, CheckpointEvent) and event.has_checkpoint:
                     try:
@@ -57,7 +58,7 @@ class CheckpointStream:
         deadline = time.monotonic() + timeout_s
         try:
             while not training.wrapped_future.done() and time.monotonic() < deadline:
-                self._drain(0.2)  # the controller's handle may be on its way
+                self._held.extend(self._drain(0.2))  # the controller's handle may be on its way
                 if self.controller is not None:
                     raytrain.abort_training(self.controller, timeout_s=max(deadline - time.monotonic(), 1.0))
                     break

@@ -6,6 +6,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from podium.config import PipelineConfig
+from podium.core.early_stop import EarlyStop
 from podium.core.records import CheckpointRecord
 from podium.settings import PodiumSettings
 from podium.tasks.promote import PromotionOutcome
@@ -23,6 +24,7 @@ class RunSummary(BaseModel):
     promotion: PromotionOutcome
     training_ended_at: float | None = None
     flow_run_id: str | None = None
+    stopped_early: EarlyStop | None = None  # training stopped because the validations stopped improving
 
 
 # The summaries of flows that ran to their end in this process, by run name. A flow's return value
@@ -43,7 +45,8 @@ def finished_summary(run_name: str) -> RunSummary | None:
 
 
 def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,
-                  mlflow_ui: str | None, training_ended_at: float | None = None) -> RunSummary:
+                  mlflow_ui: str | None, training_ended_at: float | None = None,
+                  stopped_early: EarlyStop | None = None) -> RunSummary:
     """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
     artifacts, MLflow), and return the summary the flow ends with."""
     records = list_records(tracking)
@@ -51,4 +54,5 @@ def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: Promot
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
-                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id) if flow_run.id else None)
+                      training_ended_at=training_ended_at, flow_run_id=str(flow_run.id) if flow_run.id else None,
+                      stopped_early=stopped_early)

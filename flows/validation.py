@@ -6,13 +6,14 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import wait
+from dataclasses import replace
 from typing import cast
 
 from prefect.futures import PrefectConcurrentFuture
 
 from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
-from podium.core.records import FAILED, SKIPPED, VALIDATED, CheckpointRecord
+from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.core.verdict import ValidationOutcome
 from podium.tasks.plan import RunPlan
 from podium.tasks.report import say
@@ -149,6 +150,13 @@ class ValidationQueue:
     def validated(self) -> int:
         """How many checkpoints have a verdict (validated, failed or skipped)."""
         return len(self.done)
+
+    def records(self) -> list[CheckpointRecord]:
+        """Every checkpoint this queue knows, as it stands now: with its verdict, or pending (queued, running, or
+        left pending by a write or a stop)."""
+        waiting = [*(r for r, _ in self.pending), *(r for r, _ in self.running.values()),
+                   *self.unrecorded.values(), *self.stopped.values()]
+        return [*self.done.values(), *(replace(r, status=PENDING) for r in waiting)]
 
     @property
     def last_step(self) -> int:

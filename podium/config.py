@@ -109,6 +109,13 @@ class TrainingConfig(_Strict):
         None, ge=1, description="Checkpoint every N optimizer steps instead of every epoch."
     )
     seed: int = Field(0, description="Random seed.")
+    early_stop_patience: int | None = Field(
+        None, ge=1, description="Stop training once this many validations in a row, in step order, did not "
+        "improve the promotion metric (promotion.metric, promotion.mode) on the best so far by more than "
+        "early_stop_min_delta. Ray Train is stopped (the checkpoints it saved stay), running validations finish, "
+        "and the best is promoted as usual. For the built-in loop and your own alike. None: train every epoch.")
+    early_stop_min_delta: float = Field(
+        0.0, ge=0, description="The improvement on the best so far that counts as one (early stopping).")
     shuffle: Literal["none", "local", "global"] = Field(
         "local", description="Shuffling each epoch: 'local' (files in a new order, rows shuffled within windows "
         "of shuffle_window_rows), 'global' (a full shuffle of the dataset through Ray's object store, for data "

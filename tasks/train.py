@@ -103,11 +103,13 @@ def trainer_datasets(plan: RunPlan, loop_config: dict[str, Any]) -> dict[str, An
     return None
 
 
-def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None) -> float:
+def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None,
+          stopped_early: threading.Event | None = None) -> float:
     """Train to completion (or resume the run of the same name), announcing each report to `sink`;
     `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer). `fitting` is set once
     this process's own part of the start is done (the data's statistics, the datasets' plan) and Ray Train
-    starts: from then on this thread waits on Ray.
+    starts: from then on this thread waits on Ray. `stopped_early` is set by the flow before it aborts
+    training because the validations stopped improving: Ray Train's error for that abort is the end it asked for.
 
     Returns the time training ended (epoch seconds)."""
     from podium.training import raytrain
@@ -122,6 +124,9 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading
     try:
         _fit(plan, sink, step_base, loop_config, datasets)
     except Exception as exc:
+        if stopped_early is not None and stopped_early.is_set():
+            logger.info("run %s: training stopped early (Ray Train aborted: %s)", cfg.run_name, type(exc).__name__)
+            return time.time()
         failures = raytrain.user_failures(exc)
         if not failures:
             raise
@@ -157,9 +162,10 @@ def _fit(plan: RunPlan, sink: EventSink, step_base: int, loop_config: dict[str, 
 
 
 @task(name="train-model", cache_policy=NO_CACHE)
-def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None) -> float:
+def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None,
+                stopped_early: threading.Event | None = None) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
-    return train(plan, sink, step_base, fitting)
+    return train(plan, sink, step_base, fitting, stopped_early)
 
 
 class NoCheckpointReported(RuntimeError):

@@ -53,6 +53,11 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "Feed the built-in model raw features (default: standardised with the training data's statistics)."),
     ("--checkpoint-every-steps", "training.checkpoint_every_steps", int,
      "Checkpoint every N steps instead of every epoch."),
+    ("--early-stop-patience", "training.early_stop_patience", int,
+     "Stop training once this many validations in a row (in step order) did not improve the promotion metric on "
+     "the best so far by more than --early-stop-min-delta; the saved checkpoints are validated and promoted as usual."),
+    ("--early-stop-min-delta", "training.early_stop_min_delta", float,
+     "How much a validation must improve on the best so far to count as an improvement (early stopping)."),
     ("--shuffle", "training.shuffle", str, "Shuffling each epoch (built-in loop): local, global or none."),
     ("--train-loop", "training.train_loop", str,
      "Your own train_loop_per_worker as 'package.module:function' (plain Ray Train APIs)."),

@@ -38,6 +38,8 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
                          **({"note": r.note} if r.note else {})}
                         for r in summary.checkpoints],
         "training_ended_at": summary.training_ended_at,
+        "stopped_early": ({"step": summary.stopped_early.step, "reason": summary.stopped_early.reason}
+                          if summary.stopped_early else None),
         "promoted": ({"version": promoted.version, "uri": promoted.uri, "step": promoted.step,
                       "metric": promoted.metric, "value": promoted.value,
                       "mlflow_version": promoted.mlflow_version, "served_as": promoted.served_as,
@@ -88,6 +90,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     """The outcome of a run in words, with links to where to look."""
     print()
     print(f"run {summary.run_name}: {len(summary.checkpoints)} checkpoints in {elapsed:.1f} s")
+    if summary.stopped_early:
+        print(f"stopped early at step {summary.stopped_early.step}: {summary.stopped_early.reason}")
     for r in summary.checkpoints:
         why = r.failure or r.note
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}" + (f"  ({why})" if why else ""))

@@ -14,3 +14,8 @@ def finite(v: object) -> bool:
 def listed(values: Mapping[str, object]) -> str:
     """`a = 1, b = 'x'`, sorted by name: how metrics appear in reasons."""
     return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in sorted(values.items()))
+
+
+def format_metric(v: float) -> str:
+    """A metric value in words: four significant digits, as podium prints metrics (0.1877, 1.5e-05)."""
+    return f"{v:.4g}"

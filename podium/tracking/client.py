@@ -77,6 +77,10 @@ TAG_REASON = "podium.promotion_reason"
 TAG_FLOW_RUN = "podium.prefect_flow_run_id"
 
 
+# a run whose training podium stopped early: "step 12: 3 validation(s) in a row ... did not improve ..."
+TAG_STOPPED_EARLY = "podium.stopped_early"
+
+
 # MLflow 3 opens an experiment in its GenAI (traces) views unless it says it is model training
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 

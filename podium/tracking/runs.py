@@ -16,6 +16,7 @@ from podium.tracking.client import (
     TAG_CONFIG_PREFIX,
     TAG_OUTCOME,
     TAG_RUN,
+    TAG_STOPPED_EARLY,
     TrackingRun,
     tracking_call,
     tracking_client,
@@ -144,6 +145,12 @@ def tag_outcome(tr: TrackingRun, outcome: str, description: str, tags: dict[str,
 
     tags = {TAG_OUTCOME: outcome[:MAX_TAG], "mlflow.note.content": description, **tags}
     tr.client().log_batch(tr.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
+@tracking_call("recording the early stop")
+def tag_stopped_early(tr: TrackingRun, step: int, reason: str) -> None:
+    """The run's training was stopped early at `step`, and why (the run tag TAG_STOPPED_EARLY)."""
+    tr.client().set_tag(tr.run_id, TAG_STOPPED_EARLY, f"step {step}: {reason}"[:MAX_TAG])
 
 
 @tracking_call("closing the MLflow run")

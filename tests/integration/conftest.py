@@ -54,6 +54,24 @@ def ray_cluster(_ray_stopped_at_end):
 
 
 @pytest.fixture(scope="session")
+def shared_ray(tmp_path_factory):
+    """One Ray head per test process (`ray start --head`, as a team's cluster runs), which the `podium` processes
+    of tests about something else (the command's output, an outage of MLflow or Prefect, the UIs) join through
+    RAY_ADDRESS instead of each starting and stopping a local Ray of its own. A test about podium's own local
+    Ray (its start, its end with the process, a signal to the process group) does not use it."""
+    from servers import RayHead
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    env.pop("RAY_ADDRESS", None)
+    head = RayHead(tmp_path_factory.mktemp("shared-ray"), env, num_cpus=6)
+    head.start()
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> tuple[str, str]:
     """The synthetic Parquet dataset, small."""
     from podium.training.data import make_classification_data

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -121,3 +122,61 @@ def fill_filesystem(folder: Path, leave_bytes: int) -> Path:
             except OSError:  # full a little early: that is the point
                 break
     return filler
+
+
+class RayHead:
+    """`ray start --head` on a fixed port (a cluster of its own, as a remote one would be), token auth off.
+
+    Its own temp dir: `ray start` records its address in `<temp dir>/ray_current_cluster`, and in
+    /tmp/ray/ that file would send any bare `ray.init()` on this machine (another test's, Ray Data's
+    auto-init) to this head, or, once it is killed, to a dead address. Its processes are told apart by that
+    dir, which each names in its command line."""
+
+    def __init__(self, tmp_path, env, num_cpus: int = 5):
+        self.port, self.env = free_port(), {**env, "RAY_AUTH_MODE": "disabled"}
+        self.num_cpus = num_cpus
+        self.log = tmp_path / "ray-head.log"
+        self.temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # Ray's socket paths must stay short
+
+    def start(self) -> None:
+        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--port",
+                        str(self.port), "--num-cpus", str(self.num_cpus), "--include-dashboard", "false", "--disable-usage-stats",
+                        "--temp-dir", self.temp],
+                       env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, check=True, timeout=120)
+
+    def processes(self, name: str = "") -> list[int]:
+        """The pids of this head's processes, or of those named `name`: every process whose command line
+        names the head's temp dir, except this test's own process and a `podium` command (a driver, not
+        part of the head). Told apart by what runs, never by a path: a clone or a virtualenv in a folder
+        named `podium` puts that word in every Ray worker's command line."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            driver = " -m podium" in cmd or os.path.basename(cmd.split(" ", 1)[0]) == "podium"
+            if self.temp in cmd and name in cmd and int(pid) != os.getpid() and not driver:
+                found.append(int(pid))
+        return found
+
+    def kill(self, name: str = "") -> None:
+        for pid in self.processes(name):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> None:
+        """Every process of the head gone, its temp dir removed. Never `ray stop`: it would stop every Ray on
+        this machine. A raylet may start a worker while its siblings die: kill until none is left."""
+        deadline = time.monotonic() + 30
+        while self.processes() and time.monotonic() < deadline:
+            self.kill()
+            time.sleep(0.2)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def driver_env(self) -> dict[str, str]:
+        """What a `podium` process needs to run on this head, as a user's would on their team's cluster."""
+        return {"RAY_ADDRESS": f"127.0.0.1:{self.port}", "RAY_AUTH_MODE": "disabled"}

@@ -22,27 +22,51 @@ def podium(args, env, check=True):
 
 
 @pytest.fixture
-def cli_env(prefect_api, tmp_path, tracking_uri):
+def cli_env(prefect_api, shared_ray, tmp_path, tracking_uri):
+    """The test's Prefect server and MLflow store, and the session's Ray head (RAY_ADDRESS, as on a team's
+    cluster): what these tests check is the command, not the start of a local Ray (test_faults, test_startup and
+    the browser's run on the embedded defaults start their own)."""
     env = dict(os.environ)
     env.update({"PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
-                "MLFLOW_TRACKING_URI": tracking_uri})
-    env.pop("RAY_ADDRESS", None)
+                "MLFLOW_TRACKING_URI": tracking_uri, **shared_ray.driver_env()})
     return env
 
 
+def _refused_while_it_runs(first: subprocess.Popen, args: list[str], env: dict[str, str], lock) -> None:
+    """A second `podium run` of the same name, started while `first` holds the run's lock, is refused at once:
+    exit 2, the holder named, nothing created (checked by the caller), the first run untouched."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert json.loads(lock.read_text())["pid"] == first.pid
+    second = podium(args, env, check=False)
+    assert first.poll() is None, "the first run was still going when the second was refused"
+    assert second.returncode == 2 and "Traceback" not in second.stderr
+    assert f"held by pid {first.pid}" in second.stderr and "same name is in progress" in second.stderr
+
+
 def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env, dataset, tmp_path, monkeypatch):
-    """`podium run --model alpha`, then `--model beta` (another metric and direction) in the same project
-    folder: each keeps its champion, its serving location, its registered model; alpha's champion loads and
-    serves the MLflow way."""
+    """`podium run --model alpha` (a second run of its name refused while it runs), then `--model beta` (another
+    metric and direction) in the same project folder: each keeps its champion, its serving location, its
+    registered model; alpha's champion loads and serves the MLflow way."""
+    from mlflow.tracking import MlflowClient
     from served_checks import check_served_champion
 
     home = tmp_path / "home"
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(tmp_path / "storage")]
     common = ["--run-name", "cli", "--model", "alpha", *data]
-    out = json.loads(podium(["run", "--json", "--epochs", "2", *common], cli_env).stdout.strip().splitlines()[-1])
+    first = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--epochs", "3", *common],
+                             env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _refused_while_it_runs(first, ["run", "--json", "--epochs", "3", *common], cli_env,
+                           tmp_path / "storage" / ".podium-runs" / "cli.lock")
+    stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert {"run_name", "mlflow_run_id", "tracking_uri", "checkpoints", "promoted", "model", "champion"} <= set(out)
     assert out["run_name"] == "cli" and out["tracking_uri"] == cli_env["MLFLOW_TRACKING_URI"]
-    assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
+    assert [c["status"] for c in out["checkpoints"]] == ["validated"] * 3
     assert all({"step", "uri", "status", "metrics"} <= set(c) for c in out["checkpoints"])
     best = min(out["checkpoints"], key=lambda c: (c["metrics"]["val_loss"], -c["step"]))  # ties: the later step
     assert out["promoted"]["step"] == best["step"] and out["promoted"]["metric"] == "val_loss"
@@ -59,12 +83,13 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     out_b = json.loads(podium(["run", "--json", "--epochs", "1", *beta], cli_env).stdout.strip().splitlines()[-1])
     assert out_b["promoted"]["version"] == "v000001" and "first promotion" in out_b["promotion_reason"]
     assert out_b["promoted"]["uri"].startswith(str(home / "serving" / "beta"))
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"], registry_uri=cli_env["MLFLOW_TRACKING_URI"])
     assert {e.name for e in client.search_experiments()} >= {"alpha", "beta"}
     assert client.get_model_version_by_alias("alpha", "champion").run_id == out["mlflow_run_id"]
     assert client.get_model_version_by_alias("beta", "champion").run_id == out_b["mlflow_run_id"]
+    alpha_runs = client.search_runs([client.get_experiment_by_name("alpha").experiment_id],
+                                    filter_string="tags.`podium.run_name` = 'cli'")
+    assert len(alpha_runs) == 1  # the refused run created nothing
 
     status = json.loads(podium(["status", "--json", *common], cli_env).stdout)
     assert status["mlflow_run_id"] == out["mlflow_run_id"] and status["model"] == "alpha"
@@ -82,7 +107,7 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     # no --run-name: the model's latest run; what it promoted and why, then the model's champion, apart
     text = podium(["status", "--model", "alpha", *data], cli_env).stdout
     step, version = out["promoted"]["step"], out["promoted"]["version"]
-    assert text.startswith(f"run cli (MLflow run {out['mlflow_run_id']}): 2 checkpoints")
+    assert text.startswith(f"run cli (MLflow run {out['mlflow_run_id']}): 3 checkpoints")
     assert f"this run promoted: {version} (step {step}, val_loss=" in text
     assert "  why: step" in text and "already the champion" in text  # the latest attempt's reason
     assert f"champion of model alpha at {alpha_serving}: {version} (step {step}, val_loss=" in text
@@ -99,34 +124,6 @@ def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_pat
     assert not (tmp_path / "storage").exists() and not (tmp_path / "serving").exists()
 
 
-def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(cli_env, dataset, tmp_path):
-    import time
-
-    from mlflow.tracking import MlflowClient
-
-    common = ["--run-name", "twin", "--train-data", dataset[0], "--val-data", dataset[1],
-              "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")]
-    first = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--epochs", "3", *common],
-                             env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lock = tmp_path / "storage" / ".podium-runs" / "twin.lock"
-    deadline = time.monotonic() + 120
-    while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert json.loads(lock.read_text())["pid"] == first.pid
-    second = podium(["run", "--json", "--epochs", "3", *common], cli_env, check=False)
-    assert first.poll() is None, "the first run was still going when the second was refused"
-    assert second.returncode == 2 and "Traceback" not in second.stderr
-    assert f"held by pid {first.pid}" in second.stderr and "same name is in progress" in second.stderr
-    out, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
-    assert [c["status"] for c in summary["checkpoints"]] == ["validated"] * 3
-    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
-                              filter_string="tags.`podium.run_name` = 'twin'")
-    assert len(runs) == 1  # the refused run created nothing
-
-
 def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path):
     """The user's repository has packages named `training` and `tasks`, as ML repositories often do.
     `podium` (the console script, not `python -m`) runs from the repository's root with no PYTHONPATH
@@ -141,7 +138,9 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
         (repo / package / "__init__.py").write_text("")
     (repo / "training" / "train.py").write_text(inspect.getsource(podium_user_code))
     (repo / "tasks" / "checks.py").write_text("from training.train import validate_fn  # noqa: F401\n")
-    env = {k: v for k, v in cli_env.items() if k != "PYTHONPATH"}
+    # a local Ray of podium's own, as a user's first run gets: the user's packages reach its workers through the
+    # raylet's path, not an upload
+    env = {k: v for k, v in cli_env.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
     console_script = os.path.join(os.path.dirname(sys.executable), "podium")
     proc = subprocess.run(
         [console_script, "run", "--json", "--run-name", "own-packages", "--loop-config", "epochs=2",
@@ -192,6 +191,36 @@ def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, 
     assert read_current(str(tmp_path / "serving")) is None
 
 
+def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_saved_and_promotes(cli_env, tmp_path):
+    """--early-stop-patience 3 on a user's loop of 40 short epochs whose score improves until epoch 2 and no
+    more: after the verdicts of epochs 3, 4 and 5 podium stops Ray Train, validates every checkpoint it saved,
+    promotes the best (ties: the later step) and says so in the summary, the JSON and the MLflow run."""
+    from mlflow.tracking import MlflowClient
+    from prefect_queries import flow_run_state
+
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    proc = podium(["run", "--json", "--run-name", "plateau", "--train-loop", "podium_user_code:train_func",
+                   "--validate-fn", "podium_user_code:validate_fn", "--validate-kwargs", '{"plateau_from": 2}',
+                   "--loop-config", "epochs=40", "--loop-config", "epoch_s=0.5", "--num-workers", "1",
+                   "--early-stop-patience", "3", "--metric", "score", "--mode", "max",
+                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")], cli_env)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = [c["step"] for c in out["checkpoints"]]
+    assert 6 <= len(steps) < 40, steps  # stopped after the sixth verdict, well before the last epoch
+    assert all(c["status"] == "validated" for c in out["checkpoints"]), out["checkpoints"]
+    stopped = out["stopped_early"]
+    assert stopped["step"] == steps[5], stopped
+    assert stopped["reason"] == (f"3 validation(s) in a row (steps {steps[3]}-{steps[5]}) did not improve score "
+                                 f"on step {steps[2]}'s 2"), stopped
+    assert out["promoted"]["step"] == steps[-1]  # every step from the third scores 2: the later one wins
+    assert f"stopping training early at step {steps[5]}" in proc.stderr
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.data.tags["podium.stopped_early"] == f"step {steps[5]}: {stopped['reason']}"
+    assert run.info.status == "FINISHED"
+    assert flow_run_state("plateau-run").is_completed()
+
+
 def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_command(cli_env, dataset, tmp_path):
     """Night 1 promotes a champion measured on its validation data; night 2 brings other validation data: the
     same `podium run` re-scores the champion on it (Ray kept up for that) and compares the two on the same rows.
@@ -199,6 +228,7 @@ def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_
     from podium.training.data import make_classification_data
 
     _, harder_val = make_classification_data(str(tmp_path / "other"), train_rows=600, val_rows=600, seed=7)
+    cli_env.pop("RAY_ADDRESS")  # a local Ray of podium's own, which it releases early when nothing needs it
     common = ["--epochs", "1", "--num-workers", "1", "--metric", "val_accuracy", "--mode", "max",
               "--train-data", dataset[0], "--storage", str(tmp_path / "storage")]
     podium(["run", "--json", "--run-name", "night-1", "--val-data", dataset[1], *common], cli_env)

@@ -5,17 +5,15 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect_queries import task_runs
-from servers import fill_filesystem
+from servers import RayHead, fill_filesystem
 
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files
@@ -282,64 +280,12 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     assert "WorkerGroupError" in log and "site-packages/ray" in log, "the full Ray trace goes to the log file"
 
 
-class RayHead:
-    """`ray start --head` on a fixed port (a cluster of its own, as a remote one would be), token auth off.
-
-    Its own temp dir: `ray start` records its address in `<temp dir>/ray_current_cluster`, and in
-    /tmp/ray/ that file would send any bare `ray.init()` on this machine (another test's, Ray Data's
-    auto-init) to this head, or, once it is killed, to a dead address. Its processes are told apart by that
-    dir, which each names in its command line."""
-
-    def __init__(self, tmp_path, env):
-        from servers import free_port
-
-        self.port, self.env = free_port(), {**env, "RAY_AUTH_MODE": "disabled"}
-        self.log = tmp_path / "ray-head.log"
-        self.temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # Ray's socket paths must stay short
-
-    def start(self) -> None:
-        subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--port",
-                        str(self.port), "--num-cpus", "5", "--include-dashboard", "false", "--disable-usage-stats",
-                        "--temp-dir", self.temp],
-                       env=self.env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, check=True, timeout=120)
-
-    def processes(self, name: str = "") -> list[int]:
-        """The pids of this head's processes, or of those named `name`: every process whose command line
-        names the head's temp dir, except this test's own process and a `podium` command (a driver, not
-        part of the head). Told apart by what runs, never by a path: a clone or a virtualenv in a folder
-        named `podium` puts that word in every Ray worker's command line."""
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            driver = " -m podium" in cmd or os.path.basename(cmd.split(" ", 1)[0]) == "podium"
-            if self.temp in cmd and name in cmd and int(pid) != os.getpid() and not driver:
-                found.append(int(pid))
-        return found
-
-    def kill(self, name: str = "") -> None:
-        for pid in self.processes(name):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.fixture
 def ray_head(tmp_path, prefect_api, locations):
     head = RayHead(tmp_path, _podium_env(prefect_api, locations, tmp_path))
     head.start()
     yield head
-    # never `ray stop`: it would stop every Ray on this machine. A raylet may start a worker while its
-    # siblings die: kill until none of the head's processes is left
-    deadline = time.monotonic() + 30
-    while head.processes() and time.monotonic() < deadline:
-        head.kill()
-        time.sleep(0.2)
-    shutil.rmtree(head.temp, ignore_errors=True)
+    head.stop()
 
 
 def test_ray_head_lost_mid_run_ends_it_clearly_then_resumes(ray_head, prefect_api, dataset, locations, tmp_path):

@@ -79,7 +79,9 @@ def _config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
     return path
 
 
-def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, **extra: str) -> dict[str, str]:
+def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, ray, **extra: str) -> dict[str, str]:
+    """A `podium` process's environment: on the session's Ray head (`ray`: the outages are the servers', not
+    Ray's), the test's servers, podium's retry settings unless `extra` changes them."""
     env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": tracking_uri,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])), **extra}
@@ -87,7 +89,7 @@ def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, **extra: str) -> d
                  "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         if name not in extra:
             env.pop(name, None)
-    return env
+    return env | ray.driver_env()
 
 
 class PodiumRun:
@@ -141,13 +143,13 @@ def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collect
     return collections.Counter(int(x) for x in calls.read_text().split())
 
 
-def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_runs, prefect_api, dataset,
+def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_runs, prefect_api, shared_ray, dataset,
                                                           tmp_path):
     calls = tmp_path / "validations.log"
     config = _config(tmp_path, dataset, "outage-brief", calls)
     # podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
     # client gives up on requests the server has received, and retries them
-    env = _env(tmp_path, prefect_api, mlflow_server.url, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
+    env = _env(tmp_path, prefect_api, mlflow_server.url, shared_ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
     run = podium_runs(config, env)
 
     # 1. the server hangs (accepts connections, answers nothing) for 8 s as checkpoints are recorded
@@ -182,13 +184,13 @@ def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_
     assert "Connection refused" in log, "the restart did not hit a request"
 
 
-def test_server_stays_down_run_fails_clearly_then_resumes(mlflow_server, podium_runs, prefect_api, dataset,
+def test_server_stays_down_run_fails_clearly_then_resumes(mlflow_server, podium_runs, prefect_api, shared_ray, dataset,
                                                           tmp_path):
     calls = tmp_path / "validations.log"
     config = _config(tmp_path, dataset, "outage-down", calls)
     # a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
     # test's wait shrinks, not what happens
-    env = _env(tmp_path, prefect_api, mlflow_server.url, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
+    env = _env(tmp_path, prefect_api, mlflow_server.url, shared_ray, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
                MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
     run = podium_runs(config, env)
 
@@ -340,20 +342,21 @@ def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) 
     return path
 
 
-def _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, name: str):
+def _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri, name: str):
     """A podium run on a SQLite store (`tracking_uri`), its first checkpoint recorded, then the Prefect server
     killed. Returns (run, validations log)."""
     calls = tmp_path / "validations.log"
     config = _prefect_outage_config(tmp_path, dataset, name, calls)
-    run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri))
+    run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri, shared_ray))
     run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 1, "the first checkpoint record")
     prefect_server.kill()
     return run, calls
 
 
-def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefect_server, podium_runs, dataset,
-                                                                           tmp_path, tracking_uri):
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, "prefect-down")
+def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefect_server, podium_runs, shared_ray,
+                                                                           dataset, tmp_path, tracking_uri):
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri,
+                                           "prefect-down")
 
     rc, out, err = run.finish()
     assert rc == 4, f"exit {rc}:\n{err[-4000:]}"
@@ -380,12 +383,13 @@ def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefe
     print(f"wall time with the Prefect server down from the first checkpoint: {result['wall_time_s']} s")
 
 
-def test_prefect_server_back_after_an_outage_the_records_catch_up(prefect_server, podium_runs, dataset, tmp_path,
-                                                                  tracking_uri):
+def test_prefect_server_back_after_an_outage_the_records_catch_up(prefect_server, podium_runs, shared_ray, dataset,
+                                                                  tmp_path, tracking_uri):
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_queries import artifact_keys, flow_run_state, task_runs
 
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, dataset, tmp_path, tracking_uri, "prefect-back")
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri,
+                                           "prefect-back")
     run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 3, "checkpoints recorded while Prefect is down")
     prefect_server.start()  # same port, same database
 

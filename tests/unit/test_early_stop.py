@@ -1,0 +1,60 @@
+"""Early stopping by verdict: patience counted in step order, over the promotion metric."""
+
+from __future__ import annotations
+
+import pytest
+
+from podium.core.early_stop import early_stop
+from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+
+
+def _rec(step: int, value: float | None, status: str = VALIDATED) -> CheckpointRecord:
+    metrics = {} if value is None else {"val_loss": value}
+    return CheckpointRecord(step=step, uri=f"ckpt-{step}", status=status, metrics=metrics)
+
+
+def test_patience_verdicts_without_improvement_stop_at_the_last_of_them():
+    records = [_rec(0, 0.5), _rec(1, 0.4), _rec(2, 0.41), _rec(3, 0.4), _rec(4, 0.45)]
+    stop = early_stop(records, "val_loss", "min", patience=3)
+    assert stop is not None and stop.step == 4
+    assert stop.reason == "3 validation(s) in a row (steps 2-4) did not improve val_loss on step 1's 0.4"
+
+
+def test_an_improvement_resets_the_count():
+    records = [_rec(0, 0.5), _rec(1, 0.6), _rec(2, 0.6), _rec(3, 0.3), _rec(4, 0.35), _rec(5, 0.31)]
+    assert early_stop(records, "val_loss", "min", patience=3) is None
+
+
+def test_min_delta_makes_a_small_gain_no_improvement():
+    records = [_rec(0, 0.5), _rec(1, 0.499), _rec(2, 0.4985)]
+    assert early_stop(records, "val_loss", "min", patience=2) is None
+    stop = early_stop(records, "val_loss", "min", patience=2, min_delta=0.01)
+    assert stop is not None and stop.step == 2 and "by more than 0.01" in stop.reason
+
+
+def test_max_mode_counts_a_larger_value_as_the_improvement():
+    records = [_rec(0, 0.8), _rec(1, 0.9), _rec(2, 0.85)]
+    assert early_stop(records, "val_loss", "max", patience=2) is None
+    stop = early_stop([*records, _rec(3, 0.9)], "val_loss", "max", patience=2)
+    assert stop is not None and stop.step == 3
+
+
+def test_a_verdict_still_to_come_holds_the_later_ones_back():
+    """Validations finish in any order: step 2's verdict counts only once step 1 has its own."""
+    records = [_rec(0, 0.5), _rec(1, None, PENDING), _rec(2, 0.6), _rec(3, 0.6)]
+    assert early_stop(records, "val_loss", "min", patience=2) is None
+    records[1] = _rec(1, 0.7)
+    stop = early_stop(records, "val_loss", "min", patience=2)
+    assert stop is not None and stop.step == 2
+
+
+def test_failed_skipped_and_non_finite_verdicts_are_passed_over():
+    records = [_rec(0, 0.5), _rec(1, None, FAILED), _rec(2, None, SKIPPED), _rec(3, float("nan")), _rec(4, 0.6)]
+    assert early_stop(records, "val_loss", "min", patience=2) is None
+    stop = early_stop([*records, _rec(5, 0.55)], "val_loss", "min", patience=2)
+    assert stop is not None and stop.step == 5
+
+
+def test_patience_below_one_is_refused():
+    with pytest.raises(ValueError, match="patience = 0"):
+        early_stop([], "val_loss", "min", patience=0)
