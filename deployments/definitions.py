@@ -38,6 +38,7 @@ from podium.flows.validate_announced import RECORD_LOCK, validate_announced_chec
 from podium.prefect_events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
 
 NIGHTLY = "nightly-training"
+NIGHTLY_KEEP_CHECKPOINTS = 3  # checkpoints.keep of the nightly deployment where the config sets none
 VALIDATE = "validate-on-event"
 PROMOTE = "promote-on-demand"
 WORK_POOL = "podium"
@@ -76,6 +77,9 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
     # each scheduled run trains a run of its own: the same name would resume last night's finished run
     nightly_config = config if "{" in config.run_name else config.model_copy(
         update={"run_name": f"{config.run_name[:90]}-{{date}}"})
+    if nightly_config.checkpoints.keep is None:  # a night's storage stays bounded unless the config says otherwise
+        nightly_config = nightly_config.model_copy(
+            update={"checkpoints": nightly_config.checkpoints.model_copy(update={"keep": NIGHTLY_KEEP_CHECKPOINTS})})
     nightly = train_validate_promote.to_deployment(
         name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters={"config": nightly_config.model_dump(mode="json")},
         tags=["podium", "training"],

@@ -18,16 +18,18 @@ from podium.charts import preload_charts
 from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
+from podium.core.verdict import run_failure
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
-from podium.flows.summary import RunSummary, hand_off, summarize_run
+from podium.flows.summary import RunSummary, final_state, summarize_run
 from podium.flows.validation import ValidationQueue
 from podium.tasks.lineage import record_lineage_task
 from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
+from podium.tasks.retention import served_checkpoints
 from podium.tasks.rescore import promotion_needs_ray
 from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
@@ -62,9 +64,10 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
         resume = check_resume_task(plan)  # a resume that would change the model's shape is refused here
         say_resume(plan, resume)
         try:
-            return hand_off(_train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None))
+            # a State returned ends the flow run in it: its message says what the run did
+            return final_state(  # type: ignore[return-value]
+                _train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None))
         except RunStopped as exc:
-            # a State returned ends the flow run in that state
             return Cancelled(message=str(exc))  # type: ignore[return-value]
 
 
@@ -181,6 +184,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     tracking = _open_tracking(plan, tracking_uri, stream, training)
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)
+    served = served_checkpoints(plan)  # checkpoints.keep never deletes the one the champion came from
     validations.check_stop = stop.check
     validations.stopping = lambda: stop.requested
     seen: set[str] = set()
@@ -214,6 +218,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 progress.update(epoch=event.epoch)
             validations.pump()
             stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training, stopping_early)
+            validations.keep_best(served)
             progress.update(validated=validations.validated)
             stop.check()  # a stop asked for: here, with every announced checkpoint recorded
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
@@ -231,6 +236,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
             tag_stopped_early(tracking, stopped_early.step, stopped_early.reason)
         stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
         outcome = promote_best_checkpoint_task(plan, tracking)
+        validations.keep_best(served_checkpoints(plan))  # what promotion read is kept; the rest can go now
     except RunStopped as exc:
         raise _stop_run(plan, tracking, validations, stream, training, exc) from None
     except BaseException as exc:
@@ -255,5 +261,6 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         stream.close()
     progress.flush()
     summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
-    close_tracking_run(tracking)
+    # a run no checkpoint of which could be validated did not do its work: its MLflow run says FAILED
+    close_tracking_run(tracking, failed=run_failure([r.status for r in summary.checkpoints]) is not None)
     return summary

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
 
 from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop
+from podium.core.numbers import format_metric
 from podium.core.records import CheckpointRecord
+from podium.core.verdict import run_failure
 from podium.settings import PodiumSettings
 from podium.tasks.promote import PromotionOutcome
 from podium.tasks.report import publish_reports
@@ -37,6 +40,29 @@ def hand_off(summary: RunSummary) -> RunSummary:
     """Keep a finished run's summary for its caller in this process (see `finished_summary`); returns it."""
     _FINISHED[summary.run_name] = summary
     return summary
+
+
+STATE_MESSAGE_CHARS = 1000  # what the Prefect UI shows of a state's message without scrolling, and more
+
+
+def outcome_in_words(summary: RunSummary) -> str:
+    """What the run did, in one line: promoted (what, as which version), or not and why; stopped early, or not."""
+    p = summary.promotion.promoted
+    did = (f"promoted step {p.step} ({p.metric}={format_metric(p.value)}) as {p.version}" if p and p.value is not None
+           else f"promoted step {p.step} as {p.version}" if p else f"nothing promoted: {summary.promotion.reason}")
+    early = summary.stopped_early
+    return f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
+
+
+def final_state(summary: RunSummary) -> State:
+    """The state the flow run ends in, its message what happened: Completed with what was promoted or why
+    nothing was, or Failed when no checkpoint could be validated (the run did not do its work, whatever a
+    scheduler would read from a Completed). The flow's caller gets the summary either way (`hand_off`)."""
+    hand_off(summary)
+    failure = run_failure([r.status for r in summary.checkpoints])
+    if failure:
+        return Failed(message=f"run {summary.run_name} failed: {failure}"[:STATE_MESSAGE_CHARS], data=summary)
+    return Completed(message=outcome_in_words(summary)[:STATE_MESSAGE_CHARS], data=summary)
 
 
 def finished_summary(run_name: str) -> RunSummary | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import wait
 from dataclasses import replace
 from typing import cast
@@ -17,6 +17,7 @@ from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointR
 from podium.core.verdict import ValidationOutcome
 from podium.tasks.plan import RunPlan
 from podium.tasks.report import say
+from podium.tasks.retention import keep_best_checkpoints
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
 from podium.tasks.validate import (
@@ -157,6 +158,12 @@ class ValidationQueue:
         waiting = [*(r for r, _ in self.pending), *(r for r, _ in self.running.values()),
                    *self.unrecorded.values(), *self.stopped.values()]
         return [*self.done.values(), *(replace(r, status=PENDING) for r in waiting)]
+
+    def keep_best(self, needed: Collection[str] = ()) -> None:
+        """checkpoints.keep: delete from storage the checkpoints it keeps no more, as verdicts arrive (never one
+        awaiting a verdict, nor one in `needed`); their records stay, marked deleted."""
+        for record in keep_best_checkpoints(self.plan, self.tracking, self.records(), needed):
+            self.done[record.uri] = record
 
     @property
     def last_step(self) -> int:

@@ -232,6 +232,16 @@ class PromotionConfig(_Strict):
         return v
 
 
+class CheckpointsConfig(_Strict):
+    """What storage keeps of a run's checkpoints."""
+
+    keep: int | None = Field(
+        None, ge=1, description="Keep the K best validated checkpoints by the promotion metric, and always the "
+        "newest (a resume continues from it) and every checkpoint still awaiting a verdict; delete the others from "
+        "storage as verdicts arrive, during the run. A deleted checkpoint keeps its MLflow record and verdict, "
+        "tagged podium.deleted. None: keep every checkpoint.")
+
+
 class PipelineConfig(_Strict):
     """Everything one podium run needs. Locations left empty are filled from settings."""
 
@@ -246,6 +256,7 @@ class PipelineConfig(_Strict):
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
     promotion: PromotionConfig = Field(default_factory=PromotionConfig)
+    checkpoints: CheckpointsConfig = Field(default_factory=CheckpointsConfig)
 
     @model_validator(mode="before")
     @classmethod

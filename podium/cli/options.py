@@ -58,6 +58,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "the best so far by more than --early-stop-min-delta; the saved checkpoints are validated and promoted as usual."),
     ("--early-stop-min-delta", "training.early_stop_min_delta", float,
      "How much a validation must improve on the best so far to count as an improvement (early stopping)."),
+    ("--keep-checkpoints", "checkpoints.keep", int,
+     "Keep only the K best validated checkpoints in storage (and the newest, and those awaiting a verdict); the "
+     "others are deleted as verdicts arrive, their MLflow records kept (default: keep all)."),
     ("--shuffle", "training.shuffle", str, "Shuffling each epoch (built-in loop): local, global or none."),
     ("--train-loop", "training.train_loop", str,
      "Your own train_loop_per_worker as 'package.module:function' (plain Ray Train APIs)."),

@@ -35,7 +35,7 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
         "tracking_uri": summary.tracking.tracking_uri,
         "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
                          "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {}),
-                         **({"note": r.note} if r.note else {})}
+                         **({"note": r.note} if r.note else {}), **({"deleted": r.deleted} if r.deleted else {})}
                         for r in summary.checkpoints],
         "training_ended_at": summary.training_ended_at,
         "stopped_early": ({"step": summary.stopped_early.step, "reason": summary.stopped_early.reason}
@@ -66,7 +66,8 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
     from. One precision (4 significant digits) throughout."""
     print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
     for r in records:
-        note = f"  ({r.failure})" if r.failure else ("  (withdrawn)" if r.withdrawn else "")
+        notes = [r.failure or "", "withdrawn" if r.withdrawn else "", "files deleted" if r.deleted else ""]
+        note = f"  ({'; '.join(filter(None, notes))})" if any(notes) else ""
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}{note}")
     m = mine.manifest if mine else {}
     print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={short_number(m.get('value'))})"
@@ -93,7 +94,7 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     if summary.stopped_early:
         print(f"stopped early at step {summary.stopped_early.step}: {summary.stopped_early.reason}")
     for r in summary.checkpoints:
-        why = r.failure or r.note
+        why = "; ".join(filter(None, [r.failure or r.note, "files deleted" if r.deleted else ""]))
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}" + (f"  ({why})" if why else ""))
     p = summary.promotion.promoted
     if p:

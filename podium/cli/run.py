@@ -227,6 +227,21 @@ def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) ->
         logging.getLogger(__name__).info("refused: stopped the Prefect server this command started")
 
 
+def _latest_run(config: Any, tracking_uri: str) -> Any:
+    """`config` naming the model's latest run (what `podium status` shows when no --run-name is given)."""
+    from podium.tracking.client import TrackingUnavailable
+    from podium.tracking.runs import latest_run_name
+
+    try:
+        latest = latest_run_name(tracking_uri, config.experiment)
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(str(exc)) from None
+    if latest is None:
+        raise Refused(f"no podium run of model {config.model!r} to promote in MLflow experiment {config.experiment!r} "
+                      f"at {tracking_uri}: give --run-name, or run `podium run` first")
+    return config.model_copy(update={"run_name": latest})
+
+
 def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings, clock: StartupClock, config: Any,
                  servers: _Servers) -> int:
     """run_flow, once the servers are starting."""
@@ -240,6 +255,8 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
         progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
     progress.setLevel(logging.INFO)
     tracking_uri, api_url = _prepare(config, settings, clock, servers)
+    if which == "promote" and "run_name" not in config.model_fields_set:
+        config = _latest_run(config, tracking_uri)  # the run `podium status` shows by default
     from podium.config import ConfigError
     from podium.core.failures import UserCodeError
     from podium.serving.layout import ServingError
@@ -273,12 +290,15 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 finished_summary(config.run_name)
             except Exception as exc:
                 done = finished_summary(config.run_name)
-                if done is None or not prefect_api.is_unreachable(exc):
+                if done is not None and run_failure([r.status for r in done.checkpoints]):
+                    summary = done  # the flow run ended Failed on purpose: no checkpoint could be validated
+                elif done is None or not prefect_api.is_unreachable(exc):
                     raise
-                # the run did its work; only Prefect's engine could not record the flow run's final state
-                logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: %s: %s",
-                                                    type(exc).__name__, exc)
-                summary, flow_end_recorded = done, False
+                else:
+                    # the run did its work; only Prefect's engine could not record the flow run's final state
+                    logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: "
+                                                        "%s: %s", type(exc).__name__, exc)
+                    summary, flow_end_recorded = done, False
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
         except (RunInProgress, ConfigError) as exc:

@@ -28,16 +28,17 @@ def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
                 withdrawn: Mapping[str, str] | None = None) -> tuple[CheckpointRecord | None, str]:
     """The best validated checkpoint by `metric` and why others were skipped.
 
-    Failed and pending checkpoints, those whose metric is missing, NaN or infinite, and
-    withdrawn ones (`record.withdrawn`, or their URI in `withdrawn`: URI -> why) are never
-    chosen. Ties go to the later step (it has seen more data).
+    Failed and pending checkpoints, those whose metric is missing, NaN or infinite, withdrawn
+    ones (`record.withdrawn`, or their URI in `withdrawn`: URI -> why) and those whose files were
+    deleted (`record.deleted`, checkpoints.keep) are never chosen. Ties go to the later step (it
+    has seen more data).
     """
     if mode not in ("min", "max"):
         raise ValueError(f"mode = {mode!r}: expected 'min' or 'max'")
     withdrawn = withdrawn or {}
     out = {r.step: r.withdrawn or withdrawn[r.uri] for r in records if r.withdrawn or r.uri in withdrawn}
     validated = [r for r in records if r.status == VALIDATED]
-    eligible = [r for r in validated if finite(r.metrics.get(metric)) and r.step not in out]
+    eligible = [r for r in validated if finite(r.metrics.get(metric)) and r.step not in out and not r.deleted]
     out_note = "".join(f"; step {step} is withdrawn ({why})" for step, why in sorted(out.items()))
     if not eligible:
         if not records:
@@ -50,14 +51,16 @@ def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
         if len(missing) == len(validated):
             known = sorted({k for r in validated for k in r.metrics})
             return None, f"no checkpoint reports the metric {metric!r}; reported metrics: {known}"
-        if out:
-            return None, f"no validated checkpoint is eligible{out_note}"
+        if out or any(r.deleted for r in validated):
+            return None, f"no validated checkpoint is eligible (withdrawn, or its files deleted){out_note}"
         return None, f"every validated checkpoint has a missing, NaN or infinite {metric!r}"
     sign = 1.0 if mode == "min" else -1.0
     best = min(eligible, key=lambda r: (sign * r.metrics[metric], -r.step))
-    skipped = len(records) - len(eligible)
+    deleted = sum(bool(r.deleted) for r in records)
+    skipped = len(records) - len(eligible) - deleted
     note = (f"; {skipped} checkpoint(s) not eligible (failed, pending, withdrawn, or no finite {metric})"
             if skipped else "")
+    note += f"; {deleted} whose files were deleted (checkpoints.keep)" if deleted else ""
     return best, f"best of {len(eligible)} validated checkpoint(s) by {metric} ({mode}){note}{out_note}"
 
 

@@ -23,6 +23,7 @@ class CheckpointRecord:
     withdrawn: str | None = None  # why it was withdrawn from serving (a rollback), if it was
     note: str | None = None  # why a checkpoint was not validated (a skipped one)
     val_digest: str | None = None  # digest of the validation data its metrics were measured on
+    deleted: str | None = None  # why its files were deleted from storage (checkpoints.keep), if they were
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,10 @@ TAG_REASON = "podium.promotion_reason"
 TAG_FLOW_RUN = "podium.prefect_flow_run_id"
 
 
+# on a LoggedModel whose checkpoint files were deleted from storage (checkpoints.keep): why; record and verdict stay
+TAG_DELETED = "podium.deleted"
+
+
 # a run whose training podium stopped early: "step 12: 3 validation(s) in a row ... did not improve ..."
 TAG_STOPPED_EARLY = "podium.stopped_early"
 

@@ -16,6 +16,7 @@ import logging
 import math
 import sys
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from podium.core.events import CheckpointEvent
@@ -26,6 +27,7 @@ from podium.storage.fingerprint import DatasetDigest
 from podium.tracking.client import (
     MAX_TAG,
     TAG_CHECKPOINT,
+    TAG_DELETED,
     TAG_FAILURE,
     TAG_METRICS,
     TAG_NOTE,
@@ -127,6 +129,7 @@ def _record_from_model(model: Any) -> CheckpointRecord:
         validated_at=float(tags[TAG_VALIDATED_AT]) if TAG_VALIDATED_AT in tags else None,
         withdrawn=tags.get(TAG_WITHDRAWN) or None,
         val_digest=tags.get(TAG_VAL_DIGEST),
+        deleted=tags.get(TAG_DELETED) or None,
     )
 
 
@@ -269,6 +272,13 @@ def mark_skipped(tr: TrackingRun, record: CheckpointRecord, note: str) -> Checkp
     client.finalize_logged_model(model_id, LoggedModelStatus.READY)
     return CheckpointRecord(step=record.step, uri=record.uri, status=SKIPPED, metrics=record.metrics,
                             model_id=record.model_id, run_name=record.run_name, note=note)
+
+
+@tracking_call("recording a deleted checkpoint")
+def mark_deleted(tr: TrackingRun, record: CheckpointRecord, why: str) -> CheckpointRecord:
+    """Record that a checkpoint's files were deleted from storage, and why; its record, metrics and verdict stay."""
+    tr.client().set_logged_model_tags(_model_id(record), {TAG_DELETED: why[:MAX_TAG]})
+    return replace(record, deleted=why)
 
 
 @tracking_call("recording a failed validation")

@@ -100,8 +100,15 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     assert (status_b["champion"]["model"], status_b["champion"]["metric"]) == ("beta", "val_accuracy")
     assert status_b["promoted"]["version"] == "v000001"
 
-    again = json.loads(podium(["promote", "--json", *common], cli_env).stdout.strip().splitlines()[-1])
+    # no --run-name: the model's latest run, the one `podium status` shows
+    again = json.loads(podium(["promote", "--json", "--model", "alpha", *data], cli_env).stdout.strip().splitlines()[-1])
+    assert again["run_name"] == "cli"
     assert again["promoted"] is None and "already the champion" in again["promotion_reason"]
+    # each flow run's final state says what it did, for a person reading the Prefect UI
+    from prefect_queries import flow_run_state
+
+    assert flow_run_state("cli-run").message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
+    assert flow_run_state("cli-promote").message == f"nothing promoted: {again['promotion_reason']}"[:1000]
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 
     # no --run-name: the model's latest run; what it promoted and why, then the model's champion, apart
@@ -174,7 +181,11 @@ def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
 
 def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, tmp_path):
     """A validation function that returns None fails every checkpoint: the run prints its summary (the JSON a
-    scheduler keeps), says why on stderr and exits 1, so nobody reads it as a success."""
+    scheduler keeps), says why on stderr and exits 1, so nobody reads it as a success; its flow run ends Failed and
+    its MLflow run FAILED, each saying why."""
+    from mlflow.tracking import MlflowClient
+    from prefect_queries import flow_run_state
+
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
     proc = podium(["run", "--json", "--run-name", "none-back", "--train-loop", "podium_user_code:train_func",
                    "--validate-fn", "podium_user_code:validate_returns_none", "--loop-config", "epochs=2",
@@ -186,6 +197,9 @@ def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, 
     assert [c["status"] for c in out["checkpoints"]] == ["failed", "failed"] and out["promoted"] is None
     assert "returned NoneType, expected a dict" in out["checkpoints"][0]["failure"]
     assert "podium: run 'none-back' failed: every validation failed (2 of 2 checkpoint(s) failed" in proc.stderr
+    state = flow_run_state("none-back-run")
+    assert state.is_failed() and state.message.startswith("run none-back failed: every validation failed"), state
+    assert MlflowClient(cli_env["MLFLOW_TRACKING_URI"]).get_run(out["mlflow_run_id"]).info.status == "FAILED"
     from podium.serving.layout import read_current
 
     assert read_current(str(tmp_path / "serving")) is None
@@ -218,7 +232,59 @@ def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_sa
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.tags["podium.stopped_early"] == f"step {steps[5]}: {stopped['reason']}"
     assert run.info.status == "FINISHED"
-    assert flow_run_state("plateau-run").is_completed()
+    state = flow_run_state("plateau-run")  # the flow run's final state says what happened
+    assert state.is_completed() and state.message == (f"stopped early at step {steps[5]} ({stopped['reason']}); "
+                                                      f"promoted step {steps[-1]} (score=2) as v000001"), state.message
+
+
+def _checkpoint_folders(storage, run_name: str) -> list[str]:
+    return sorted(p.name for p in (storage / run_name).glob("checkpoint_*"))
+
+
+def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_record_in_mlflow(cli_env, tmp_path):
+    """--keep-checkpoints 2 on 12 epochs: storage ends with the 2 best by the promotion metric and the newest,
+    deleted while the run went on; MLflow keeps all 12 records with their verdicts, the deleted ones tagged; the
+    champion is served; a resume to 14 epochs continues from the newest and keeps the new best."""
+    from mlflow.tracking import MlflowClient
+
+    from podium.serving.layout import read_current
+
+    scores = [1, 5, 2, 9, 3, 4, 8, 0, 6, 7, 2, 1, 10, 0]  # the best: epochs 3 and 6, then 12 and 3
+    storage, serving = tmp_path / "storage", tmp_path / "serving"
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+
+    def run(epochs: int) -> tuple[dict, str]:
+        proc = podium(["run", "--json", "--run-name", "kept", "--train-loop", "podium_user_code:train_func",
+                       "--validate-fn", "podium_user_code:validate_fn", "--validate-kwargs", json.dumps({"scores": scores}),
+                       "--loop-config", f"epochs={epochs}", "--num-workers", "1", "--keep-checkpoints", "2",
+                       "--metric", "score", "--mode", "max", "--storage", str(storage), "--serving", str(serving)],
+                      cli_env)
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+    out, err = run(12)
+    checkpoints = out["checkpoints"]
+    assert [c["status"] for c in checkpoints] == ["validated"] * 12
+    assert [c["metrics"]["score"] for c in checkpoints] == scores[:12]
+    kept = [checkpoints[i]["uri"] for i in (3, 6, 11)]
+    assert _checkpoint_folders(storage, "kept") == sorted(os.path.basename(u) for u in kept)
+    assert [c["uri"] for c in checkpoints if "deleted" not in c] == kept
+    assert "storage: deleted checkpoint(s) of step" in err  # as verdicts arrived, not only at the end
+    assert out["promoted"]["step"] == checkpoints[3]["step"] and os.path.isdir(out["promoted"]["uri"])
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id], max_results=100)
+    assert len(models) == 12 and all(m.tags["podium.status"] == "validated" for m in models)
+    assert sum("podium.deleted" in m.tags for m in models) == 9
+    status = json.loads(podium(["status", "--json", "--run-name", "kept", "--storage", str(storage),
+                                "--serving", str(serving)], cli_env).stdout)
+    assert sum("deleted" in c for c in status["checkpoints"]) == 9
+
+    out, _ = run(14)  # the resume continues from the newest checkpoint, the only one it needs
+    checkpoints = out["checkpoints"]
+    assert [c["metrics"]["score"] for c in checkpoints] == scores and len(checkpoints) == 14
+    kept = [checkpoints[i]["uri"] for i in (3, 12, 13)]
+    assert _checkpoint_folders(storage, "kept") == sorted(os.path.basename(u) for u in kept)
+    assert out["promoted"]["step"] == checkpoints[12]["step"] and out["promoted"]["version"] == "v000002"
+    assert read_current(str(serving)).version == "v000002"
 
 
 def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_command(cli_env, dataset, tmp_path):

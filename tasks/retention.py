@@ -1,0 +1,52 @@
+"""Retention by verdict: storage keeps a run's best checkpoints, its newest and those awaiting a verdict."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from podium.core.records import CheckpointRecord
+from podium.core.retention import checkpoints_to_delete
+from podium.storage.locations import fsspec_filesystem
+from podium.tasks.plan import RunPlan
+from podium.tasks.report import say
+from podium.tracking.client import TrackingRun
+from podium.tracking.records import mark_deleted
+
+logger = logging.getLogger(__name__)
+
+
+def keep_best_checkpoints(plan: RunPlan, tracking: TrackingRun, records: list[CheckpointRecord],
+                          needed: Collection[str] = ()) -> list[CheckpointRecord]:
+    """With checkpoints.keep set, delete from storage the checkpoints it no longer keeps (see
+    podium.core.retention: the best by the promotion metric, the newest, those awaiting a verdict and those
+    in `needed` stay) and mark their MLflow records deleted. Returns the records deleted now, marked."""
+    keep, promotion = plan.config.checkpoints.keep, plan.config.promotion
+    if keep is None:
+        return []
+    doomed = checkpoints_to_delete(records, promotion.metric, promotion.mode, keep, needed)
+    why = f"kept the {keep} best by {promotion.metric} ({promotion.mode}) and the newest (checkpoints.keep = {keep})"
+    deleted = []
+    for record in doomed:
+        try:
+            fs, path = fsspec_filesystem(record.uri)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        except OSError as exc:  # housekeeping: the run's work goes on, the next pass tries again
+            say("storage: could not delete checkpoint step %d (%s): %s; it is kept for now", record.step, record.uri, exc)
+            continue
+        deleted.append(mark_deleted(tracking, record, why))  # after the files: a record never says more than is true
+    if deleted:
+        say("storage: deleted checkpoint(s) of step %s (%s)", ", ".join(str(r.step) for r in deleted), why)
+    return deleted
+
+
+def served_checkpoints(plan: RunPlan) -> set[str]:
+    """The checkpoint the model's champion was promoted from (its manifest's `checkpoint`), which storage keeps."""
+    from podium.serving.layout import read_current
+
+    if plan.config.checkpoints.keep is None:
+        return set()
+    current = read_current(plan.config.serving)
+    source = current.manifest.get("checkpoint") if current else None
+    return {source} if source else set()
