@@ -29,9 +29,9 @@ from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
-from podium.tasks.retention import served_checkpoints
 from podium.tasks.rescore import promotion_needs_ray
 from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
+from podium.tasks.retention import served_checkpoints
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
 from podium.tracking.client import TrackingRun, TrackingUnavailable

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any, cast
 
+import pyarrow.fs as pafs
 import ray
 import ray.train
 from ray.train import CheckpointConfig, CheckpointUploadMode, FailureConfig, RunConfig, ValidationTaskConfig
@@ -258,6 +259,7 @@ def fit(
     # local: Ray Data loads in the process that trains, with TorchTrainer above
     from podium.training.ingest import dataset_config, podium_data_context, read_parquet_dataset
 
+    forget_deleted_checkpoints(storage, run_name)  # a resume after checkpoints.keep deleted some
     fs, path = arrow_filesystem(storage)
     in_config = {key: read_parquet_dataset(normalize_location(uri)) for key, uri in (loop_datasets or {}).items()}
     trainer = TorchTrainer(
@@ -318,6 +320,46 @@ def checkpoint_at(uri: str) -> ray.train.Checkpoint:
 
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+def forget_deleted_checkpoints(storage: str, run_name: str) -> list[str]:
+    """Before a resume: drop from Ray Train's run snapshot the checkpoints whose folders are gone, as Ray Train's
+    own `num_to_keep` eviction does, and return their folder names. checkpoints.keep deletes checkpoints Ray Train
+    never evicted, and Ray Train refuses to resume a run whose snapshot names a missing checkpoint
+    (CheckpointManagerInitializationError: "a corrupted run directory"). The report indices of the checkpoints
+    kept stay as they were: podium's step numbers come from them."""
+    fs, path = arrow_filesystem(join(storage, run_name))
+    try:
+        with fs.open_input_stream(f"{path}/{SNAPSHOT}") as f:
+            snapshot = json.loads(f.read().decode())
+    except (FileNotFoundError, OSError):
+        return []
+    results, indices = snapshot.get("checkpoint_results", []), snapshot.get("checkpoint_report_indices", [])
+    present = [i for i, r in enumerate(results)
+               if fs.get_file_info(f"{path}/{r['checkpoint_dir_name']}").type != pafs.FileType.NotFound]
+    if len(present) == len(results):
+        return []
+    gone = [r["checkpoint_dir_name"] for i, r in enumerate(results) if i not in present]
+    kept = {results[i]["checkpoint_dir_name"] for i in present}
+    snapshot["checkpoint_results"] = [results[i] for i in present]
+    snapshot["checkpoint_report_indices"] = [indices[i] for i in present if i < len(indices)]
+    pending = [(t, v) for t, v in zip(snapshot.get("pending_training_results", []),
+                                      snapshot.get("pending_validation_specs", [])) if t["checkpoint_dir_name"] in kept]
+    snapshot["pending_training_results"] = [t for t, _ in pending]
+    snapshot["pending_validation_specs"] = [v for _, v in pending]
+    for key in ("validated_checkpoint_dir_names", "timed_out_validation_checkpoint_dir_names",
+                "failed_validation_checkpoint_dir_names"):
+        if key in snapshot:
+            snapshot[key] = [name for name in snapshot[key] if name in kept]
+    latest = snapshot.get("latest_checkpoint_result")
+    if latest and latest["checkpoint_dir_name"] not in kept:
+        snapshot["latest_checkpoint_result"] = snapshot["checkpoint_results"][-1] if present else None
+    staged = f"{path}/{SNAPSHOT}.podium-tmp"  # written whole, then moved over the old one
+    with fs.open_output_stream(staged) as f:
+        f.write(json.dumps(snapshot).encode())
+    fs.move(staged, f"{path}/{SNAPSHOT}")
+    logger.info("run %s: Ray Train's snapshot forgets %d deleted checkpoint(s) (checkpoints.keep)", run_name, len(gone))
+    return gone
 
 
 def persisted_checkpoints(storage: str, run_name: str) -> list[CheckpointEvent]:

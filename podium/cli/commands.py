@@ -16,7 +16,7 @@ from typing import Any
 
 from podium.cli.errors import CliError, ServerUnreachable
 from podium.cli.options import config_from_args, use_ray_address
-from podium.cli.output import print_mlflow_links, print_status
+from podium.cli.output import checkpoint_json, print_mlflow_links, print_status
 from podium.settings import PodiumSettings
 
 
@@ -71,9 +71,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({**lineage_json,  # the run's data and origins, its last decision, the champion's lineage
             "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
             "tracking_uri": tracking.tracking_uri,
-            "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
-                             **({"failure": r.failure} if r.failure else {}),
-                             **({"withdrawn": r.withdrawn} if r.withdrawn else {})} for r in records],
+            "checkpoints": [checkpoint_json(r) for r in records],
             # what this run promoted (its newest version at the serving location), as `podium run --json` says
             "promoted": ({"version": mine.version, "uri": mine.uri, "step": mine.manifest.get("step"),
                           "metric": mine.manifest.get("metric"), "value": mine.manifest.get("value"),

@@ -24,6 +24,13 @@ def champion_json(config: Any) -> dict[str, Any] | None:
             "mlflow_model": f"models:/{p.registered_model}@{p.alias}", "load": m.get("load")}
 
 
+def checkpoint_json(r: Any) -> dict[str, Any]:
+    """One checkpoint's record as `--json` prints it; the optional keys only where they apply."""
+    optional = {"failure": r.failure, "note": r.note, "withdrawn": r.withdrawn, "deleted": r.deleted}
+    return {"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics, "validated_at": r.validated_at,
+            **{k: v for k, v in optional.items() if v}}
+
+
 def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, Any]:
     """The outcome of a run as the JSON object `--json` prints: `promoted` is what this run promoted
     (null when it promoted nothing), `champion` the model's champion now."""
@@ -33,10 +40,7 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
         **({"model": config.model, "champion": champion_json(config)} if config is not None else {}),
         "mlflow_run_id": summary.tracking.run_id,
         "tracking_uri": summary.tracking.tracking_uri,
-        "checkpoints": [{"step": r.step, "uri": r.uri, "status": r.status, "metrics": r.metrics,
-                         "validated_at": r.validated_at, **({"failure": r.failure} if r.failure else {}),
-                         **({"note": r.note} if r.note else {}), **({"deleted": r.deleted} if r.deleted else {})}
-                        for r in summary.checkpoints],
+        "checkpoints": [checkpoint_json(r) for r in summary.checkpoints],
         "training_ended_at": summary.training_ended_at,
         "stopped_early": ({"step": summary.stopped_early.step, "reason": summary.stopped_early.reason}
                           if summary.stopped_early else None),

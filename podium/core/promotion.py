@@ -51,8 +51,10 @@ def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
         if len(missing) == len(validated):
             known = sorted({k for r in validated for k in r.metrics})
             return None, f"no checkpoint reports the metric {metric!r}; reported metrics: {known}"
-        if out or any(r.deleted for r in validated):
-            return None, f"no validated checkpoint is eligible (withdrawn, or its files deleted){out_note}"
+        gone = sum(bool(r.deleted) for r in validated)
+        if out or gone:
+            gone_note = f"; {gone} whose files were deleted (checkpoints.keep)" if gone else ""
+            return None, f"no validated checkpoint is eligible{out_note}{gone_note}"
         return None, f"every validated checkpoint has a missing, NaN or infinite {metric!r}"
     sign = 1.0 if mode == "min" else -1.0
     best = min(eligible, key=lambda r: (sign * r.metrics[metric], -r.step))

@@ -58,9 +58,9 @@ def artifact_keys(flow_run_name: str) -> set[str]:
     return {a.key for a in arts if a.key}
 
 
-def flow_run_state(name: str, timeout: float = 30.0):
-    """The final state of the flow run named `name` (waiting for it to be final)."""
-    fid = flow_run_id(name)
+def flow_run_state(name: str | None = None, timeout: float = 30.0, run_id: str | None = None):
+    """The final state of the flow run named `name`, or of the one with id `run_id` (waiting for it to be final)."""
+    fid = run_id or flow_run_id(str(name))
     deadline = time.monotonic() + timeout
     while True:
         with get_client(sync_client=True) as c:

@@ -107,7 +107,8 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     # each flow run's final state says what it did, for a person reading the Prefect UI
     from prefect_queries import flow_run_state
 
-    assert flow_run_state("cli-run").message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
+    flow_run = out["prefect_ui"].rsplit("/", 1)[-1]  # the refused second run has a flow run of that name too
+    assert flow_run_state(run_id=flow_run).message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
     assert flow_run_state("cli-promote").message == f"nothing promoted: {again['promotion_reason']}"[:1000]
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 
@@ -238,7 +239,7 @@ def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_sa
 
 
 def _checkpoint_folders(storage, run_name: str) -> list[str]:
-    return sorted(p.name for p in (storage / run_name).glob("checkpoint_*"))
+    return sorted(p.name for p in (storage / run_name).glob("checkpoint_*") if p.is_dir())
 
 
 def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_record_in_mlflow(cli_env, tmp_path):

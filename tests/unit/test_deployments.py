@@ -14,9 +14,9 @@ from prefect.server.events.schemas.automations import EventTrigger as ServerEven
 from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
-from podium.config import PipelineConfig
+from podium.config import CheckpointsConfig, PipelineConfig
 from podium.core.events import CheckpointEvent, ValidationRequest
-from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE, build_deployments
+from podium.deployments.definitions import NIGHTLY, NIGHTLY_KEEP_CHECKPOINTS, PROMOTE, VALIDATE, build_deployments
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
 from podium.flows.validate_announced import validate_announced_checkpoint
@@ -43,8 +43,10 @@ def test_every_deployment_builds_with_schedule_and_valid_parameters(deployments)
     for name, d in deployments.items():
         # the stored parameters are what the flow will be called with: they must validate
         stored = PipelineConfig.model_validate(d.parameters["config"])
-        # the nightly run gets a dated name of its own (the same name would resume last night's run)
-        expected = CONFIG.model_copy(update={"run_name": f"{CONFIG.run_name}-{{date}}"}) if name == NIGHTLY else CONFIG
+        # the nightly run gets a dated name of its own (the same name would resume last night's run), and keeps
+        # the best checkpoints only (its storage stays bounded night after night)
+        expected = CONFIG.model_copy(update={"run_name": f"{CONFIG.run_name}-{{date}}", "checkpoints": CheckpointsConfig(
+            keep=NIGHTLY_KEEP_CHECKPOINTS)}) if name == NIGHTLY else CONFIG
         assert stored == expected
         assert "config" in d._parameter_openapi_schema.properties
     flows = {NIGHTLY: train_validate_promote, VALIDATE: validate_announced_checkpoint, PROMOTE: promote_run}
