@@ -52,7 +52,11 @@ TRAINING_START_WAIT_S = 30.0  # at most this long before the MLflow run opens an
 def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = None,
                            mlflow_ui: str | None = None) -> RunSummary:
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
-    then promote the best checkpoint if it beats the current champion."""
+    then promote the best checkpoint if it beats the current champion.
+
+    Returns the run's summary; the flow run ends Completed, its message what was promoted or why nothing was. A
+    run none of whose checkpoints could be validated ends Failed and raises
+    `podium.flows.summary.EveryValidationFailed`, which holds the summary."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
     plan = plan_run_task(config)

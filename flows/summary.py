@@ -42,6 +42,18 @@ def hand_off(summary: RunSummary) -> RunSummary:
     return summary
 
 
+class EveryValidationFailed(RuntimeError):
+    """A run none of whose checkpoints could be validated: its flow run ended Failed, and calling the flow raises
+    this. `summary` is what the run did (every checkpoint's record and reason)."""
+
+    def __init__(self, message: str, summary: RunSummary):
+        super().__init__(message)
+        self.summary = summary
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.summary))
+
+
 STATE_MESSAGE_CHARS = 1000  # what the Prefect UI shows of a state's message without scrolling, and more
 
 
@@ -57,11 +69,13 @@ def outcome_in_words(summary: RunSummary) -> str:
 def final_state(summary: RunSummary) -> State:
     """The state the flow run ends in, its message what happened: Completed with what was promoted or why
     nothing was, or Failed when no checkpoint could be validated (the run did not do its work, whatever a
-    scheduler would read from a Completed). The flow's caller gets the summary either way (`hand_off`)."""
+    scheduler would read from a Completed): calling the flow then raises EveryValidationFailed, which holds the
+    summary. `podium run` reads it either way (`hand_off`)."""
     hand_off(summary)
     failure = run_failure([r.status for r in summary.checkpoints])
     if failure:
-        return Failed(message=f"run {summary.run_name} failed: {failure}"[:STATE_MESSAGE_CHARS], data=summary)
+        message = f"run {summary.run_name} failed: {failure}"
+        return Failed(message=message[:STATE_MESSAGE_CHARS], data=EveryValidationFailed(message, summary))
     return Completed(message=outcome_in_words(summary)[:STATE_MESSAGE_CHARS], data=summary)
 
 

@@ -193,14 +193,42 @@ def reaching_tracking(tracking_uri: str, action: str) -> Iterator[None]:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def answer_cut_short(exc: BaseException) -> bool:
+    """A read timeout raised while an answer's body was being read: `requests` reads the body after urllib3's
+    Retry has handed the response back, so MLflow's HTTP retries never see it (a server that froze mid-answer).
+    A timeout urllib3 itself retried until it gave up says "Max retries exceeded" instead."""
+    text = str(getattr(exc, "message", exc))
+    return is_unreachable(exc) and "Read timed out" in text and "Max retries exceeded" not in text
+
+
+def _retry_schedule() -> list[float]:
+    """The waits before each retry of a call whose answer was cut short: MLflow's own schedule
+    (MLFLOW_HTTP_REQUEST_MAX_RETRIES retries, the k-th after BACKOFF_FACTOR × 2^(k-1) s)."""
+    retries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_RETRY_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]))
+    factor = int(os.environ.get("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                                  HTTP_RETRY_DEFAULTS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]))
+    return [factor * 2 ** k for k in range(max(retries, 0))]
+
+
 def tracking_call(action: str) -> Callable[[_F], _F]:
-    """Decorate a function whose first argument is a TrackingRun or a tracking URI (see reaching_tracking)."""
+    """Decorate a function whose first argument is a TrackingRun or a tracking URI (see reaching_tracking).
+
+    The function is called again, on MLflow's retry schedule, when an answer was cut short mid-body (which
+    MLflow's own retries do not cover): podium's tracking functions are idempotent (a resumed run calls them
+    again too)."""
     def wrap(fn: _F) -> _F:
         @functools.wraps(fn)
         def call(target: Any, *args: Any, **kwargs: Any) -> Any:
             uri = target.tracking_uri if isinstance(target, TrackingRun) else str(target)
             with reaching_tracking(uri, action):
-                return fn(target, *args, **kwargs)
+                waits = _retry_schedule()
+                while True:
+                    try:
+                        return fn(target, *args, **kwargs)
+                    except Exception as exc:
+                        if not waits or not answer_cut_short(exc):
+                            raise
+                        time.sleep(waits.pop(0))
         return call  # type: ignore[return-value]
     return wrap
 

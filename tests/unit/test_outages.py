@@ -212,3 +212,74 @@ def test_disk_full_is_told_apart_also_as_a_cause():
         assert is_disk_full(wrapped)
     assert is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
+
+
+class _FreezesMidAnswer:
+    """An MLflow-like HTTP server on loopback whose first answer stops after half its body (a server frozen
+    mid-answer), then answers whole."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        outer = self
+        self.requests = 0
+        body = json.dumps({"experiment": {"experiment_id": "7", "name": "podium", "artifact_location": "/tmp/a",
+                                          "lifecycle_stage": "active"}}).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if outer.requests == 1:
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    outer.release.wait(10)  # the rest never comes in time
+                    return
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.release = threading.Event()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_answer_cut_short_mid_body_is_asked_for_again(monkeypatch):
+    """MLflow's HTTP retries cover no answer at all, not an answer whose body stopped coming (requests reads the
+    body after urllib3's Retry is done): podium's tracking calls are asked again, on MLflow's schedule."""
+    from podium.tracking.client import TrackingUnavailable, answer_cut_short, tracking_call, tracking_client
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+
+    @tracking_call("reading the experiment")
+    def experiment(uri: str):
+        return tracking_client(uri).get_experiment_by_name("podium")
+
+    server = _FreezesMidAnswer()
+    try:
+        assert experiment(server.url).experiment_id == "7"
+        assert server.requests == 2
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # no retry left: said as an outage
+        server.requests = 0
+        with pytest.raises(TrackingUnavailable, match="unreachable while reading the experiment"):
+            experiment(server.url)
+    finally:
+        server.close()
+    from mlflow.exceptions import MlflowException
+
+    refused = MlflowException("API request to http://x failed with exception HTTPConnectionPool(host='x', port=1): "
+                              "Max retries exceeded with url: /a (Caused by ReadTimeoutError(\"Read timed out.\"))")
+    assert not answer_cut_short(refused)  # urllib3 retried that one already
