@@ -9,6 +9,7 @@ run (a schedule, a worker, `prefect deployment run`) gets both from here."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -58,9 +59,26 @@ def flow_run_namer(suffix: str) -> Callable[[], str]:
 
 
 def podium_logs_at_info() -> None:
-    """podium's INFO records (progress, verdicts, the promotion decision) pass its logger. Prefect's
+    """podium's INFO records (progress, verdicts, the promotion decision) pass its logger, and a deployment's run
+    writes them to the project's log file (`<PODIUM_HOME>/logs/podium.log`) as `podium run` does. Prefect's
     PREFECT_LOGGING_EXTRA_LOGGERS gives the `podium` logger the API handler but not a level, and the root's
-    WARNING would drop them before they reach the flow run's log."""
+    WARNING would drop them before they reach the flow run's log; a worker's flow run has no file handler."""
     podium_logger = logging.getLogger("podium")
     if podium_logger.level == logging.NOTSET:
         podium_logger.setLevel(logging.INFO)
+    if flow_run.deployment_id is None:
+        return  # `podium run` (its own file handler), or a flow called in a test or a notebook
+    from podium.settings import PodiumSettings
+
+    log_file = os.path.abspath(PodiumSettings().home_dir / "logs" / "podium.log")
+    handlers = [*logging.getLogger().handlers, *podium_logger.handlers]
+    if any(isinstance(h, logging.FileHandler) and h.baseFilename == log_file for h in handlers):
+        return  # `podium run`'s own, on the root logger
+    try:
+        os.makedirs(os.path.dirname(log_file), exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    except OSError as exc:  # the Prefect log has the lines anyway
+        podium_logger.warning("cannot write podium's log file %s: %s", log_file, exc)
+        return
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    podium_logger.addHandler(handler)

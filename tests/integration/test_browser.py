@@ -77,15 +77,41 @@ def _link(text: str, pattern: str) -> str:
     return m.group(1)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, dataset, port_4200_held):
-    """`podium run` on the embedded defaults (its own Prefect server, MLflow on SQLite), then `podium ui`."""
-    work = tmp_path_factory.mktemp("browser")
+def _embedded_env(work: Path) -> dict[str, str]:
+    """A project folder on the embedded defaults: no servers configured, its own PODIUM_HOME."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PODIUM_MLFLOW_UI_URL")}
-    env["PODIUM_HOME"] = str(work / ".podium")
-    out = _podium(["run", "--run-name", RUN, "--epochs", "3", "--train-data", dataset[0], "--val-data", dataset[1]],
-                  env, work)
+    return env | {"PODIUM_HOME": str(work / ".podium")}
+
+
+def _runs_in_three_folders_at_once(work: Path, others: list[Path], dataset) -> str:
+    """`podium run` in `work` and in two other project folders, started at the same moment: each starts its own
+    Prefect server (port 4200 is taken, so each picks a free port, and two may pick the same one before either
+    binds it) and each succeeds, on three servers. The other folders' servers are stopped; `work`'s output is
+    returned, its server left up for the UI."""
+    data = ["--train-data", dataset[0], "--val-data", dataset[1]]
+    procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", RUN, "--epochs", epochs, *data],
+                              env=_embedded_env(folder), cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for folder, epochs in [(work, "3"), *((o, "1") for o in others)]]
+    outs = [p.communicate(timeout=600) for p in procs]
+    try:
+        for (out, err), proc in zip(outs, procs):
+            assert proc.returncode == 0, f"exit {proc.returncode}:\n{out}\n{err[-4000:]}"
+        servers = {_link(out, r"Prefect UI:\s+http://127\.0\.0\.1:(\d+)/runs/") for out, _ in outs}
+        assert len(servers) == 3 and "4200" not in servers, servers
+    finally:
+        for folder in others:
+            _podium(["server", "stop"], _embedded_env(folder), folder)
+    return outs[0][0]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, dataset, port_4200_held):
+    """`podium run` on the embedded defaults (its own Prefect server, MLflow on SQLite), started together with two
+    others in other folders, then `podium ui`."""
+    work = tmp_path_factory.mktemp("browser")
+    env = _embedded_env(work)
+    out = _runs_in_three_folders_at_once(work, [tmp_path_factory.mktemp("other-project") for _ in range(2)], dataset)
     steps = [int(s) for s in re.findall(r"^\s+step\s+(\d+)\s+validated", out, re.M)]
     ui = subprocess.Popen([sys.executable, "-m", "podium.cli", "ui"], env=env, cwd=work, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

@@ -445,7 +445,7 @@ def team(stack):
         env={**env, **stack.ray.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        yield {"config": config, "cron": cron, "worker_log": log}
+        yield {"config": config, "cron": cron, "worker_log": log, "home": Path(env["PODIUM_HOME"])}
     finally:
         _stop_group(worker.pid)
 
@@ -552,6 +552,10 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     current = read_current(team["config"]["serving"])
     best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     assert current.version == "v000001" and current.manifest["step"] == best.step
+    # its final state says what it did; the project's log file has podium's lines, as for `podium run`
+    assert ran.state.message.startswith(f"promoted step {best.step} (val_loss=") and "as v000001" in ran.state.message
+    log_file = (team["home"] / "logs" / "podium.log").read_text(errors="replace")
+    assert f"run {run_name}: MLflow run" in log_file and "training done:" in log_file, log_file[-3000:]
     # the deployment's run recorded where it came from, with no configuration of its own
     lineage = current.manifest["lineage"]["tags"]
     assert lineage["podium.prefect.flow_run_id"] == str(flow_run.id)
