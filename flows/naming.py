@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
 from podium import prefect_api
 from podium.config import PipelineConfig, merge
@@ -66,7 +66,7 @@ def podium_logs_at_info() -> None:
     podium_logger = logging.getLogger("podium")
     if podium_logger.level == logging.NOTSET:
         podium_logger.setLevel(logging.INFO)
-    if flow_run.deployment_id is None:
+    if deployment.id is None:
         return  # `podium run` (its own file handler), or a flow called in a test or a notebook
     from podium.settings import PodiumSettings
 
