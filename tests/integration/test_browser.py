@@ -100,10 +100,19 @@ def _runs_in_three_folders_at_once(work: Path, others: list[Path], dataset) -> s
             assert proc.returncode == 0, f"exit {proc.returncode}:\n{out}\n{err[-4000:]}"
         servers = {_link(out, r"Prefect UI:\s+http://127\.0\.0\.1:(\d+)/runs/") for out, _ in outs}
         assert len(servers) == 3 and "4200" not in servers, servers
+    except BaseException:
+        _stop_server(work)  # the caller keeps it only for a run that went through
+        raise
     finally:
         for folder in others:
-            _podium(["server", "stop"], _embedded_env(folder), folder)
+            _stop_server(folder)
     return outs[0][0]
+
+
+def _stop_server(folder: Path) -> None:
+    """`podium server stop` in a project folder, whatever state its run left."""
+    subprocess.run([sys.executable, "-m", "podium.cli", "server", "stop"], env=_embedded_env(folder), cwd=folder,
+                   capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
