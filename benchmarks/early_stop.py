@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.podium_run import run_podium, start_server, stop_server
-from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from benchmarks.workload import machine_description, markdown_table, update_markdown_section
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,7 @@ def main() -> int:
         markdown_table(["variant", "checkpoints", "training s", "wall s", "promoted val_loss", "promoted val_accuracy"],
                        rows), "",
         f"Training time saved: {_cell([100 * s for s in saved], '.0f')} %. Machine: {machine.get('cpu', '?')}, "
-        f"{machine.get('cores', '?')} cores; {load_average()}.",
+        f"{machine.get('cores', '?')} cores.",
     ])
     print(body)
     if args.out != "-":
