@@ -11,10 +11,12 @@ import http.server
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -149,6 +151,43 @@ def links(run_output: str, ui_output: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def nightly(run, dataset):
+    """The project's nightly deployment (`python -m podium.deployments deploy`), run once on demand by a
+    `podium worker`, as docs/operations.md shows: the finished flow run, read through the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    work = run["work"]
+    env = _embedded_env(work)
+    config = work / "nightly.json"
+    config.write_text(json.dumps({"run_name": "browser-nightly", "data": {"train": dataset[0], "val": dataset[1]},
+                                  "training": {"epochs": 2}, "scaling": {"num_workers": 1}}))
+    deploy = subprocess.run([sys.executable, "-m", "podium.deployments", "deploy", "--pool", "browser", "--config",
+                             str(config)], env=env, cwd=work, capture_output=True, text=True, timeout=300)
+    assert deploy.returncode == 0, f"{deploy.stdout}\n{deploy.stderr[-4000:]}"
+    api = _link(deploy.stdout, r"export PREFECT_API_URL=(\S+)")
+    log = work / "worker.log"
+    worker = subprocess.Popen([sys.executable, "-m", "podium.cli", "worker", "--pool", "browser", "--limit", "1"],
+                              env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+                              cwd=work, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        # the sync client: Playwright's sync API keeps an event loop running in this thread
+        with temporary_settings(updates={PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("train-validate-promote/nightly-training")
+            started = client.create_flow_run_from_deployment(deployment.id)
+            deadline = time.monotonic() + 420
+            while not ((ran := client.read_flow_run(started.id)).state and ran.state.is_final()):
+                assert time.monotonic() < deadline, f"the nightly run did not end:\n{log.read_text()[-4000:]}"
+                time.sleep(1)
+        assert ran.state.is_completed(), f"{ran.state}\n{log.read_text()[-4000:]}"
+        yield {"flow_run": ran, "ui": api.removesuffix("/api")}
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -206,6 +245,20 @@ def test_prefect_link_opens_this_runs_page_with_a_validation_per_checkpoint(run,
     names = set(re.findall(r"validate-step-\d+", page.inner_text("body")))
     assert names == {f"validate-step-{s}" for s in run["steps"]} and len(run["steps"]) == 3
     page.screenshot(path=str(page.shots / "prefect-task-runs.png"))
+
+
+def test_a_nightly_deployment_run_reads_like_a_podium_run(nightly, page):
+    """Run by a worker from the deployment: named as `podium run` names its runs, ended Completed with a message
+    that says what it promoted, podium's own progress lines in its log, on the flow run's page in Chromium."""
+    ran = nightly["flow_run"]
+    assert re.fullmatch(r"browser-nightly-\d{8}-run", ran.name), ran.name
+    assert ran.state.message.startswith("promoted step ") or ran.state.message.startswith("nothing promoted: ")
+    page.goto(f"{nightly['ui']}/runs/flow-run/{ran.id}")
+    page.get_by_text(ran.name).first.wait_for()
+    page.get_by_text("Completed").first.wait_for()
+    page.get_by_text("training done:", exact=False).first.wait_for()  # the Logs tab: podium's lines
+    page.get_by_text("promotion: step", exact=False).first.wait_for()
+    page.screenshot(path=str(page.shots / "prefect-nightly-run.png"))
 
 
 def test_chart_artifact_renders_as_a_chart(run, page):
