@@ -113,11 +113,11 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
     MlflowClient(tracking_uri).create_experiment("podium", artifact_location=f"s3://{BUCKET}/mlflow")
     storage, serving = f"s3://{BUCKET}/storage", f"s3://{BUCKET}/serving"
     summary = pipeline({"run_name": "s3-e2e", "storage": storage, "serving": serving,
-                        "data": {"train": train, "val": val}, "training": {"epochs": 2},
-                        "validation": {"concurrency": 2}}, tracking_uri)
+                        "data": {"train": train, "val": val}, "training": {"epochs": 3},
+                        "validation": {"concurrency": 2}, "checkpoints": {"keep": 1}}, tracking_uri)
 
     records = summary.checkpoints
-    assert len(records) == 2 and all(r.status == "validated" for r in records)
+    assert len(records) == 3 and all(r.status == "validated" for r in records)
     # the 2 workers read the data from the bucket through Ray Data; its statistics, from one streaming
     # pass, are saved with the run and in every checkpoint
     fs = s3_filesystem()
@@ -126,15 +126,21 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
     assert saved["rows"] == 3000 and saved["mean"] == pytest.approx(x_train.astype("float64").mean(0).tolist())
     meta = json.loads(fs.cat_file(records[-1].uri.removeprefix("s3://") + "/podium.json"))
     assert meta["config"]["feature_stats"] == saved
-    # Ray Train wrote the checkpoints into the bucket; the MLflow records point there
+    # Ray Train wrote the checkpoints into the bucket; the MLflow records point there. checkpoints.keep = 1:
+    # the bucket keeps the best and the newest, the others were deleted there once validated, their records kept
+    best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
+    kept = {best.uri, records[-1].uri}
     for r in records:
         assert r.uri.startswith(f"{storage}/s3-e2e/checkpoint_")
         key = r.uri.removeprefix(f"s3://{BUCKET}/")
-        assert {"model.pt", "optimizer.pt", "podium.json"} <= {k.rsplit("/", 1)[1] for k in s3.keys(BUCKET, key + "/")}
+        files = {k.rsplit("/", 1)[1] for k in s3.keys(BUCKET, key + "/")}
+        if r.uri in kept:
+            assert {"model.pt", "optimizer.pt", "podium.json"} <= files and not r.deleted
+        else:
+            assert not files and r.deleted and "checkpoints.keep = 1" in r.deleted
 
     # serving on S3: versioned prefix, manifest, pointer, history; the champion loads and predicts as recorded
     promoted = summary.promotion.promoted
-    best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     assert promoted.step == best.step and promoted.uri == f"{serving}/versions/v000001/model"
     assert read_current(serving).version == "v000001" and len(read_history(serving)) == 1
     layout = set(s3.keys(BUCKET, "serving/"))
