@@ -162,6 +162,8 @@ class ValidationQueue:
     def keep_best(self, needed: Collection[str] = ()) -> None:
         """checkpoints.keep: delete from storage the checkpoints it keeps no more, as verdicts arrive (never one
         awaiting a verdict, nor one in `needed`); their records stay, marked deleted."""
+        if self.plan.config.checkpoints.keep is None:
+            return  # keep all: nothing to compute on each pass of the flow's loop
         for record in keep_best_checkpoints(self.plan, self.tracking, self.records(), needed):
             self.done[record.uri] = record
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from podium.core.numbers import format_metric
 from podium.services import ui_url
 from podium.serving.history import parse_switch
 
@@ -61,7 +62,7 @@ def _metrics_text(metrics: dict[str, float]) -> str:
 
 def short_number(value: Any) -> str:
     """A number as podium prints it for people: 4 significant digits."""
-    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
+    return format_metric(value) if isinstance(value, (int, float)) else str(value)
 
 
 def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reason: str | None,

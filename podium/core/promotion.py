@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +22,13 @@ class Decision:
     candidate: CheckpointRecord | None = None
     value: float | None = None
     comparison: Comparison | None = None  # which numbers were compared, on which data (podium.core.comparison)
+
+
+def ranking(metric: str, mode: Mode) -> Callable[[CheckpointRecord], tuple[float, int]]:
+    """The sort key that puts the best checkpoint by `metric` first: `mode`'s direction, ties to the later step
+    (it has seen more data). Promotion picks by it; retention keeps by it."""
+    sign = 1.0 if mode == "min" else -1.0
+    return lambda r: (sign * r.metrics[metric], -r.step)
 
 
 def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
@@ -56,8 +63,7 @@ def select_best(records: list[CheckpointRecord], metric: str, mode: Mode,
             gone_note = f"; {gone} whose files were deleted (checkpoints.keep)" if gone else ""
             return None, f"no validated checkpoint is eligible{out_note}{gone_note}"
         return None, f"every validated checkpoint has a missing, NaN or infinite {metric!r}"
-    sign = 1.0 if mode == "min" else -1.0
-    best = min(eligible, key=lambda r: (sign * r.metrics[metric], -r.step))
+    best = min(eligible, key=ranking(metric, mode))
     deleted = sum(bool(r.deleted) for r in records)
     skipped = len(records) - len(eligible) - deleted
     note = (f"; {skipped} checkpoint(s) not eligible (failed, pending, withdrawn, or no finite {metric})"

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from podium.core.numbers import finite
+from podium.core.promotion import Mode, ranking
 from podium.core.records import PENDING, VALIDATED, CheckpointRecord
 
 
-def checkpoints_to_delete(records: list[CheckpointRecord], metric: str, mode: str, keep: int,
+def checkpoints_to_delete(records: list[CheckpointRecord], metric: str, mode: Mode, keep: int,
                           needed: Collection[str] = ()) -> list[CheckpointRecord]:
     """The checkpoints a run keeping `keep` may delete now, by step.
 
@@ -23,9 +24,8 @@ def checkpoints_to_delete(records: list[CheckpointRecord], metric: str, mode: st
     present = [r for r in records if not r.deleted]
     if not present:
         return []
-    sign = 1.0 if mode == "min" else -1.0
     ranked = sorted((r for r in present if r.status == VALIDATED and finite(r.metrics.get(metric))),
-                    key=lambda r: (sign * r.metrics[metric], -r.step))
+                    key=ranking(metric, mode))
     newest = max(present, key=lambda r: (r.step, r.uri))
     kept = {r.uri for r in ranked[:keep]} | {newest.uri} | set(needed)
     kept |= {r.uri for r in present if r.status == PENDING}

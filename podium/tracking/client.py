@@ -221,12 +221,15 @@ def tracking_call(action: str) -> Callable[[_F], _F]:
         def call(target: Any, *args: Any, **kwargs: Any) -> Any:
             uri = target.tracking_uri if isinstance(target, TrackingRun) else str(target)
             with reaching_tracking(uri, action):
-                waits = _retry_schedule()
+                waits: list[float] | None = None  # read on the first answer cut short
                 while True:
                     try:
                         return fn(target, *args, **kwargs)
                     except Exception as exc:
-                        if not waits or not answer_cut_short(exc):
+                        if not answer_cut_short(exc):
+                            raise
+                        waits = _retry_schedule() if waits is None else waits
+                        if not waits:
                             raise
                         time.sleep(waits.pop(0))
         return call  # type: ignore[return-value]
