@@ -86,16 +86,19 @@ def _embedded_env(work: Path) -> dict[str, str]:
     return env | {"PODIUM_HOME": str(work / ".podium")}
 
 
-def _runs_in_three_folders_at_once(work: Path, others: list[Path], dataset) -> str:
+def _runs_in_three_folders_at_once(work: Path, others: list[Path], dataset, ray_env: dict[str, str]) -> str:
     """`podium run` in `work` and in two other project folders, started at the same moment: each starts its own
     Prefect server (port 4200 is taken, so each picks a free port, and two may pick the same one before either
     binds it) and each succeeds, on three servers. The other folders' servers are stopped; `work`'s output is
-    returned, its server left up for the UI."""
+    returned, its server left up for the UI. `work` runs on the embedded defaults whole; the others train on
+    the session's Ray head (`ray_env`): what matters of them is their servers' start, not three local Rays
+    starting at once on two cores."""
     data = ["--train-data", dataset[0], "--val-data", dataset[1]]
-    small = ["--epochs", "1", "--num-workers", "1"]  # the others' runs: what matters is their servers' start
+    small = ["--epochs", "1", "--num-workers", "1"]
     procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", RUN, *size, *data],
-                              env=_embedded_env(folder), cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for folder, size in [(work, ["--epochs", "3"]), *((o, small) for o in others)]]
+                              env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for folder, size, env in [(work, ["--epochs", "3"], _embedded_env(work)),
+                                       *((o, small, _embedded_env(o) | ray_env) for o in others)]]
     outs = [p.communicate(timeout=600) for p in procs]
     try:
         for (out, err), proc in zip(outs, procs):
@@ -118,12 +121,13 @@ def _stop_server(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, dataset, port_4200_held):
+def run(tmp_path_factory, dataset, port_4200_held, shared_ray):
     """`podium run` on the embedded defaults (its own Prefect server, MLflow on SQLite), started together with two
     others in other folders, then `podium ui`."""
     work = tmp_path_factory.mktemp("browser")
     env = _embedded_env(work)
-    out = _runs_in_three_folders_at_once(work, [tmp_path_factory.mktemp("other-project") for _ in range(2)], dataset)
+    out = _runs_in_three_folders_at_once(work, [tmp_path_factory.mktemp("other-project") for _ in range(2)], dataset,
+                                         shared_ray.driver_env())
     steps = [int(s) for s in re.findall(r"^\s+step\s+(\d+)\s+validated", out, re.M)]
     ui = subprocess.Popen([sys.executable, "-m", "podium.cli", "ui"], env=env, cwd=work, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

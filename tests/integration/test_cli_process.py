@@ -57,9 +57,10 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     home = tmp_path / "home"
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(tmp_path / "storage")]
     common = ["--run-name", "cli", "--model", "alpha", *data]
-    first = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--epochs", "3", *common],
+    one = ["--num-workers", "1"]  # what is under test is the command, not DDP (test_pipeline's e2e test)
+    first = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--epochs", "3", *one, *common],
                              env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _refused_while_it_runs(first, ["run", "--json", "--epochs", "3", *common], cli_env,
+    _refused_while_it_runs(first, ["run", "--json", "--epochs", "3", *one, *common], cli_env,
                            tmp_path / "storage" / ".podium-runs" / "cli.lock")
     stdout, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr[-3000:]
@@ -80,7 +81,7 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
 
     # another model in the same folder, ranked by another metric in the other direction: its own champion
     beta = ["--run-name", "cli-beta", "--model", "beta", "--metric", "val_accuracy", "--mode", "max", *data]
-    out_b = json.loads(podium(["run", "--json", "--epochs", "1", *beta], cli_env).stdout.strip().splitlines()[-1])
+    out_b = json.loads(podium(["run", "--json", "--epochs", "1", *one, *beta], cli_env).stdout.strip().splitlines()[-1])
     assert out_b["promoted"]["version"] == "v000001" and "first promotion" in out_b["promotion_reason"]
     assert out_b["promoted"]["uri"].startswith(str(home / "serving" / "beta"))
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"], registry_uri=cli_env["MLFLOW_TRACKING_URI"])
@@ -295,11 +296,12 @@ def test_a_nightly_run_on_new_validation_data_rescores_the_champion_through_the_
     from podium.training.data import make_classification_data
 
     _, harder_val = make_classification_data(str(tmp_path / "other"), train_rows=600, val_rows=600, seed=7)
-    cli_env.pop("RAY_ADDRESS")  # a local Ray of podium's own, which it releases early when nothing needs it
     common = ["--epochs", "1", "--num-workers", "1", "--metric", "val_accuracy", "--mode", "max",
               "--train-data", dataset[0], "--storage", str(tmp_path / "storage")]
     podium(["run", "--json", "--run-name", "night-1", "--val-data", dataset[1], *common], cli_env)
-    proc = podium(["run", "--json", "--run-name", "night-2", "--val-data", harder_val, *common], cli_env)
+    # night 2 on a local Ray of podium's own, which it releases early when nothing needs it any more
+    local = {k: v for k, v in cli_env.items() if k != "RAY_ADDRESS"}
+    proc = podium(["run", "--json", "--run-name", "night-2", "--val-data", harder_val, *common], local)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "re-scored" in out["promotion_reason"], out["promotion_reason"]
     assert harder_val in out["promotion_reason"], out["promotion_reason"]  # the data both were measured on
@@ -322,18 +324,16 @@ def _prefect_servers_of(home) -> list[int]:
 
 
 def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
-    """Three runs refused by the preflight, on the embedded defaults (no Prefect server configured): each
-    started the local Prefect server for itself, and each stops it again; `podium server stop` has nothing
-    left to find."""
+    """Runs refused by the preflight, on the embedded defaults (no Prefect server configured), one on its data
+    and one on its storage: each started the local Prefect server for itself, and each stops it again;
+    `podium server stop` has nothing left to find. (Every kind of refusal and its message: test_plan,
+    test_datasets, in-process.)"""
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
-    csv = tmp_path / "table.parquet"
-    csv.write_text("f00,label\n1.0,0\n")
     a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
     a_file.write_text("")
     refusals = {"missing": ["--train-data", str(tmp_path / "missing.parquet")],
-                "csv": ["--train-data", str(csv)],
                 "unwritable": ["--storage", str(a_file / "storage")]}
     for what, flags in refusals.items():
         args = ["run", "--run-name", f"refused-{what}", "--epochs", "1", "--train-data", dataset[0],

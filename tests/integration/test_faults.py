@@ -71,128 +71,121 @@ def _podium(args, env):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def test_flow_process_killed_then_rerun_finishes_without_duplicates(prefect_api, dataset, locations, tmp_path):
-    calls = tmp_path / "validations.log"
-    config = _user_config("flow-dies", dataset, locations, epochs=6,
-                          validate_extra={"calls_log": str(calls), "sleep_s": 3})
-    config["validation"]["concurrency"] = 1
-    (tmp_path / "podium.json").write_text(json.dumps(config))
-    env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": locations["tracking_uri"],
-           # the user's own module is importable, as it would be for a user running podium
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
-    env.pop("RAY_ADDRESS", None)
-
-    proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # kill once a verdict is in and more checkpoints wait for one
-        by = _models_by_checkpoint(locations["tracking_uri"])
-        statuses = [m[0].tags.get(TAG_STATUS) for m in by.values()]
-        if statuses.count("validated") >= 1 and statuses.count("pending") >= 1:
-            break
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = {name: m[0].tags.get(TAG_STATUS) for name, m in _models_by_checkpoint(locations["tracking_uri"]).items()}
-    validated_before = {name for name, status in before.items() if status == "validated"}
-    time.sleep(2)  # let the killed run's Ray processes go (they share the driver's fate)
-
-    proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    result = json.loads(out.strip().splitlines()[-1])
-
-    by = _models_by_checkpoint(locations["tracking_uri"])
-    assert all(len(v) == 1 for v in by.values()), "no MLflow record duplicated"
-    assert len(by) == 6 and [c["step"] for c in result["checkpoints"]] == list(range(6))
-    assert all(c["status"] == "validated" for c in result["checkpoints"])
-    counts = collections.Counter(int(x) for x in calls.read_text().split())
-    for name in validated_before:  # a verdict already recorded is never asked for again
-        step = int(by[name][0].tags["podium.step"])
-        assert counts[step] == 1, f"step {step} validated {counts[step]} times"
-    assert set(counts) == set(range(6))
-    assert result["promoted"] is not None and len(read_history(locations["serving"])) == 1
-    # the killed attempt's flow run, left Running, was marked Crashed when the run resumed
-    states = _flow_run_states("flow-dies-run")
-    assert sorted(states) == ["COMPLETED", "CRASHED"], states
-
-
 def _flow_run_states(name: str) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     with get_client(sync_client=True) as c:
         runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
-    return [r.state.type.value for r in runs if r.state]
+    return sorted(r.state.type.value for r in runs if r.state)
 
 
 def _podium_env(prefect_api, locations, tmp_path):
     env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": locations["tracking_uri"],
+           # the user's own module is importable, as it would be for a user running podium
            "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
-    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_ADDRESS", None)  # podium's own local Ray: the signals and the kill reach it as a user's would
     return env
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_to_the_process_group_stops_cleanly_then_resumes(sig, prefect_api, dataset, locations, tmp_path):
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM to podium: the running
-    validation records its verdict or stays pending, the flow run ends Cancelled, the MLflow run KILLED,
-    one line says how to resume, exit code 128 + the signal; running it again finishes the run."""
-    name = f"stop-{sig.name.lower()}"
-    calls = tmp_path / "validations.log"
-    config = _user_config(name, dataset, locations, epochs=5, loop_extra={"epoch_s": 1.0},
-                          validate_extra={"calls_log": str(calls), "sleep_s": 2})
-    config["validation"]["concurrency"] = 1
-    (tmp_path / "podium.json").write_text(json.dumps(config))
-    env = _podium_env(prefect_api, locations, tmp_path)
+def _statuses(tracking_uri) -> dict[str, str]:
+    return {name: models[0].tags.get(TAG_STATUS) for name, models in _models_by_checkpoint(tracking_uri).items()}
 
-    proc = _podium(["run", "--config", str(tmp_path / "podium.json")], env)
+
+def _start_then_wait_for_a_new_verdict(config_path, env, tracking_uri) -> tuple[subprocess.Popen, set[str]]:
+    """`podium run` started; returns once it recorded a verdict of its own and more checkpoints wait for
+    theirs (the moment a stop or a kill loses the most), with the checkpoints validated by then."""
+    had = {name for name, status in _statuses(tracking_uri).items() if status == "validated"}
+    proc = _podium(["run", "--json", "--config", str(config_path)], env)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # stop once a verdict is in and more checkpoints wait for one
-        statuses = [m[0].tags.get(TAG_STATUS) for m in _models_by_checkpoint(locations["tracking_uri"]).values()]
-        if statuses.count("validated") >= 1 and statuses.count("pending") >= 1:
-            break
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
+    while time.monotonic() < deadline:
+        statuses = _statuses(tracking_uri)
+        validated = {name for name, status in statuses.items() if status == "validated"}
+        if validated - had and "pending" in statuses.values():
+            return proc, validated
+        assert proc.poll() is None, f"exit {proc.returncode} before a new verdict:\n{proc.stderr.read()[-3000:]}"
         time.sleep(0.2)
-    # Ctrl-C reaches the whole process group (Ray's processes block SIGINT); SIGTERM goes to podium's process
-    # only: sent to the group it also stops Ray's GCS and raylet, and the driver exits when GCS stays away
-    # (a known limit, see the README)
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, sig)
-    else:
-        os.kill(proc.pid, sig)
+    raise AssertionError(f"no new verdict with more checkpoints waiting after 300 s: {_statuses(tracking_uri)}")
+
+
+def _check_stopped_by(sig, proc, name, tracking_uri, serving) -> None:
+    """A stop by `sig`: exit 128 + sig, one line saying how to resume and no traceback; every record written
+    whole and none duplicated; no verdict invented; the MLflow run KILLED; nothing promoted."""
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 128 + sig, f"exit {proc.returncode}:\n{err[-4000:]}"
     assert "Traceback" not in out + err, err[-4000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"podium: stopped by {sig.name}") and f"--run-name ({name}) to resume" in last, last
-    by = _models_by_checkpoint(locations["tracking_uri"])
+    by = _models_by_checkpoint(tracking_uri)
     assert all(len(v) == 1 for v in by.values()), "no MLflow record duplicated"
     statuses = {n: m[0].tags.get(TAG_STATUS) for n, m in by.items()}
     assert set(statuses.values()) <= {"validated", "pending"}, f"a stop is no verdict: {statuses}"
     for (model,) in by.values():  # every record written completely: its training metrics are there
         assert "loss" in {m.key for m in model.metrics or []}, model.tags
-    client = MlflowClient(locations["tracking_uri"])
+    client = MlflowClient(tracking_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
     assert run.info.status == "KILLED"
-    assert _flow_run_states(f"{name}-run") == ["CANCELLED"]
-    assert not read_history(locations["serving"]), "nothing promoted by a stopped run"
-    if sig == signal.SIGTERM:
-        return  # the stop is the same for both signals: the resume after it is run once, after SIGINT
+    assert not read_history(serving), "nothing promoted by a stopped run"
 
-    proc = _podium(["run", "--json", "--config", str(tmp_path / "podium.json")], env)
+
+def test_flow_process_killed_then_stopped_by_each_signal_resumes_each_time_without_duplicates(
+        prefect_api, dataset, locations, tmp_path):
+    """One run name, four `podium run` processes, each stopped at the moment that loses the most (a verdict of
+    its own recorded, more checkpoints waiting for theirs), each resumed by the same command:
+
+    1. SIGKILL to the process group (a machine's OOM killer, `kill -9`): the next attempt marks the killed
+       flow run Crashed and takes over.
+    2. Ctrl-C (SIGINT to the process group, as a terminal sends it), 3. SIGTERM to podium's process (a
+       scheduler's stop): the running validation records its verdict or stays pending, the flow run ends
+       Cancelled, the MLflow run KILLED, one line says how to resume, exit code 128 + the signal.
+    4. The last attempt finishes: every checkpoint validated and recorded once (a verdict already recorded is
+       never asked for again), the best promoted once."""
+    name = "stopped"
+    calls = tmp_path / "validations.log"
+    epochs = 10
+    config = _user_config(name, dataset, locations, epochs=epochs, loop_extra={"epoch_s": 1.0},
+                          validate_extra={"calls_log": str(calls), "sleep_s": 2})
+    config["validation"]["concurrency"] = 1
+    path = tmp_path / "podium.json"
+    path.write_text(json.dumps(config))
+    env = _podium_env(prefect_api, locations, tmp_path)
+    uri, serving = locations["tracking_uri"], locations["serving"]
+
+    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(2)  # let the killed run's Ray processes go (they share the driver's fate)
+    assert all(len(v) == 1 for v in _models_by_checkpoint(uri).values()), "no MLflow record duplicated"
+
+    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    # Ctrl-C reaches the whole process group (Ray's processes block SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
+    _check_stopped_by(signal.SIGINT, proc, name, uri, serving)
+    assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CRASHED"], "the killed attempt marked Crashed"
+
+    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    # SIGTERM goes to podium's process only: sent to the group it also stops Ray's GCS and raylet, and the
+    # driver exits when GCS stays away (a known limit, see the README)
+    os.kill(proc.pid, signal.SIGTERM)
+    _check_stopped_by(signal.SIGTERM, proc, name, uri, serving)
+    assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CANCELLED", "CRASHED"]
+
+    proc = _podium(["run", "--json", "--config", str(path)], env)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
-    assert [c["status"] for c in result["checkpoints"]] == ["validated"] * 5
-    by = _models_by_checkpoint(locations["tracking_uri"])
-    assert len(by) == 5 and all(len(v) == 1 for v in by.values())
+    assert [c["step"] for c in result["checkpoints"]] == list(range(epochs))
+    assert all(c["status"] == "validated" for c in result["checkpoints"])
+    by = _models_by_checkpoint(uri)
+    assert len(by) == epochs and all(len(v) == 1 for v in by.values()), "no MLflow record duplicated"
     counts = collections.Counter(int(x) for x in calls.read_text().split())
-    assert set(counts) == set(range(5)) and max(counts.values()) <= 2, counts
-    assert len(read_history(locations["serving"])) == 1
-    assert sorted(_flow_run_states(f"{name}-run")) == ["CANCELLED", "COMPLETED"]
+    assert set(counts) == set(range(epochs)) and max(counts.values()) <= 2, counts
+    for checkpoint in validated:  # a verdict recorded before a stop or the kill is never asked for again
+        step = int(by[checkpoint][0].tags["podium.step"])
+        assert counts[step] == 1, f"step {step} validated {counts[step]} times"
+    assert result["promoted"] is not None and len(read_history(serving)) == 1
+    assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CANCELLED", "COMPLETED", "CRASHED"]
 
 
 @pytest.fixture

@@ -63,11 +63,12 @@ def _statuses(url: str) -> list[str]:
     return [m[0].tags.get(TAG_STATUS) for m in _models_by_checkpoint(url).values()]
 
 
-def _config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
+def _config(tmp_path: Path, dataset, run_name: str, calls: Path, epochs: int = 6, epoch_s: float = 0) -> Path:
     config = {
         "run_name": run_name, "storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"),
         "data": {"train": dataset[0], "val": dataset[1]},
-        "training": {"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 6}},
+        "training": {"train_loop": "podium_user_code:train_func",
+                     "train_loop_config": {"epochs": epochs, "epoch_s": epoch_s}},
         # one validation at a time, 2 s each: verdicts are being written for the whole outage
         "validation": {"fn": "podium_user_code:validate_fn", "concurrency": 1,
                        "kwargs": {"calls_log": str(calls), "sleep_s": 2}},
@@ -143,25 +144,58 @@ def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collect
     return collections.Counter(int(x) for x in calls.read_text().split())
 
 
-def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_runs, prefect_api, shared_ray, dataset,
-                                                          tmp_path):
-    calls = tmp_path / "validations.log"
-    config = _config(tmp_path, dataset, "outage-brief", calls)
-    # podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
-    # client gives up on requests the server has received, and retries them
-    env = _env(tmp_path, prefect_api, mlflow_server.url, shared_ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
-    run = podium_runs(config, env)
+def test_server_down_fails_the_run_clearly_then_its_resume_rides_out_brief_outages(
+        mlflow_server, podium_runs, prefect_api, shared_ray, dataset, tmp_path):
+    """One run name, two `podium run` processes on one MLflow server (each outage is the server's, so one run
+    sequence shows them all, and the resume after a failure is itself the run that rides out the brief ones).
 
-    # 1. the server hangs (accepts connections, answers nothing) for 8 s as checkpoints are recorded
-    run.wait_until(lambda: len(_models_by_checkpoint(mlflow_server.url)) >= 1, "first checkpoint record")
+    1. The server is killed for good mid-run, with a short retry window: exit 3, the server named, no
+       traceback, nothing recorded as failed; the verdicts already written stay.
+    2. The server is back; the same command resumes the run, and while it trains and validates the server
+       hangs for 8 s (accepts connections, answers nothing), then is killed and restarted on the same port
+       and database. Nothing is lost: one record per checkpoint, each verdict computed once unless it could
+       not be written before, one MLflow run FINISHED, promoted once."""
+    epochs = 8
+    calls = tmp_path / "validations.log"
+    config = _config(tmp_path, dataset, "outage", calls, epochs=epochs, epoch_s=1.5)
+    url = mlflow_server.url
+
+    def verdicts_in_progress() -> bool:
+        statuses = _statuses(url)
+        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
+
+    # 1. a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
+    # test's wait shrinks, not what happens
+    env = _env(tmp_path, prefect_api, url, shared_ray, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
+               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+    run = podium_runs(config, env)
+    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
+    mlflow_server.kill()
+    rc, out, err = run.finish()
+    assert rc == 3, f"exit {rc}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    message = err.strip().splitlines()
+    assert any(line.startswith("podium: MLflow tracking server") and url in line and "unreachable"
+               in line for line in message), err[-2000:]
+    assert "outage" in err and "resumes" in err, err[-2000:]
+
+    mlflow_server.start()  # same port, same database
+    before = {int(models[0].tags[TAG_STEP]): models[0].tags.get(TAG_STATUS)
+              for models in _models_by_checkpoint(url).values()}
+    validated_before = {step for step, status in before.items() if status == "validated"}
+    assert validated_before and len(before) < epochs, f"the failed run left no training to resume: {before}"
+    assert "failed" not in before.values(), "a write that failed must not become a failed verdict"
+    log_file = tmp_path / "home" / "logs" / "podium.log"
+    first_run_log = len(log_file.read_bytes())
+
+    # 2. podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
+    # client gives up on requests the server has received, and retries them
+    env = _env(tmp_path, prefect_api, url, shared_ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
+    run = podium_runs(config, env)
+    run.wait_until(lambda: len(_models_by_checkpoint(url)) > len(before), "a checkpoint of the resumed run recorded")
     mlflow_server.signal(signal.SIGSTOP)
     time.sleep(8)
     mlflow_server.signal(signal.SIGCONT)
-
-    # 2. the server is killed (connections refused) and restarted on the same port and database
-    def verdicts_in_progress() -> bool:
-        statuses = _statuses(mlflow_server.url)
-        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
     run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
     mlflow_server.kill()
     time.sleep(3)
@@ -170,65 +204,25 @@ def test_brief_outages_are_ridden_out_and_nothing_is_lost(mlflow_server, podium_
     rc, out, err = run.finish()
     assert rc == 0, err[-4000:]
     result = json.loads(out.strip().splitlines()[-1])
-    assert [c["step"] for c in result["checkpoints"]] == list(range(6))
+    assert [c["step"] for c in result["checkpoints"]] == list(range(epochs))
     assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
-    counts = _check_complete(mlflow_server.url, calls, tmp_path / "serving", steps=6)
-    assert counts == {step: 1 for step in range(6)}, f"a verdict was computed twice or never: {counts}"
-    # the run's own metrics by step: training loss from the driver, score from every validation
-    client = MlflowClient(mlflow_server.url)
-    history = client.get_metric_history(result["mlflow_run_id"], "score")
-    assert sorted(m.step for m in history) == list(range(6))
-    # the outages reached the client: both kinds of failed attempts were retried
-    log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
-    assert "Read timed out" in log and "Retrying" in log, "the freeze did not hit a request"
-    assert "Connection refused" in log, "the restart did not hit a request"
-
-
-def test_server_stays_down_run_fails_clearly_then_resumes(mlflow_server, podium_runs, prefect_api, shared_ray, dataset,
-                                                          tmp_path):
-    calls = tmp_path / "validations.log"
-    config = _config(tmp_path, dataset, "outage-down", calls)
-    # a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
-    # test's wait shrinks, not what happens
-    env = _env(tmp_path, prefect_api, mlflow_server.url, shared_ray, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
-               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
-    run = podium_runs(config, env)
-
-    def verdicts_in_progress() -> bool:
-        statuses = _statuses(mlflow_server.url)
-        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
-    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
-    mlflow_server.kill()
-    rc, out, err = run.finish()
-    assert rc == 3, f"exit {rc}:\n{err[-4000:]}"
-    assert "Traceback" not in out + err, err[-4000:]
-    message = err.strip().splitlines()
-    assert any(line.startswith("podium: MLflow tracking server") and mlflow_server.url in line and "unreachable"
-               in line for line in message), err[-2000:]
-    assert "outage-down" in err and "resumes" in err, err[-2000:]
-
-    mlflow_server.start()  # same port, same database
-    before = {int(models[0].tags[TAG_STEP]): models[0].tags.get(TAG_STATUS)
-              for models in _models_by_checkpoint(mlflow_server.url).values()}
-    validated_before = {step for step, status in before.items() if status == "validated"}
-    assert validated_before and len(validated_before) < 6
-    assert "failed" not in before.values(), "a write that failed must not become a failed verdict"
-
-    rc, out, err = podium_runs(config, env).finish()
-    assert rc == 0, err[-4000:]
-    result = json.loads(out.strip().splitlines()[-1])
-    assert [c["step"] for c in result["checkpoints"]] == list(range(6))
-    assert all(c["status"] == "validated" for c in result["checkpoints"])
-    counts = _check_complete(mlflow_server.url, calls, tmp_path / "serving", steps=6)
-    assert set(counts) == set(range(6))
+    counts = _check_complete(url, calls, tmp_path / "serving", steps=epochs)
+    assert set(counts) == set(range(epochs))
     for step in validated_before:
         assert counts[step] == 1, f"step {step} had a verdict but was validated {counts[step]} times"
     # a verdict that could not be written is computed again on resume, but not retried in between
     assert max(counts.values()) <= 2, counts
-    runs = MlflowClient(mlflow_server.url).search_runs(
-        [MlflowClient(mlflow_server.url).get_experiment_by_name("podium").experiment_id],
-        filter_string=f"tags.`{TAG_RUN}` = 'outage-down'")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    client = MlflowClient(url)
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
+                                       filter_string=f"tags.`{TAG_RUN}` = 'outage'")
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_id == result["mlflow_run_id"]
+    # the run's own metrics by step: score from every validation
+    history = client.get_metric_history(result["mlflow_run_id"], "score")
+    assert sorted({m.step for m in history}) == list(range(epochs))
+    # the brief outages reached the resumed run's client: both kinds of failed attempts were retried
+    log = log_file.read_bytes()[first_run_log:].decode(errors="replace")
+    assert "Read timed out" in log and "Retrying" in log, "the freeze did not hit a request"
+    assert "Connection refused" in log, "the restart did not hit a request"
 
 
 def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_server, monkeypatch):
@@ -333,10 +327,9 @@ def prefect_server(tmp_path):
 
 
 def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
-    path = _config(tmp_path, dataset, run_name, calls)
-    config = json.loads(path.read_text())
     # 6 epochs of about 1.5 s, and validations of 1 s: the outage starts with most of the run ahead
-    config["training"]["train_loop_config"] = {"epochs": 6, "epoch_s": 1.5}
+    path = _config(tmp_path, dataset, run_name, calls, epoch_s=1.5)
+    config = json.loads(path.read_text())
     config["validation"]["kwargs"]["sleep_s"] = 1
     path.write_text(json.dumps(config))
     return path

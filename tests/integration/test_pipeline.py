@@ -131,7 +131,7 @@ def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locati
 
 def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
     paths_log = tmp_path / "validated-paths.txt"
-    cfg = _config("byo", dataset, locations,
+    cfg = _config("byo", dataset, locations, scaling={"num_workers": 1},  # DDP: the e2e test above
                   training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 4}},
                   validation={"fn": "podium_user_code:validate_fn",
                               "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "paths_log": str(paths_log)},
@@ -168,7 +168,8 @@ def test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_start
     client = MlflowClient(locations["tracking_uri"])
     client.delete_experiment(client.create_experiment("podium"))
     with pytest.raises(LookupError, match=r"MLflow experiment 'podium' \(id \d+\) was deleted at .*: restore it"):
-        pipeline(_config("no-experiment", dataset, locations, training={"epochs": 50}), locations["tracking_uri"])
+        pipeline(_config("no-experiment", dataset, locations, training={"epochs": 50}, scaling={"num_workers": 1}),
+                 locations["tracking_uri"])
     runs = task_runs("no-experiment", 3)
     training = [r for r in runs if r.name.startswith("train-model")]
     assert len(training) == 1 and training[0].state.is_final() and not training[0].state.is_completed(), \

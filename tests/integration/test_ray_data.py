@@ -168,7 +168,7 @@ def kill_a_training_worker_once(checkpoint: ray.train.Checkpoint, val_data: str,
 
 def test_a_restarted_worker_group_resumes_mid_epoch_at_the_right_step(pipeline, dataset, locations, tmp_path):
     # 12000 rows, 2 workers, batches of 8: 750 steps an epoch; a checkpoint every 200 steps, most of them mid-epoch
-    per_epoch, epochs = steps_per_epoch(12000, 2, 8), 3
+    per_epoch, epochs = steps_per_epoch(12000, 2, 8), 2
     marker = tmp_path / "killed.json"
     run_dir = os.path.join(locations["storage"], "resume-mid")
     cfg = _config("resume-mid", dataset, locations,
