@@ -80,22 +80,36 @@ def _flow_run_states(name: str) -> list[str]:
     return sorted(r.state.type.value for r in runs if r.state)
 
 
-def _podium_env(prefect_api, locations, tmp_path):
+def _podium_env(prefect_api, locations, tmp_path, ray_head=None):
+    """A `podium` process's environment: podium's own local Ray (the signals and kills of these tests reach it
+    as a user's would), or `ray_head` (a RayHead) where the fault is not the process's nor Ray's."""
     env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": locations["tracking_uri"],
            # the user's own module is importable, as it would be for a user running podium
            "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))}
-    env.pop("RAY_ADDRESS", None)  # podium's own local Ray: the signals and the kill reach it as a user's would
-    return env
+    env.pop("RAY_ADDRESS", None)
+    return env | (ray_head.driver_env() if ray_head else {})
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 60) -> None:
+    """Until no process of the process group `pgid` is left (reaped, not only killed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"processes of group {pgid} still there after {timeout_s:g} s"
+        time.sleep(0.1)
 
 
 def _statuses(tracking_uri) -> dict[str, str]:
     return {name: models[0].tags.get(TAG_STATUS) for name, models in _models_by_checkpoint(tracking_uri).items()}
 
 
-def _start_then_wait_for_a_new_verdict(config_path, env, tracking_uri) -> tuple[subprocess.Popen, set[str]]:
+def _start_then_wait_for_a_new_verdict(config_path, env, tracking_uri) -> subprocess.Popen:
     """`podium run` started; returns once it recorded a verdict of its own and more checkpoints wait for
-    theirs (the moment a stop or a kill loses the most), with the checkpoints validated by then."""
+    theirs (the moment a stop or a kill loses the most)."""
     had = {name for name, status in _statuses(tracking_uri).items() if status == "validated"}
     proc = _podium(["run", "--json", "--config", str(config_path)], env)
     deadline = time.monotonic() + 300
@@ -103,7 +117,7 @@ def _start_then_wait_for_a_new_verdict(config_path, env, tracking_uri) -> tuple[
         statuses = _statuses(tracking_uri)
         validated = {name for name, status in statuses.items() if status == "validated"}
         if validated - had and "pending" in statuses.values():
-            return proc, validated
+            return proc
         assert proc.poll() is None, f"exit {proc.returncode} before a new verdict:\n{proc.stderr.read()[-3000:]}"
         time.sleep(0.2)
     raise AssertionError(f"no new verdict with more checkpoints waiting after 300 s: {_statuses(tracking_uri)}")
@@ -139,8 +153,9 @@ def test_flow_process_killed_then_stopped_by_each_signal_resumes_each_time_witho
     2. Ctrl-C (SIGINT to the process group, as a terminal sends it), 3. SIGTERM to podium's process (a
        scheduler's stop): the running validation records its verdict or stays pending, the flow run ends
        Cancelled, the MLflow run KILLED, one line says how to resume, exit code 128 + the signal.
-    4. The last attempt finishes: every checkpoint validated and recorded once (a verdict already recorded is
-       never asked for again), the best promoted once."""
+    4. The last attempt finishes: every checkpoint recorded once and validated at most twice (once more only
+       where a stop came before its verdict was written), a verdict already recorded never asked for again, the
+       best promoted once."""
     name = "stopped"
     calls = tmp_path / "validations.log"
     epochs = 10
@@ -152,24 +167,37 @@ def test_flow_process_killed_then_stopped_by_each_signal_resumes_each_time_witho
     env = _podium_env(prefect_api, locations, tmp_path)
     uri, serving = locations["tracking_uri"], locations["serving"]
 
-    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    # the validations each checkpoint with a verdict had had when the verdict was there (after each stop)
+    frozen: dict[int, int] = {}
+
+    def freeze() -> None:
+        counts = collections.Counter(int(x) for x in calls.read_text().split())
+        for models in _models_by_checkpoint(uri).values():
+            if models[0].tags.get(TAG_STATUS) == "validated":
+                frozen.setdefault(int(models[0].tags["podium.step"]), counts[int(models[0].tags["podium.step"])])
+
+    proc = _start_then_wait_for_a_new_verdict(path, env, uri)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(2)  # let the killed run's Ray processes go (they share the driver's fate)
+    _wait_group_gone(proc.pid)  # the killed run's Ray processes share the driver's fate: none left to join
     assert all(len(v) == 1 for v in _models_by_checkpoint(uri).values()), "no MLflow record duplicated"
+    freeze()
+    assert frozen and set(frozen.values()) == {1}, frozen  # one attempt so far: one validation each
 
-    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    proc = _start_then_wait_for_a_new_verdict(path, env, uri)
     # Ctrl-C reaches the whole process group (Ray's processes block SIGINT)
     os.killpg(proc.pid, signal.SIGINT)
     _check_stopped_by(signal.SIGINT, proc, name, uri, serving)
     assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CRASHED"], "the killed attempt marked Crashed"
+    freeze()
 
-    proc, validated = _start_then_wait_for_a_new_verdict(path, env, uri)
+    proc = _start_then_wait_for_a_new_verdict(path, env, uri)
     # SIGTERM goes to podium's process only: sent to the group it also stops Ray's GCS and raylet, and the
     # driver exits when GCS stays away (a known limit, see the README)
     os.kill(proc.pid, signal.SIGTERM)
     _check_stopped_by(signal.SIGTERM, proc, name, uri, serving)
     assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CANCELLED", "CRASHED"]
+    freeze()
 
     proc = _podium(["run", "--json", "--config", str(path)], env)
     out, err = proc.communicate(timeout=600)
@@ -181,9 +209,8 @@ def test_flow_process_killed_then_stopped_by_each_signal_resumes_each_time_witho
     assert len(by) == epochs and all(len(v) == 1 for v in by.values()), "no MLflow record duplicated"
     counts = collections.Counter(int(x) for x in calls.read_text().split())
     assert set(counts) == set(range(epochs)) and max(counts.values()) <= 2, counts
-    for checkpoint in validated:  # a verdict recorded before a stop or the kill is never asked for again
-        step = int(by[checkpoint][0].tags["podium.step"])
-        assert counts[step] == 1, f"step {step} validated {counts[step]} times"
+    for step, before in frozen.items():  # a verdict recorded before a stop or the kill is never asked for again
+        assert counts[step] == before, f"step {step} validated again after its verdict: {counts[step]} times"
     assert result["promoted"] is not None and len(read_history(serving)) == 1
     assert _flow_run_states(f"{name}-run") == ["CANCELLED", "CANCELLED", "COMPLETED", "CRASHED"]
 
@@ -203,9 +230,9 @@ def small_disk(tmp_path):
 
 
 def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_champion(
-        prefect_api, dataset, locations, tmp_path, small_disk):
+        prefect_api, shared_ray, dataset, locations, tmp_path, small_disk):
     serving = str(small_disk / "serving")
-    env = _podium_env(prefect_api, locations, tmp_path)
+    env = _podium_env(prefect_api, locations, tmp_path, shared_ray)  # the disk's fault, not the process's
     first = _user_config("disk-first", dataset, {**locations, "serving": serving}, epochs=2)
     (tmp_path / "first.json").write_text(json.dumps(first))
     proc = _podium(["run", "--config", str(tmp_path / "first.json")], env)
@@ -247,7 +274,8 @@ def test_a_disk_too_full_for_the_promotion_lock_gets_the_same_one_sentence(small
     assert "nothing was written and nothing was being served" in message and "podium promote" in message, message
 
 
-def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, dataset, locations, tmp_path):
+def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, shared_ray, dataset, locations,
+                                                                  tmp_path):
     """A training loop that raises, and a validation function that raises: each is reported as the user's
     exception with their own frames, once; Ray's frames stay in the log file."""
     config = _user_config("user-raises", dataset, locations, epochs=4, loop_extra={"raise_at_epoch": 3},
@@ -255,7 +283,8 @@ def test_user_code_errors_are_shown_once_with_the_users_own_frames(prefect_api, 
     config["scaling"]["max_failures"] = 0
     config["validation"]["retries"] = 0
     (tmp_path / "podium.json").write_text(json.dumps(config))
-    proc = _podium(["run", "--config", str(tmp_path / "podium.json")], _podium_env(prefect_api, locations, tmp_path))
+    proc = _podium(["run", "--config", str(tmp_path / "podium.json")],
+                   _podium_env(prefect_api, locations, tmp_path, shared_ray))
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, f"exit {proc.returncode}:\n{err[-4000:]}"
     shown = out + err

@@ -48,14 +48,16 @@ def mlflow_server(tmp_path, mlflow_template_db):
     server.kill()
 
 
-def _models_by_checkpoint(url: str) -> dict[str, list]:
+def _models_by_checkpoint(url: str, run_name: str | None = None) -> dict[str, list]:
+    """The MLflow records of the checkpoints (of one run, or of all), by checkpoint name."""
     client = MlflowClient(url)
     exp = client.get_experiment_by_name("podium")
     if exp is None:
         return {}
     by = collections.defaultdict(list)
     for m in client.search_logged_models([exp.experiment_id], max_results=1000):
-        by[m.tags[TAG_CHECKPOINT]].append(m)
+        if run_name is None or m.tags.get(TAG_RUN) == run_name:
+            by[m.tags[TAG_CHECKPOINT]].append(m)
     return by
 
 
@@ -335,22 +337,30 @@ def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) 
     return path
 
 
-def _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri, name: str):
-    """A podium run on a SQLite store (`tracking_uri`), its first checkpoint recorded, then the Prefect server
-    killed. Returns (run, validations log)."""
-    calls = tmp_path / "validations.log"
-    config = _prefect_outage_config(tmp_path, dataset, name, calls)
-    run = podium_runs(config, _env(tmp_path, prefect_server.url, tracking_uri, shared_ray))
-    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 1, "the first checkpoint record")
+def _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, folder, tracking_uri, name: str):
+    """A podium run (its files under `folder`) on a SQLite store (`tracking_uri`), its first checkpoint
+    recorded, then the Prefect server killed. Returns (run, validations log)."""
+    folder.mkdir(exist_ok=True)
+    calls = folder / "validations.log"
+    config = _prefect_outage_config(folder, dataset, name, calls)
+    run = podium_runs(config, _env(folder, prefect_server.url, tracking_uri, shared_ray))
+    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri, name)) >= 1, "the first checkpoint record")
     prefect_server.kill()
     return run, calls
 
 
-def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefect_server, podium_runs, shared_ray,
-                                                                           dataset, tmp_path, tracking_uri):
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri,
-                                           "prefect-down")
+def test_prefect_server_killed_mid_run_then_back_mid_run(prefect_server, podium_runs, shared_ray, dataset, tmp_path,
+                                                         tracking_uri):
+    """Two runs on one Prefect server of the test's own. The first loses the server at its first checkpoint
+    for good: its work finishes, and it says it is not recorded in Prefect (exit 4). The server is started again
+    on the same port and database; the second loses it at its first checkpoint, and gets it back a few
+    checkpoints later: its records catch up, exit 0."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_queries import artifact_keys, flow_run_state, task_runs
 
+    down = tmp_path / "down"
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, down, tracking_uri,
+                                           "prefect-down")
     rc, out, err = run.finish()
     assert rc == 4, f"exit {rc}:\n{err[-4000:]}"
     assert "Traceback" not in out + err, err[-4000:]
@@ -363,28 +373,25 @@ def test_prefect_server_killed_mid_run_work_finishes_and_says_not_recorded(prefe
     assert result["promoted"] is not None and result["prefect_not_recorded"]
     counts = collections.Counter(int(x) for x in calls.read_text().split())
     assert counts == {step: 1 for step in range(6)}, counts
-    assert len(read_history(str(tmp_path / "serving"))) == 1
+    assert len(read_history(str(down / "serving"))) == 1
     client = MlflowClient(tracking_uri)
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
                                        filter_string=f"tags.`{TAG_RUN}` = 'prefect-down'")
     assert mlflow_run.info.status == "FINISHED", "the MLflow run must not be left RUNNING"
     # the outage is said once on the terminal and once in the log, not once per event or call
     assert sum("does not answer" in line for line in err.splitlines()) == 1, err[-4000:]
-    log = (tmp_path / "home" / "logs" / "podium.log").read_text(errors="replace")
+    log = (down / "home" / "logs" / "podium.log").read_text(errors="replace")
     assert log.count("stopped answering") == 1, "the outage is logged once"
     assert "failed to process item" not in log and "Error logging to API" not in err + log
     print(f"wall time with the Prefect server down from the first checkpoint: {result['wall_time_s']} s")
 
-
-def test_prefect_server_back_after_an_outage_the_records_catch_up(prefect_server, podium_runs, shared_ray, dataset,
-                                                                  tmp_path, tracking_uri):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_queries import artifact_keys, flow_run_state, task_runs
-
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, tmp_path, tracking_uri,
-                                           "prefect-back")
-    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri)) >= 3, "checkpoints recorded while Prefect is down")
     prefect_server.start()  # same port, same database
+    back = tmp_path / "back"
+    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, back, tracking_uri,
+                                           "prefect-back")
+    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri, "prefect-back")) >= 3,
+                   "checkpoints recorded while Prefect is down")
+    prefect_server.start()
 
     rc, out, err = run.finish()
     assert rc == 0, f"exit {rc}:\n{err[-4000:]}"

@@ -533,6 +533,7 @@ from podium.tasks.promote import promote_best_checkpoint
 from podium.tasks.tracking import TrackingRun
 plan = RunPlan.model_validate_json(open(sys.argv[1]).read())
 tracking = TrackingRun(**json.load(open(sys.argv[2])))
+open(f"{sys.argv[3]}.ready.{os.getpid()}", "w").close()  # imported: waiting for the go
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.01)
 out = promote_best_checkpoint(plan, tracking)
@@ -549,7 +550,11 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
     procs = [subprocess.Popen([sys.executable, str(tmp_path / "promoter.py"), str(tmp_path / "plan.json"),
                                str(tmp_path / "tracking.json"), str(go)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(3)  # both imported and waiting
+    deadline = time.monotonic() + 300
+    while len(list(tmp_path.glob("go.ready.*"))) < 2:  # both imported and waiting, however slow the machine
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.stderr.read()[-2000:] for p in procs if p.poll() is not None]
+        time.sleep(0.1)
     go.touch()
     outs = []
     for p in procs:
