@@ -17,7 +17,7 @@ from servers import RayHead, fill_filesystem
 
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files
-from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS
+from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS, TAG_STEP
 
 pytestmark = pytest.mark.integration
 
@@ -172,9 +172,10 @@ def test_flow_process_killed_then_stopped_by_each_signal_resumes_each_time_witho
 
     def freeze() -> None:
         counts = collections.Counter(int(x) for x in calls.read_text().split())
-        for models in _models_by_checkpoint(uri).values():
-            if models[0].tags.get(TAG_STATUS) == "validated":
-                frozen.setdefault(int(models[0].tags["podium.step"]), counts[int(models[0].tags["podium.step"])])
+        for (model, *_) in _models_by_checkpoint(uri).values():
+            if model.tags.get(TAG_STATUS) == "validated":
+                step = int(model.tags[TAG_STEP])
+                frozen.setdefault(step, counts[step])
 
     proc = _start_then_wait_for_a_new_verdict(path, env, uri)
     os.killpg(proc.pid, signal.SIGKILL)
