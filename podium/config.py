@@ -217,7 +217,13 @@ class PromotionConfig(_Strict):
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "
         "podium builds the served MLflow model from it. Without one such checkpoints are served as files.")
 
-    @field_validator("model_loader")
+    model_class: str | None = Field(
+        None, description="'package.module:Class' handed to the model loader as model_class=, for the loaders "
+        "shipped with podium that build a model from its class: the LightningModule for "
+        "podium.training.loaders:lightning, the torch module for podium.training.loaders:sharded. Needs "
+        "promotion.model_loader.")
+
+    @field_validator("model_loader", "model_class")
     @classmethod
     def _check_loader(cls, v: str | None) -> str | None:
         return _check_import_path(v)

@@ -100,7 +100,7 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     checkpoint_files = list_objects(record.uri)
     checkpoint_size = sum(o["size"] for o in checkpoint_files.values())
     local = record.uri if not is_remote(record.uri) else fetch_folder(record.uri, os.path.join(workdir, "checkpoint"))
-    loaded, facts = load_servable(local, plan.config.promotion.model_loader)
+    loaded, facts = load_servable(local, plan.config.promotion.model_loader, plan.config.promotion.model_class)
     sizes = {"checkpoint_size_bytes": checkpoint_size}
     if loaded is None:
         return ServedModel(record.uri, local, "checkpoint", {**sizes, "served_as": "files",

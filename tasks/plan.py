@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -94,6 +95,21 @@ def check_writable(uri: str, field: str) -> str:
         raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
 
 
+def model_class_errors(cfg: PipelineConfig, functions: dict[str, Callable[..., Any]]) -> list[str]:
+    """`promotion.model_class` goes to a loader that takes it, and only with one."""
+    p = cfg.promotion
+    if not p.model_class:
+        return []
+    if not p.model_loader:
+        return [f"promotion.model_class = {p.model_class!r} is set without promotion.model_loader: expected a "
+                "loader that builds the model from it (podium.training.loaders:lightning, podium.training.loaders:sharded)"]
+    loader = functions.get("promotion.model_loader")
+    if loader is not None and "model_class" not in inspect.signature(loader).parameters:
+        return [f"promotion.model_loader = {p.model_loader!r} takes no model_class argument, but promotion.model_class "
+                f"= {p.model_class!r} is set: expected a loader with a model_class parameter, or no model_class"]
+    return []
+
+
 def plan_run(config: PipelineConfig) -> RunPlan:
     """Check data, import paths, the validation function's arguments and locations; raise ConfigError
     naming the field before any training."""
@@ -112,6 +128,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     imports = [("training.train_loop", train_loop), ("validation.fn", cfg.validation.fn)]
     if cfg.promotion.model_loader:
         imports.append(("promotion.model_loader", cfg.promotion.model_loader))
+    if cfg.promotion.model_class:
+        imports.append(("promotion.model_class", cfg.promotion.model_class))
     for field, path in imports:
         if path in (BUILTIN_LOOP, BUILTIN_VALIDATE):
             continue  # podium's own, importable wherever podium is; importing them here would load torch
@@ -119,6 +137,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
             functions[field] = resolve_callable(path, field)
         except ImportPathError as exc:
             errors.append(str(exc))
+    errors += model_class_errors(cfg, functions)
     errors += loop_config_errors(cfg, builtin_loop)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))

@@ -28,12 +28,14 @@ class ExportError(ValueError):
     """The checkpoint's module cannot be turned into a served model."""
 
 
-def load_servable(checkpoint_dir: str, model_loader: str | None) -> tuple[Any, dict[str, Any]]:
+def load_servable(checkpoint_dir: str, model_loader: str | None,
+                  model_class: str | None = None) -> tuple[Any, dict[str, Any]]:
     """The servable object of a local checkpoint folder and facts about it (`kind`: torch or pyfunc).
 
     podium's format loads with its safe loader (weights only). Another format goes through
-    `model_loader` ('package.module:function', called with the folder): a torch module, or an
-    object with `predict`. Neither: (None, {}), the checkpoint is served as files."""
+    `model_loader` ('package.module:function', called with the folder, and `model_class=` the class
+    `model_class` names when set): a torch module, or an object with `predict`. Neither: (None, {}),
+    the checkpoint is served as files."""
     if os.path.exists(os.path.join(checkpoint_dir, META_FILE)) and model_loader is None:
         model, meta = load_model(checkpoint_dir)
         return model, {"step": meta.step, "epoch": meta.epoch, "feature_columns": meta.feature_columns,
@@ -41,7 +43,11 @@ def load_servable(checkpoint_dir: str, model_loader: str | None) -> tuple[Any, d
                        "format": "podium", "kind": "torch"}
     if model_loader is None:
         return None, {}
-    loaded = resolve_callable(model_loader, "promotion.model_loader")(checkpoint_dir)
+    loader = resolve_callable(model_loader, "promotion.model_loader")
+    if model_class:
+        loaded = loader(checkpoint_dir, model_class=resolve_callable(model_class, "promotion.model_class"))
+    else:
+        loaded = loader(checkpoint_dir)
     if isinstance(loaded, nn.Module):
         return loaded.eval(), {"format": model_loader, "kind": "torch"}
     if callable(getattr(loaded, "predict", None)):

@@ -9,10 +9,12 @@ podium instead of Ray's own validation manager (see `ReportCapture`).
 
 from __future__ import annotations
 
+import importlib.abc
 import inspect
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -113,13 +115,9 @@ class PodiumTrainFnUtils(DistributedTrainFnUtils):
                        delete_local_checkpoint_after_upload, checkpoint_upload_fn, carried)
 
 
-def _default_validation_to_not_stated() -> None:
-    """Make `ray.train.report`'s `validation` default NOT_STATED in this (worker) process.
-
-    Ray passes `validation=` on to TrainFnUtils explicitly, so its default is the only way to tell
-    a report that said nothing from one that said `validation=False`. Left alone (and so read as
-    not stated, i.e. validated) if Ray's signature is not the one podium was tested with."""
-    fn = inspect.unwrap(ray.train.report)
+def _validation_default_to_not_stated(fn: Any) -> None:
+    """Replace a function's `validation` default of False by NOT_STATED (nothing else changes)."""
+    fn = inspect.unwrap(fn)
     names = list(inspect.signature(fn).parameters)
     defaults = list(fn.__defaults__ or ())
     if "validation" not in names:
@@ -130,12 +128,81 @@ def _default_validation_to_not_stated() -> None:
         fn.__defaults__ = tuple(defaults)
 
 
+def _default_validation_to_not_stated() -> None:
+    """Make `ray.train.report`'s `validation` default NOT_STATED in this (worker) process.
+
+    Ray passes `validation=` on to TrainFnUtils explicitly, so its default is the only way to tell
+    a report that said nothing from one that said `validation=False`. Left alone (and so read as
+    not stated, i.e. validated) if Ray's signature is not the one podium was tested with."""
+    _validation_default_to_not_stated(ray.train.report)
+
+
+# Ray's framework callbacks that pass `validation=self.validation` to every report, with a constructor
+# default of False: module -> class. Lightning's (Ray 2.60) does; Transformers' passes no `validation=`.
+FRAMEWORK_CALLBACKS = {"ray.train.lightning._lightning_utils": "RayTrainReportCallback"}
+
+
+def _callback_validation_to_not_stated(module: Any) -> None:
+    """Make the `validation` default of a framework callback's constructor NOT_STATED.
+
+    `RayTrainReportCallback()`, as Ray's Lightning guide writes it, then reports "not stated" (podium
+    validates every checkpoint), and only `RayTrainReportCallback(validation=False)`, written in the
+    user's own code, opts out. Left alone if the constructor is not the one podium was tested with."""
+    cls = getattr(module, FRAMEWORK_CALLBACKS.get(module.__name__, ""), None)
+    if cls is not None:
+        _validation_default_to_not_stated(cls.__init__)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Applies `_callback_validation_to_not_stated` to a framework callback's module when the user's
+    loop imports it (importing Lightning in every worker only to patch it would cost seconds)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in FRAMEWORK_CALLBACKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, patching the module once it has run."""
+
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... (tracebacks, inspect)
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _callback_validation_to_not_stated(module)
+
+
+def _framework_callbacks_to_not_stated() -> None:
+    """Patch the framework callbacks already imported in this (worker) process, and those imported later."""
+    for name in FRAMEWORK_CALLBACKS:
+        if name in sys.modules:
+            _callback_validation_to_not_stated(sys.modules[name])
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
 class ReportCapture(WorkerCallback):
     """Runs in every training worker before the user's loop: installs PodiumTrainFnUtils."""
 
     def after_init_train_context(self) -> None:
         """Called by Ray Train once the worker's train context is set."""
         _default_validation_to_not_stated()
+        _framework_callbacks_to_not_stated()
         set_train_fn_utils(PodiumTrainFnUtils())
 
 

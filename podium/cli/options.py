@@ -94,6 +94,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--model-loader", "promotion.model_loader", str,
      "For checkpoints not in podium's format: 'package.module:function' from the checkpoint folder to a torch "
      "module or an object with predict(DataFrame); podium serves and registers the MLflow model built from it."),
+    ("--model-class", "promotion.model_class", str,
+     "'package.module:Class' for a loader shipped with podium that builds the model from its class (the "
+     "LightningModule for podium.training.loaders:lightning)."),
     ("--rescore", "promotion.rescore", str, "A champion that cannot be scored on the candidate's validation data: "
                                             "refuse, or compare with its stored number."),
 ]
