@@ -61,11 +61,12 @@ def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]
     typed `double`, with rows of zeros as the example."""
     import pandas as pd
 
-    columns = list(plan.loop_config.get("feature_columns") or facts.get("feature_columns") or [])
+    columns = list(plan.loop_config.get("feature_columns") or plan.validate_kwargs.get("feature_columns")
+                   or facts.get("feature_columns") or [])
     if not columns:
         raise ValueError("the served model needs the feature columns: neither the plan nor the checkpoint names them")
     try:
-        dataset = open_dataset(plan.loop_config["val_data"])
+        dataset = open_dataset(plan.loop_config.get("val_data") or plan.validate_kwargs["val_data"])
         features = [{"name": c, "type": str(dataset.schema.field(c).type)} for c in columns]
         return features, dataset.head(EXAMPLE_ROWS, columns=columns).to_pandas()
     except (KeyError, OSError, ValueError) as exc:
@@ -94,7 +95,7 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     # local: MLflow's model flavours and torch load only at promotion
     from podium.tracking.models import package_model, package_python_model
     _EXPORT.wait()  # the modules it loads are not loaded from two threads at once
-    from podium.training.export import load_servable, write_model_folder  # torch loads here, not at import
+    from podium.training.export import load_servable, num_outputs, write_model_folder  # torch loads here, not at import
 
     start = time.monotonic()
     checkpoint_files = list_objects(record.uri)
@@ -110,14 +111,16 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
                            "run_name": tracking.run_name, "checkpoint_format": facts.get("format")}}
     out = os.path.join(workdir, "mlflow-model")
     if facts["kind"] == "torch":  # exported, with podium's pyfunc around it
-        num_classes = int(facts.get("num_classes") or plan.loop_config["num_classes"])
+        rows = example[[f["name"] for f in features]].to_numpy("float32")
+        # a module of the user's: as many classes as it gives logits
+        num_classes = int(facts.get("num_classes") or plan.loop_config.get("num_classes") or num_outputs(loaded, rows))
         label = facts.get("label_column") or plan.config.data.label_column
         spec: dict[str, Any] = {"features": features, "label_column": label,
                 "classes": list(range(num_classes)), "model": plan.config.model,
                 "source": {"checkpoint": record.uri, "step": record.step, "run_name": tracking.run_name,
                            "mlflow_run_id": tracking.run_id, "model_id": record.model_id}}
         folder = os.path.join(workdir, "model")  # its name is the folder's name inside the MLflow model (data/model)
-        logits = write_model_folder(loaded, folder, spec, example[[f["name"] for f in features]].to_numpy("float32"))
+        logits = write_model_folder(loaded, folder, spec, rows)
         predictions = [spec["classes"][i] for i in logits.argmax(axis=1).tolist()]
         package_model(folder, out, example=example, model_id=record.model_id, run_id=tracking.run_id,
                       metadata=metadata)

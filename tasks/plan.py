@@ -167,7 +167,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if builtin_loop and builtin_fn and cfg.promotion.metric not in BUILTIN_METRICS:
         errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
                       f"{sorted(BUILTIN_METRICS)}")
-    feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
+    feature_columns = next((i.feature_columns for i in infos.values()), None) or feature_columns_of_given_data(cfg)
     facts = validation_facts(cfg, feature_columns)
     if not builtin_fn:  # podium's own takes what podium gives it
         errors += validation_fn_errors(cfg, functions["validation.fn"], functions.get("training.train_loop"), facts)
@@ -194,6 +194,21 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         logger.warning("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
                    loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings, data=data)
+
+
+def feature_columns_of_given_data(cfg: PipelineConfig) -> list[str] | None:
+    """The feature columns of data given to a loop and validation function of the user's (not read by podium
+    otherwise): those configured, else every column of the validation data (or training data) but the label.
+    None where the data cannot be read as podium reads it (the user's code may read it another way)."""
+    if cfg.data.feature_columns is not None:
+        return cfg.data.feature_columns
+    for uri in (cfg.data.val, cfg.data.train):
+        if uri:
+            try:
+                return inspect_once(normalize_location(uri), cfg.data.label_column, None)[0].feature_columns
+            except (DataSchemaError, OSError) as exc:
+                logger.debug("the feature columns of %s are not known: %s", uri, exc)
+    return None
 
 
 def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[str], warnings: list[str]) -> None:

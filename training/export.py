@@ -64,6 +64,12 @@ def preprocessing_of(module: nn.Module) -> dict[str, Any]:
     return {}
 
 
+def num_outputs(module: nn.Module, example: np.ndarray) -> int:
+    """How many logits the module gives per row (its classes), from a few rows of float32 features."""
+    with torch.no_grad():
+        return int(module.eval()(torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32))).shape[-1])
+
+
 def write_model_folder(module: nn.Module, out_dir: str, spec: dict[str, Any], example: np.ndarray) -> np.ndarray:
     """Export `module` (float32 features in, logits out) with a dynamic batch size and write the spec.
 

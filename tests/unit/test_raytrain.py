@@ -5,7 +5,10 @@ Importing podium.training.raytrain imports Ray Train."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
+import pytest
 import ray.train
 from ray.train import ValidationTaskConfig
 
@@ -38,6 +41,35 @@ def test_reports_default_tells_not_stated_from_false():
         assert inspect.signature(fn).parameters["validation"].default is raytrain.NOT_STATED
     finally:
         fn.__defaults__ = before
+
+
+LIGHTNING_CALLBACK_DEFAULT = """
+import inspect, sys
+from podium.training import raytrain
+if sys.argv[1] == "before":
+    import ray.train.lightning
+raytrain._framework_callbacks_to_not_stated()
+raytrain._framework_callbacks_to_not_stated()  # twice is the same
+from ray.train.lightning import RayTrainReportCallback
+from ray.train.lightning import _lightning_utils
+default = inspect.signature(RayTrainReportCallback.__init__).parameters["validation"].default
+assert default is raytrain.NOT_STATED, default
+assert "class RayTrainReportCallback" in inspect.getsource(_lightning_utils)  # tracebacks still show its code
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("imported", ["before", "after"])
+def test_lightnings_callback_default_reads_as_not_stated_and_only_a_written_false_opts_out(imported):
+    """Ray's Lightning RayTrainReportCallback passes `validation=self.validation`, False unless the user
+    writes otherwise: in podium's workers its default is NOT_STATED, whether the user's module imported it
+    before podium's worker callback ran or imports it after (a fresh interpreter for each), so that
+    `RayTrainReportCallback()` is validated and `RayTrainReportCallback(validation=False)` is not."""
+    pytest.importorskip("lightning")
+    proc = subprocess.run([sys.executable, "-c", LIGHTNING_CALLBACK_DEFAULT, imported], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    assert raytrain.validation_request(False) == ValidationRequest(requested=False, stated=True)
 
 
 def test_the_request_stays_out_of_event_payloads():
