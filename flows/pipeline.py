@@ -25,6 +25,7 @@ from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, final_state, summarize_run
 from podium.flows.validation import ValidationQueue
 from podium.tasks.lineage import record_lineage_task
+from podium.tasks.news import announce_promotion_task
 from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.promote import promote_best_checkpoint_task
@@ -240,6 +241,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
             tag_stopped_early(tracking, stopped_early.step, stopped_early.reason)
         stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
         outcome = promote_best_checkpoint_task(plan, tracking)
+        announce_promotion_task(plan, tracking, outcome, validations.records())
         validations.keep_best(served_checkpoints(plan))  # what promotion read is kept; the rest can go now
     except RunStopped as exc:
         raise _stop_run(plan, tracking, validations, stream, training, exc) from None

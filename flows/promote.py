@@ -8,6 +8,7 @@ from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.summary import RunSummary, final_state, summarize_run
+from podium.tasks.news import announce_promotion_task
 from podium.tasks.plan import plan_run_task
 from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.tracking import find_tracking_run_task
@@ -23,5 +24,6 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
         plan = plan_run_task(config)
         tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
         outcome = promote_best_checkpoint_task(plan, tracking)
+        announce_promotion_task(plan, tracking, outcome)
         # a State returned ends the flow run in it: its message says what the promotion did
         return final_state(summarize_run(config, tracking, outcome, mlflow_ui))  # type: ignore[return-value]

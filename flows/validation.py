@@ -15,6 +15,7 @@ from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.core.verdict import ValidationOutcome
+from podium.tasks.news import announce_failed_validation
 from podium.tasks.plan import RunPlan
 from podium.tasks.report import say
 from podium.tasks.retention import keep_best_checkpoints
@@ -86,6 +87,8 @@ class ValidationQueue:
                 log = logger.warning if verdict.status == FAILED else logger.info
                 log("checkpoint step %d %s: %s", record.step, verdict.status, verdict.reason)
             self.done[key] = record_verdict(self.tracking, record, verdict)
+            if verdict.status == FAILED:
+                announce_failed_validation(self.plan, self.done[key])
         self.pump()
 
     def catch_up(self, seen: set[str]) -> list[CheckpointRecord]:
@@ -123,6 +126,7 @@ class ValidationQueue:
                     logger.warning("validation of step %d (%s) failed: %s", record.step, key, verdict.reason)
                     self._say_failure(record, exc, verdict.reason or "")
                     self.done[key] = record_verdict(self.tracking, record, verdict)
+                    announce_failed_validation(self.plan, self.done[key])
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
                 self.unrecorded[key] = record

@@ -103,3 +103,53 @@ class PrefectEventSink:
 
         with temporary_settings(updates={PREFECT_API_URL: self.api_url}):
             asyncio.run(send())
+
+
+# What podium decided, as Prefect events an automation can forward (deployments.definitions.news_automation)
+EVENT_PROMOTED = "podium.promotion.promoted"
+EVENT_REFUSED = "podium.promotion.refused"
+EVENT_AWAITING_APPROVAL = "podium.promotion.awaiting-approval"
+EVENT_APPROVED = "podium.promotion.approved"
+EVENT_REJECTED = "podium.promotion.rejected"
+EVENT_VALIDATION_FAILED = "podium.validation.failed"
+EVENT_ROLLED_BACK = "podium.serving.rolled-back"
+NEWS_EVENTS = (EVENT_PROMOTED, EVENT_REFUSED, EVENT_AWAITING_APPROVAL, EVENT_APPROVED, EVENT_REJECTED,
+               EVENT_VALIDATION_FAILED, EVENT_ROLLED_BACK)
+
+
+def model_resource(model: str) -> dict[str, str]:
+    """The Prefect resource a decision is about: the model, `podium.model.<model>`."""
+    return {"prefect.resource.id": f"podium.model.{model}", "prefect.resource.name": model, "podium.model": model}
+
+
+def news_related(run_name: str | None, step: int | None, metrics: dict[str, float] | None = None,
+                 mlflow_version: str | None = None, model: str | None = None) -> list[dict[str, str]]:
+    """The run, the checkpoint, the registered version and the metrics a decision is about, as related
+    resources (the Prefect UI shows them by name on the event's page)."""
+    related: list[dict[str, str]] = []
+    if run_name:
+        related.append({"prefect.resource.id": f"podium.run.{run_name}", "prefect.resource.role": "run",
+                        "prefect.resource.name": run_name})
+    if run_name and step is not None:
+        related.append({"prefect.resource.id": f"podium.checkpoint.{run_name}.{step}",
+                        "prefect.resource.role": "checkpoint", "prefect.resource.name": f"{run_name} step {step}"})
+    if model and mlflow_version:
+        related.append({"prefect.resource.id": f"mlflow.model-version.{model}.{mlflow_version}",
+                        "prefect.resource.role": "model-version",
+                        "prefect.resource.name": f"{model} version {mlflow_version}"})
+    for k, v in sorted((metrics or {}).items()):
+        if k not in STEP_KEYS:
+            related.append({"prefect.resource.id": f"podium.metric.{k}={v:.6g}", "prefect.resource.role": "metric",
+                            "prefect.resource.name": f"{k} = {v:.6g}"})
+    return related[:20]
+
+
+def emit_news(event: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict) -> None:
+    """Emit one of NEWS_EVENTS where a Prefect API is configured. Never raises: news of a decision must not
+    undo it (Prefect's events client sends in the background and drops what a down server cannot take)."""
+    if not PREFECT_API_URL.value():
+        return
+    try:
+        emit_event(event=event, resource=resource, related=related, payload=payload)
+    except Exception:
+        logger.warning("the Prefect event %s could not be sent", event, exc_info=True)

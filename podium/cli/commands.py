@@ -125,6 +125,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     settings = PodiumSettings()
     from podium.config import MODEL_NAME_RE, default_serving
     from podium.serving.layout import ServingError, read_pointer
+    from podium.tasks.news import announce_rollback
     from podium.tasks.rollback import roll_back
     from podium.tracking.client import TrackingUnavailable
 
@@ -141,6 +142,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         raise ServerUnreachable(f"{exc}.\n  Serving {serving} serves {now}; the MLflow alias and withdrawn marks "
                                 f"were not updated. Once the server answers, run `podium rollback --serving "
                                 f"{serving} --to {now}`: it updates them without switching again.") from None
+    if out.switched:
+        announce_rollback(args.model, args.registered_model or args.model, out, args.reason)
     if args.json:
         print(json.dumps(out.model_dump()))
         return 0
