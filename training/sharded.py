@@ -59,7 +59,7 @@ def load_sharded(checkpoint_dir: str, model_class: type) -> nn.Module:
     try:
         model.load_state_dict(model_state(load_sharded_state(checkpoint_dir)))
     except RuntimeError as exc:  # missing or unexpected keys, shape mismatches: one per line after torch's heading
-        details = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()] or [str(exc)]
+        details = [line.strip().rstrip(".") for line in str(exc).splitlines()[1:] if line.strip()] or [str(exc)]
         more = f" (and {len(details) - 2} more)" if len(details) > 2 else ""
         raise ShardedCheckpointError(f"{checkpoint_dir}: its state does not fit {model_class.__name__}: "
                                      f"{'; '.join(details[:2])}{more}") from None
