@@ -61,12 +61,11 @@ def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]
     typed `double`, with rows of zeros as the example."""
     import pandas as pd
 
-    columns = list(plan.loop_config.get("feature_columns") or plan.validate_kwargs.get("feature_columns")
-                   or facts.get("feature_columns") or [])
+    columns = list(plan.data_facts.get("feature_columns") or facts.get("feature_columns") or [])
     if not columns:
         raise ValueError("the served model needs the feature columns: neither the plan nor the checkpoint names them")
     try:
-        dataset = open_dataset(plan.loop_config.get("val_data") or plan.validate_kwargs["val_data"])
+        dataset = open_dataset(plan.data_facts["val_data"])
         features = [{"name": c, "type": str(dataset.schema.field(c).type)} for c in columns]
         return features, dataset.head(EXAMPLE_ROWS, columns=columns).to_pandas()
     except (KeyError, OSError, ValueError) as exc:
@@ -112,8 +111,8 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     out = os.path.join(workdir, "mlflow-model")
     if facts["kind"] == "torch":  # exported, with podium's pyfunc around it
         rows = example[[f["name"] for f in features]].to_numpy("float32")
-        # a module of the user's: as many classes as it gives logits
-        num_classes = int(facts.get("num_classes") or plan.loop_config.get("num_classes") or num_outputs(loaded, rows))
+        # a module of the user's, on data podium could not read: as many classes as it gives logits
+        num_classes = int(facts.get("num_classes") or plan.data_facts.get("num_classes") or num_outputs(loaded, rows))
         label = facts.get("label_column") or plan.config.data.label_column
         spec: dict[str, Any] = {"features": features, "label_column": label,
                 "classes": list(range(num_classes)), "model": plan.config.model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -81,6 +82,13 @@ class RunPlan(BaseModel):
         """The run's name."""
         return self.config.run_name
 
+    @property
+    def data_facts(self) -> dict[str, Any]:
+        """What podium read of the data (`val_data`, `feature_columns`, `num_classes`, ...): by name in the
+        built-in loop's config, under its `podium` key in a loop of your own."""
+        facts = self.loop_config.get(LOOP_CONFIG_PODIUM_KEY)
+        return facts if isinstance(facts, dict) else self.loop_config
+
 
 def check_writable(uri: str, field: str) -> str:
     """Prove the location is writable before anything trains, leaving nothing behind; raise naming the field.
@@ -144,21 +152,25 @@ def plan_run(config: PipelineConfig) -> RunPlan:
 
     infos, digests = {}, {}
     for field, uri in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
-        if not needs[field]:
+        if not uri and not needs[field]:
             continue
+        # data given to your own loop is inspected too, for the facts its config gets (feature columns, classes);
+        # data that is not podium's tabular Parquet is yours to read: no facts, no error
+        problem = errors.append if needs[field] else functools.partial(
+            logger.info, "%s: no feature columns or classes for your loop (%s)", field)
         try:
             infos[field], digest = inspect_once(normalize_location(uri), cfg.data.label_column,
                                                 cfg.data.feature_columns)
         except FileNotFoundError:
-            errors.append(f"{field} = {uri!r}: no such file or directory")
+            problem(f"{field} = {uri!r}: no such file or directory")
         except (DataSchemaError, OSError) as exc:
-            errors.append(f"{field}: {exc}")
+            problem(f"{field}: {exc}")
         else:
             if digest is not None:
                 digests[field.removeprefix("data.")] = digest
     data = describe_data(cfg, needs, errors, digests)
     warnings: list[str] = []
-    if not errors and len(infos) == 2:
+    if not errors and len(infos) == 2 and all(needs.values()):  # your loop reads your data as it will
         check_data(infos["data.train"], infos["data.val"], set(cfg.data.allow), errors, warnings)
     train_info = infos.get("data.train")
     if train_info is not None and train_info.num_rows < cfg.scaling.num_workers:  # Ray Train splits it equally
@@ -167,7 +179,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if builtin_loop and builtin_fn and cfg.promotion.metric not in BUILTIN_METRICS:
         errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
                       f"{sorted(BUILTIN_METRICS)}")
-    feature_columns = next((i.feature_columns for i in infos.values()), None) or feature_columns_of_given_data(cfg)
+    feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
     facts = validation_facts(cfg, feature_columns)
     if not builtin_fn:  # podium's own takes what podium gives it
         errors += validation_fn_errors(cfg, functions["validation.fn"], functions.get("training.train_loop"), facts)
@@ -194,21 +206,6 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         logger.warning("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
                    loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings, data=data)
-
-
-def feature_columns_of_given_data(cfg: PipelineConfig) -> list[str] | None:
-    """The feature columns of data given to a loop and validation function of the user's (not read by podium
-    otherwise): those configured, else every column of the validation data (or training data) but the label.
-    None where the data cannot be read as podium reads it (the user's code may read it another way)."""
-    if cfg.data.feature_columns is not None:
-        return cfg.data.feature_columns
-    for uri in (cfg.data.val, cfg.data.train):
-        if uri:
-            try:
-                return inspect_once(normalize_location(uri), cfg.data.label_column, None)[0].feature_columns
-            except (DataSchemaError, OSError) as exc:
-                logger.debug("the feature columns of %s are not known: %s", uri, exc)
-    return None
 
 
 def check_data(tr: DatasetInfo, va: DatasetInfo, allow: set[str], errors: list[str], warnings: list[str]) -> None:

@@ -150,7 +150,7 @@ def evaluate_served(plan: RunPlan, version: layout.PromotedVersion) -> dict[str,
     if module is None:
         return {}
     return evaluate_module(module, plan.validate_kwargs["val_data"], plan.config.data.label_column,
-                           list(plan.loop_config["feature_columns"]))
+                           list(plan.data_facts["feature_columns"]))
 
 
 def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,

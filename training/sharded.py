@@ -58,7 +58,9 @@ def load_sharded(checkpoint_dir: str, model_class: type) -> nn.Module:
                                      "that takes no arguments")
     try:
         model.load_state_dict(model_state(load_sharded_state(checkpoint_dir)))
-    except RuntimeError as exc:  # missing or unexpected keys, shape mismatches
+    except RuntimeError as exc:  # missing or unexpected keys, shape mismatches: one per line after torch's heading
+        details = [line.strip().rstrip(".") for line in str(exc).splitlines()[1:] if line.strip()] or [str(exc)]
+        more = f" (and {len(details) - 2} more)" if len(details) > 2 else ""
         raise ShardedCheckpointError(f"{checkpoint_dir}: its state does not fit {model_class.__name__}: "
-                                     f"{str(exc).splitlines()[0]}") from None
+                                     f"{'; '.join(details[:2])}{more}") from None
     return model.eval()

@@ -174,9 +174,22 @@ LINEAR = "ray.train.examples.pytorch.torch_linear_example:train_func"
 def test_a_users_loop_gets_exactly_its_config_and_podiums_facts_under_one_key(make_config):
     plan = plan_run(make_config(training={"train_loop": LINEAR, "train_loop_config": {"lr": 0.1, "epochs": 2}},
                                 validation={"fn": "podium.training.checkpoint:load_model"}))
+    assert plan.data_facts is plan.loop_config["podium"]  # what the served model is built from
     podium_facts = plan.loop_config.pop("podium")
     assert plan.loop_config == {"lr": 0.1, "epochs": 2}  # no hidden_size, batch_size, seed... of the built-in loop
     assert podium_facts["run_name"] == "podium-demo" and podium_facts["train_data"].endswith("train.parquet")
+    # what podium read of the data it was given, as the built-in loop gets it
+    assert podium_facts["feature_columns"] == plan_run(make_config()).loop_config["feature_columns"]
+    assert podium_facts["num_classes"] >= 2
+
+
+def test_data_only_a_users_loop_reads_may_be_anything(make_config, tmp_path):
+    """Files given to your own loop that are not podium's tabular Parquet give no facts and no error."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").write_bytes(b"not parquet")
+    plan = plan_run(make_config(data={"train": str(tmp_path / "images"), "val": str(tmp_path / "images")},
+                                training={"train_loop": LINEAR}, validation={"fn": "podium.training.checkpoint:load_model"}))
+    assert "feature_columns" not in plan.data_facts and plan.data_facts["train_data"].endswith("images")
 
 
 def test_a_users_loop_and_function_need_no_data(make_config):
