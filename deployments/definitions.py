@@ -15,6 +15,12 @@ serves them from this process instead (Prefect's `serve`): runs execute here.
   checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
 - promote-on-demand (promote-run): promotion of the run named in its `config`.
 
+    python -m podium.deployments notify --notify-webhook URL     (or --notify-slack URL; also on deploy/serve)
+
+declares the automation `podium-news`: every decision podium announces as a Prefect event (promoted,
+refused, awaiting approval, approved, rejected, a failed validation, a rollback) is sent through the
+notification block `podium-news`: a webhook that gets JSON `{"subject": ..., "text": ...}`, or Slack.
+
 Every deployment's entrypoint is a module path (`podium.flows.pipeline.train_validate_promote`): a worker
 runs the podium version installed beside it, with no code pulled from elsewhere.
 """
@@ -23,11 +29,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import timedelta
 from typing import Any, cast
 from uuid import UUID
 
+from prefect.automations import Automation
+from prefect.blocks.abstract import NotificationBlock
+from prefect.blocks.notifications import CustomWebhookNotificationBlock, SlackWebhook
 from prefect.deployments.runner import RunnerDeployment
-from prefect.events import DeploymentEventTrigger
+from prefect.events import DeploymentEventTrigger, EventTrigger, Posture
+from prefect.events.actions import SendNotification
 from prefect.schedules import Cron
 from prefect.types.entrypoint import EntrypointType
 
@@ -35,7 +46,7 @@ from podium.config import PipelineConfig
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
 from podium.flows.validate_announced import RECORD_LOCK, validate_announced_checkpoint
-from podium.prefect_events import EVENT_PERSISTED, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
+from podium.prefect_events import EVENT_PERSISTED, NEWS_EVENTS, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
 
 NIGHTLY = "nightly-training"
 NIGHTLY_KEEP_CHECKPOINTS = 3  # checkpoints.keep of the nightly deployment where the config sets none
@@ -65,6 +76,55 @@ def checkpoint_trigger() -> DeploymentEventTrigger:
             "validation_requested": "{{ event.payload.validation_requested }}",
         },
     )
+
+
+NEWS = "podium-news"  # the automation, and the notification block it sends through
+NEWS_SUBJECT = "podium: {{ event.event }} ({{ event.resource.name }})"
+# metric values with four significant digits, as podium prints them everywhere (podium.core.numbers)
+NEWS_BODY = (
+    "{{ event.event }}: model {{ event.payload.model }}"
+    "{% if event.payload.run_name %}, run {{ event.payload.run_name }}{% endif %}"
+    "{% if event.payload.version %}; {{ event.payload.version }}{% endif %}"
+    "{% if event.payload.mlflow_version %} (MLflow version {{ event.payload.mlflow_version }}){% endif %}"
+    "{% if event.payload.step is number %}, step {{ event.payload.step }}{% endif %}"
+    "{% if event.payload.value is number %}, {{ event.payload.metric }} = {{ '%.4g' | format(event.payload.value) }}{% endif %}"
+    "{% if event.payload.to_version %}; serving went back from {{ event.payload.from_version }} to "
+    "{{ event.payload.to_version }}{% endif %}"
+    "{% if event.payload.reason %}. {{ event.payload.reason }}{% endif %}"
+    "{% if event.payload.failure %}. {{ event.payload.failure }}{% endif %}")
+
+
+def news_automation(block_document_id: UUID) -> Automation:
+    """Forward every decision podium announces (promoted, refused, awaiting approval, approved, rejected, a
+    failed validation, a rollback) through one notification block: a webhook, Slack, or any of Prefect's."""
+    return Automation(
+        name=NEWS,
+        description="News of podium's decisions: promotions, refusals, failed validations, rollbacks.",
+        trigger=EventTrigger(expect=set(NEWS_EVENTS), match={"prefect.resource.id": "podium.model.*"},
+                             posture=Posture.Reactive, threshold=1, within=timedelta(0)),
+        actions=[SendNotification(block_document_id=block_document_id, subject=NEWS_SUBJECT, body=NEWS_BODY)],
+    )
+
+
+def notification_block(webhook_url: str | None = None, slack_url: str | None = None) -> NotificationBlock:
+    """Slack's incoming webhook, or a plain webhook that gets `{"subject": ..., "text": ...}` as JSON (the
+    shape Slack, Mattermost and Teams' workflows take, and any receiver of your own)."""
+    if slack_url:
+        return SlackWebhook(url=slack_url)
+    if not webhook_url:
+        raise ValueError("a notification needs a webhook URL or a Slack webhook URL")
+    return CustomWebhookNotificationBlock(name=NEWS, url=webhook_url,
+                                          json_data={"subject": "{{subject}}", "text": "{{body}}"})
+
+
+def register_news(block: NotificationBlock) -> UUID:
+    """Save the notification block as `podium-news` and (re)create the `podium-news` automation; idempotent."""
+    block_id = cast(UUID, block.save(NEWS, overwrite=True))
+    try:
+        cast(Automation, Automation.read(name=NEWS)).delete()
+    except ValueError:  # none yet
+        pass
+    return cast(UUID, cast(Automation, news_automation(block_id).create()).id)
 
 
 def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone: str = "UTC") -> list[RunnerDeployment]:
@@ -153,13 +213,18 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m podium.deployments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["deploy", "serve"])
+    parser.add_argument("action", choices=["deploy", "serve", "notify"])
     parser.add_argument("--config", help="TOML or JSON run configuration (as for `podium run`).")
     parser.add_argument("--cron", default="0 2 * * *", help="Schedule of the training deployment.")
     parser.add_argument("--timezone", default="UTC", help="Time zone of the schedule.")
     parser.add_argument("--pool", default=WORK_POOL, help=f"Process work pool to deploy to (default: {WORK_POOL}).")
     parser.add_argument("--ray-address", help="serve: run on this Ray cluster (sets RAY_ADDRESS).")
+    parser.add_argument("--notify-webhook", metavar="URL", help="Send news of every decision (promoted, refused, "
+                        "a failed validation, a rollback) to this webhook, as JSON {subject, text}.")
+    parser.add_argument("--notify-slack", metavar="URL", help="Send that news to this Slack incoming webhook.")
     args = parser.parse_args(argv)
+    if args.action == "notify" and not (args.notify_webhook or args.notify_slack):
+        parser.error("notify needs --notify-webhook URL or --notify-slack URL")
     settings = PodiumSettings()
     try:
         config = load_config(args.config, {}, settings)
@@ -167,6 +232,12 @@ def main(argv: list[str] | None = None) -> None:
         api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
     except (ConfigError, ServiceError) as exc:
         raise SystemExit(f"podium: {exc}") from None
+    if args.notify_webhook or args.notify_slack:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            automation_id = register_news(notification_block(args.notify_webhook, args.notify_slack))
+        print(f"automation {NEWS}: {automation_id} (news of every decision, through the notification block {NEWS})")
+        if args.action == "notify":
+            return
     deployments = build_deployments(config, args.cron, args.timezone)
     if args.action == "deploy":
         with temporary_settings(updates={PREFECT_API_URL: api_url}):

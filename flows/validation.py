@@ -113,6 +113,8 @@ class ValidationQueue:
             try:
                 try:
                     self.done[key] = future.result()
+                    if self.done[key].status == FAILED:  # the function raised, or returned no metrics
+                        announce_failed_validation(self.plan, self.done[key])
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries, or was stopped
