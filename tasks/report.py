@@ -19,6 +19,8 @@ from prefect.artifacts import (
 
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
+from podium.core.numbers import format_value
+from podium.core.policy import interval_text
 from podium.core.records import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
 from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
@@ -144,6 +146,7 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
         lines += ["**Nothing promoted.**", ""]
     lines += ["", f"Reason: {outcome.reason}"]
     lines += comparison_markdown(outcome.comparison)
+    lines += checks_markdown(outcome.checks)
     if outcome.promoted and outcome.promoted.provenance:
         lines += ["", f"## Lineage of {outcome.promoted.version}", ""] + lineage_lines(outcome.promoted.provenance)
     if tracking_url:
@@ -166,6 +169,25 @@ def comparison_markdown(comparison: dict[str, Any] | None) -> list[str]:
             lines.append(f"| {m['who']} | {_fmt(m['value'])} | `{m['digest']}` | {how} |")
     if comparison.get("note"):
         lines += ["", f"Note: {comparison['note']}"]
+    return lines
+
+
+def checks_markdown(checks: list[dict[str, Any]]) -> list[str]:
+    """The promotion policy's checks (thresholds, guards, confidence) as a table: both values, the limit,
+    the bootstrap interval, and whether each held."""
+    if not checks:
+        return []
+    lines = ["", "## Promotion policy", "", "| check | metric | rule | limit | candidate | champion | interval | result |",
+             "|---|---|---|---:|---:|---:|---|---|"]
+    for c in checks:
+        interval = ""
+        if c.get("interval"):
+            interval = f"{interval_text(tuple(c['interval']))} at {c['level']:g}, {c['rows']} rows"
+        result = {True: "holds", False: "**fails**", None: "not checked"}[c["passed"]]
+        if c.get("note"):
+            result += f" ({c['note']})"
+        lines.append(f"| {c['kind']} | {c['metric']} | {c['rule']} | {format_value(c['limit'])} | "
+                     f"{format_value(c.get('candidate'))} | {format_value(c.get('champion'))} | {interval} | {result} |")
     return lines
 
 

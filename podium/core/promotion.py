@@ -8,6 +8,7 @@ from typing import Literal
 
 from podium.core.comparison import Comparison
 from podium.core.numbers import finite
+from podium.core.policy import Check
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
 Mode = Literal["min", "max"]
@@ -22,6 +23,7 @@ class Decision:
     candidate: CheckpointRecord | None = None
     value: float | None = None
     comparison: Comparison | None = None  # which numbers were compared, on which data (podium.core.comparison)
+    checks: tuple[Check, ...] = ()  # thresholds, guards, confidence (podium.core.policy)
 
 
 def ranking(metric: str, mode: Mode) -> Callable[[CheckpointRecord], tuple[float, int]]:
