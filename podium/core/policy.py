@@ -62,6 +62,8 @@ class Check:
             text = f"guard {self.metric} {self.rule} {limit}: candidate {mine}, champion {theirs}"
             if self.passed is not None and self.candidate is not None and self.champion is not None:
                 text += f", change {signed(self.candidate - self.champion)}"
+                if "relative" in self.rule:
+                    text += f" (relative {signed((self.candidate - self.champion) / abs(self.champion))})"
         elif self.interval:
             text = (f"confidence {self.level:g} on {self.metric}: gain {interval_text(self.interval)} over {self.rows} "
                     f"paired rows, lower bound > min_delta {limit}")

@@ -56,6 +56,7 @@ def test_guards_absolute_and_relative_against_the_champion():
     assert not any(c.passed for c in broken.values())
     assert broken["val_loss"].describe() == ("guard val_loss max_increase 0.01: candidate 0.32, champion 0.3, "
                                              "change +0.02, FAILS")
+    assert "change +1.5 (relative +0.15), FAILS" in broken["latency"].describe()
     # an improvement never trips a guard
     assert all(c.passed for c in check_guards({"val_loss": 0.1, "val_accuracy": 0.99, "latency": 1.0}, champion, guards))
 
