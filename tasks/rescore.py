@@ -48,7 +48,8 @@ def champion_digest(version: layout.PromotedVersion) -> str | None:
 
 def promotion_needs_ray(plan: RunPlan, checkpoints: list[CheckpointRecord]) -> bool:
     """Whether promotion will validate anything (and so needs Ray): `verify = "revalidate"`, a validated
-    checkpoint measured on other data than this run's validation data, or a champion that was. Errs on the
+    checkpoint measured on other data than this run's validation data, a champion that was, or a champion
+    to compare with under `promotion.confidence`. Errs on the
     side of yes: a local Ray kept up costs a few seconds at the end, one shut down under a re-score ends the run."""
     if plan.config.promotion.verify == "revalidate":
         return True
@@ -60,6 +61,8 @@ def promotion_needs_ray(plan: RunPlan, checkpoints: list[CheckpointRecord]) -> b
         current = layout.read_current(plan.serving)
     except Exception:  # a serving location promotion will refuse: it says why, with Ray or without
         return True
+    if current is not None and plan.config.promotion.confidence is not None:
+        return True  # confidence validates the candidate and the champion again for per-row values
     return current is not None and needs_rescore(champion_digest(current), digest)
 
 
