@@ -18,8 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from podium.core.policy import apply_checks
-from podium.core.promotion import Decision, decide_promotion, select_best
+from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
 from podium.storage.lease import LeaseError, location_lock

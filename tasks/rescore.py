@@ -17,8 +17,8 @@ from typing import Any
 
 from podium.core import records
 from podium.core.comparison import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
-from podium.core.policy import Check, apply_checks, check_to_dict
-from podium.core.promotion import Decision, decide_promotion
+from podium.core.policy import Check, check_to_dict
+from podium.core.promotion import Decision, apply_checks, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
 from podium.storage.fingerprint import DatasetDigest

@@ -9,7 +9,7 @@
   gain over the champion, row by row on the same validation rows, must be above `min_delta`. Without
   per-row values the decision says it compared point values.
 
-`apply_checks` folds them into a decision: a failed check refuses a promotion, unless it is forced
+`podium.core.promotion.apply_checks` folds them into a decision: a failed check refuses a promotion, unless it is forced
 (`promotion.always`): then they are reported and do not block.
 """
 
@@ -24,8 +24,6 @@ from podium.core.numbers import finite, format_value
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from podium.core.promotion import Decision
 
 THRESHOLD, GUARD, CONFIDENCE = "threshold", "guard", "confidence"
 GUARD_RULES = ("max_increase", "max_decrease", "max_relative_increase", "max_relative_decrease")
@@ -181,24 +179,6 @@ def check_confidence(metric: str, mode: Literal["min", "max"], level: float, min
     low, high = bootstrap_interval(gain, level)
     return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, low > min_delta, float(mine.mean()),
                  float(theirs.mean()), interval=(low, high), level=level, rows=len(mine))
-
-
-def apply_checks(decision: Decision, checks: Sequence[Check], always: bool = False) -> Decision:
-    """`decision` with the policy's checks: named in its reason (each with its values and limit) and, when
-    one failed, a promotion refused, unless forced (`always`): then they are reported and do not block."""
-    if not checks:
-        return decision
-    failed = [c for c in checks if c.passed is False]
-    listed = "; ".join(c.describe() for c in checks)
-    if decision.promote and failed and not always:
-        names = ", ".join(f"{c.kind} {c.metric}" for c in failed)
-        reason = f"refused by the promotion policy ({names}): {decision.reason}; checks: {listed}"
-        return dataclasses.replace(decision, promote=False, reason=reason, checks=tuple(checks))
-    if decision.promote and failed:
-        reason = f"{decision.reason}; checks (promotion forced by promotion.always: reported, not blocking): {listed}"
-    else:
-        reason = f"{decision.reason}; checks: {listed}"
-    return dataclasses.replace(decision, reason=reason, checks=tuple(checks))
 
 
 def check_to_dict(check: Check) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import pytest
 from podium.config import ConfigError, build_config
 from podium.core.events import PER_ROW_KEY, read_validation_result
 from podium.core.policy import (
-    apply_checks,
     bootstrap_interval,
     check_confidence,
     check_guards,
@@ -19,7 +18,7 @@ from podium.core.policy import (
     check_to_dict,
     interval_text,
 )
-from podium.core.promotion import decide_promotion
+from podium.core.promotion import apply_checks, decide_promotion
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 from podium.tracking.datasets import fitted_json
 
