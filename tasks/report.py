@@ -21,6 +21,7 @@ from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
 from podium.core.numbers import format_value
 from podium.core.policy import interval_text
+from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
 from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
@@ -121,6 +122,8 @@ def outcome_texts(run_name: str, records: list[CheckpointRecord], metric: str,
     elif outcome.best_step is not None and "it is already the champion" in outcome.reason:
         # promoting again (`podium promote`) found this run's winner in place: the run's outcome stands
         line = f"step {outcome.best_step} is the champion ({outcome.champion_before}), promoted earlier"
+    elif outcome.reason.startswith(REFUSED_BY_POLICY):  # which checks refused it; the reason has their values
+        line = "not promoted: " + outcome.reason.split(":", 1)[0]
     else:
         line = "not promoted: " + outcome.reason.rsplit("; ", 1)[-1]
     rows = [f"| {r.step} | {r.status} | {_fmt(r.metrics.get(metric))} |"

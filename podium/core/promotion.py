@@ -13,6 +13,7 @@ from podium.core.policy import Check
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
 Mode = Literal["min", "max"]
+REFUSED_BY_POLICY = "refused by the promotion policy"  # how a reason refused by a check starts
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def apply_checks(decision: Decision, checks: Sequence[Check], always: bool = Fal
     listed = "; ".join(c.describe() for c in checks)
     if decision.promote and failed and not always:
         names = ", ".join(f"{c.kind} {c.metric}" for c in failed)
-        reason = f"refused by the promotion policy ({names}): {decision.reason}; checks: {listed}"
+        reason = f"{REFUSED_BY_POLICY} ({names}): {decision.reason}; checks: {listed}"
         return dataclasses.replace(decision, promote=False, reason=reason, checks=tuple(checks))
     if decision.promote and failed:
         reason = f"{decision.reason}; checks (promotion forced by promotion.always: reported, not blocking): {listed}"

@@ -171,3 +171,24 @@ def test_the_built_in_evaluation_gives_per_row_values_whose_means_are_its_metric
     assert m["loss_rows"].shape == m["accuracy_rows"].shape == (15,)
     assert m["loss_rows"].mean() == pytest.approx(m["loss"]) and m["accuracy_rows"].mean() == pytest.approx(m["accuracy"])
     assert set(evaluate_batches(model, batches)) == {"loss", "accuracy"}, "per-row values only when asked"
+
+
+def test_the_report_and_the_runs_table_name_the_checks_that_refused():
+    from podium.cli.provenance import version_lines
+    from podium.tasks.promote import PromotionOutcome
+    from podium.tasks.report import outcome_texts, promotion_markdown
+
+    champion = (np.random.default_rng(2).random(200) < 0.80).astype(float)
+    checks = [*check_thresholds({"accuracy": 0.805}, {"accuracy": {"min": 0.5, "max": None}}),
+              check_confidence("accuracy", "max", 0.95, 0.0, _rows_differing(champion, 7, 5), champion)]
+    champ = Champion(version="v000002", step=1, metric="accuracy", value=0.795, source="/old", mode="max")
+    decision = apply_checks(decide_promotion(rec(accuracy=0.805), champ, "accuracy", "max"), checks)
+    outcome = PromotionOutcome(promoted=None, reason=decision.reason, best_step=5, champion_before="v000002",
+                               checks=[check_to_dict(c) for c in decision.checks])
+    line, _ = outcome_texts("gate-3", [rec(accuracy=0.805)], "accuracy", outcome)
+    assert line == "not promoted: refused by the promotion policy (confidence accuracy)"
+    report = promotion_markdown("gate-3", outcome, None)
+    assert "## Promotion policy" in report and "| threshold | accuracy | min | 0.5 | 0.805 | none |  | holds |" in report
+    assert f"| {interval_text(checks[1].interval)} at 0.95, 200 rows | **fails** |" in report
+    lines = version_lines("v000003", {"step": 5, "checks": outcome.checks}, True)
+    assert any(line.startswith("  checks:     threshold accuracy min 0.5: candidate 0.805, holds") for line in lines)
