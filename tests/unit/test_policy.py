@@ -159,6 +159,25 @@ def test_a_record_too_long_for_a_tag_stays_json():
     assert len(text) <= 4000 and json.loads(text)["checks"] == [{"kind": "threshold"}]
 
 
+def test_the_built_in_validation_gives_per_row_values_when_asked(saved_checkpoint, write_parquet):
+    import ray.train
+
+    from podium.training.validate import validate_checkpoint
+
+    rng = np.random.default_rng(0)
+    val = write_parquet("val.parquet", a=rng.normal(size=40), b=rng.normal(size=40), c=rng.normal(size=40),
+                        label=rng.integers(0, 2, size=40))
+    checkpoint = ray.train.Checkpoint.from_directory(saved_checkpoint.directory)
+    plain = validate_checkpoint(checkpoint, val)
+    assert set(plain) == {"val_loss", "val_accuracy"}, "per-row values only when asked"
+    rows = validate_checkpoint(checkpoint, val, per_row=True)
+    assert {k: rows[k] for k in plain} == plain
+    per_row = read_validation_result(rows).per_row
+    assert per_row["val_loss"].shape == per_row["val_accuracy"].shape == (40,)
+    assert per_row["val_loss"].mean() == pytest.approx(plain["val_loss"])
+    assert per_row["val_accuracy"].mean() == pytest.approx(plain["val_accuracy"])
+
+
 def test_the_built_in_evaluation_gives_per_row_values_whose_means_are_its_metrics():
     import torch
 
