@@ -12,6 +12,7 @@ checks of its fields.
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from datetime import datetime
@@ -194,6 +195,46 @@ class ValidationConfig(_Strict):
         return _check_import_path(v)
 
 
+class ThresholdConfig(_Strict):
+    """A bound a candidate's own metric must meet to be promoted (`promotion.thresholds`)."""
+
+    min: float | None = Field(None, description="The metric must be at least this.")
+    max: float | None = Field(None, description="The metric must be at most this.")
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> ThresholdConfig:
+        if self.min is None and self.max is None:
+            raise ValueError("expected min, max or both")
+        for name, v in (("min", self.min), ("max", self.max)):
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"{name} = {v}: expected a finite number")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min = {self.min} is above max = {self.max}: no value could pass")
+        return self
+
+
+class GuardConfig(_Strict):
+    """A metric that must not regress against the champion, measured on the same data (`promotion.guards`):
+    exactly one limit, absolute or relative to the champion's value (0.01 = 1 %)."""
+
+    max_increase: float | None = Field(None, ge=0, description="At most this much above the champion's value.")
+    max_decrease: float | None = Field(None, ge=0, description="At most this much below the champion's value.")
+    max_relative_increase: float | None = Field(
+        None, ge=0, description="At most this fraction of the champion's value above it.")
+    max_relative_decrease: float | None = Field(
+        None, ge=0, description="At most this fraction of the champion's value below it.")
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> GuardConfig:
+        given = [k for k, v in self.model_dump().items() if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"expected exactly one of max_increase, max_decrease, max_relative_increase, "
+                             f"max_relative_decrease; got {given or 'none'}")
+        if not math.isfinite(getattr(self, given[0])):
+            raise ValueError(f"{given[0]}: expected a finite number")
+        return self
+
+
 class PromotionConfig(_Strict):
     """How the best checkpoint is chosen and when it replaces the champion."""
 
@@ -212,6 +253,17 @@ class PromotionConfig(_Strict):
         "'refuse' to promote, or compare with its 'stored' number, saying so.")
     registered_model: str = Field("", description="MLflow registered model name (default: the model name).")
     alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version.")
+    thresholds: dict[str, ThresholdConfig] = Field(
+        default_factory=dict, description="Bounds the candidate's own metrics must meet, every one, to be promoted "
+        "(the first promotion included), e.g. val_accuracy = { min = 0.9 }. A missing or NaN metric fails.")
+    guards: dict[str, GuardConfig] = Field(
+        default_factory=dict, description="Metrics that must not regress against the champion, measured on the "
+        "same validation data (re-scored like the promotion metric), e.g. val_loss = { max_increase = 0.01 }.")
+    confidence: float | None = Field(
+        None, gt=0, lt=1, description="Promote only when the lower bound of a paired bootstrap interval at this "
+        "level (e.g. 0.95) of the candidate's gain over the champion, row by row on the same validation rows, is "
+        "above min_delta. Needs per-row values from the validation function (the built-in gives them); without "
+        "them the decision says it compared point values.")
     model_loader: str | None = Field(
         None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "

@@ -18,7 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from podium.core.promotion import Decision, decide_promotion, select_best
+from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
 from podium.storage.lease import LeaseError, location_lock
@@ -26,7 +26,8 @@ from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
-from podium.tasks.rescore import comparison_summary, decide_on_same_data
+from podium.tasks.policy import policy_checks
+from podium.tasks.rescore import checks_summary, comparison_summary, decide_on_same_data
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
@@ -65,6 +66,7 @@ class PromotionOutcome(BaseModel):
     champion_before_value: float | None = None
     champion_before_run: str | None = None
     comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.core.comparison)
+    checks: list[dict[str, Any]] = []  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
 
 
 def read_champion(serving: str) -> Champion | None:
@@ -113,7 +115,12 @@ def decide(plan: RunPlan, records: list[CheckpointRecord],
     champion = read_champion(plan.serving)
     if tracking is not None:
         return decide_on_same_data(plan, tracking, best, why, champion), champion
-    return decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why), champion
+    decision = decide_promotion(best, champion, p.metric, p.mode, p.min_delta, p.always, why)
+    if best is not None and decision.candidate is not None and not (champion and champion.source == best.uri):
+        # without a tracking run nothing is measured again: the champion is not compared on the same data
+        checks = policy_checks(plan, best, best.metrics, None, "not compared on the same data without a tracking run")
+        decision = apply_checks(decision, checks, p.always)
+    return decision, champion
 
 
 def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
@@ -166,7 +173,8 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
         info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
                                 "metric": p.metric, "mode": p.mode, "value": decision.value,
                                 "metrics": record.metrics, "model_id": record.model_id, "model": plan.config.model,
-                                "source": record.uri, "checkpoint": record.uri, **served.info, **prov}
+                                "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
+                                **served.info, **prov}
         version = staging.stage_version(plan.serving, served.files_uri, info, served.content)
         check_copy(plan, record, version)
         if record.model_id:  # before the switch: a champion is never current without its MLflow model
@@ -285,7 +293,7 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
                                    champion_before_value=(champion.value if champion and champion.metric
                                                           == plan.config.promotion.metric else None),
                                    champion_before_run=champion.run_name if champion else None,
-                                   comparison=comparison_summary(decision))
+                                   comparison=comparison_summary(decision), checks=checks_summary(decision))
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", decision.reason)
     return outcome

@@ -19,6 +19,9 @@ from prefect.artifacts import (
 
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
+from podium.core.numbers import format_value
+from podium.core.policy import interval_text
+from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
 from podium.tasks.promote import PromotionOutcome
 from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
@@ -119,6 +122,8 @@ def outcome_texts(run_name: str, records: list[CheckpointRecord], metric: str,
     elif outcome.best_step is not None and "it is already the champion" in outcome.reason:
         # promoting again (`podium promote`) found this run's winner in place: the run's outcome stands
         line = f"step {outcome.best_step} is the champion ({outcome.champion_before}), promoted earlier"
+    elif outcome.reason.startswith(REFUSED_BY_POLICY):  # which checks refused it; the reason has their values
+        line = "not promoted: " + outcome.reason.split(":", 1)[0]
     else:
         line = "not promoted: " + outcome.reason.rsplit("; ", 1)[-1]
     rows = [f"| {r.step} | {r.status} | {_fmt(r.metrics.get(metric))} |"
@@ -144,6 +149,7 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
         lines += ["**Nothing promoted.**", ""]
     lines += ["", f"Reason: {outcome.reason}"]
     lines += comparison_markdown(outcome.comparison)
+    lines += checks_markdown(outcome.checks)
     if outcome.promoted and outcome.promoted.provenance:
         lines += ["", f"## Lineage of {outcome.promoted.version}", ""] + lineage_lines(outcome.promoted.provenance)
     if tracking_url:
@@ -166,6 +172,25 @@ def comparison_markdown(comparison: dict[str, Any] | None) -> list[str]:
             lines.append(f"| {m['who']} | {_fmt(m['value'])} | `{m['digest']}` | {how} |")
     if comparison.get("note"):
         lines += ["", f"Note: {comparison['note']}"]
+    return lines
+
+
+def checks_markdown(checks: list[dict[str, Any]]) -> list[str]:
+    """The promotion policy's checks (thresholds, guards, confidence) as a table: both values, the limit,
+    the bootstrap interval, and whether each held."""
+    if not checks:
+        return []
+    lines = ["", "## Promotion policy", "", "| check | metric | rule | limit | candidate | champion | interval | result |",
+             "|---|---|---|---:|---:|---:|---|---|"]
+    for c in checks:
+        interval = ""
+        if c.get("interval"):
+            interval = f"{interval_text(tuple(c['interval']))} at {c['level']:g}, {c['rows']} rows"
+        result = {True: "holds", False: "**fails**", None: "not checked"}[c["passed"]]
+        if c.get("note"):
+            result += f" ({c['note']})"
+        lines.append(f"| {c['kind']} | {c['metric']} | {c['rule']} | {format_value(c['limit'])} | "
+                     f"{format_value(c.get('candidate'))} | {format_value(c.get('champion'))} | {interval} | {result} |")
     return lines
 
 

@@ -50,7 +50,7 @@ def unfilled_arguments(plan: RunPlan, names: tuple[str, ...]) -> list[str]:
     """Required parameters of the validation function that neither podium nor the user's arguments
     (`names`) fill (checked before the task starts: it would fail with a TypeError)."""
     fn = resolve_callable(plan.config.validation.fn, "validation.fn")
-    return validation_call.missing_arguments(fn, [*plan.validate_kwargs, "step", *names])
+    return validation_call.missing_arguments(fn, [*plan.validate_kwargs, "step", "per_row", *names])
 
 
 def verdict_before_validation(plan: RunPlan, record: CheckpointRecord,
@@ -71,11 +71,11 @@ def verdict_after_validation(plan: RunPlan, record: CheckpointRecord, outcome: V
 
 
 def validate(plan: RunPlan, record: CheckpointRecord, uri: str | None = None,
-             arguments: ReportArguments | None = None) -> ValidationResult:
+             arguments: ReportArguments | None = None, per_row: bool = False) -> ValidationResult:
     """Run the configured validation function on a checkpoint (by default the record's) on Ray, with the
-    arguments its report sent (else validation.kwargs)."""
+    arguments its report sent (else validation.kwargs); `per_row` asks it for per-row values too."""
     v = plan.config.validation
-    facts = {**plan.validate_kwargs, "step": record.step}
+    facts = {**plan.validate_kwargs, "step": record.step, "per_row": per_row}
     user = arguments.ref if arguments else dict(v.kwargs)
     timeout_s = arguments.timeout_s if arguments and arguments.timeout_s else v.timeout_s
     return validation_call.validate_remote(v.fn, uri or record.uri, facts, user, num_cpus=v.num_cpus,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,18 +69,33 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     return evaluate_batches(model, ((x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)))
 
 
-def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-    """Mean cross-entropy loss and accuracy of `model` over (x, y) batches, one batch in memory at a time."""
+def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                     per_row: bool = False) -> dict[str, Any]:
+    """Mean cross-entropy loss and accuracy of `model` over (x, y) batches, one batch in memory at a time.
+
+    `per_row`: also each row's loss and correctness (1.0 or 0.0), in the batches' order, as NumPy arrays
+    under "loss_rows" and "accuracy_rows" (their means are the two numbers)."""
     try:
         model.eval()
     except NotImplementedError:  # a torch.export program (a served model) has no train mode to leave
         pass
     loss_sum, correct, n = 0.0, 0, 0
+    losses: list[torch.Tensor] = []
+    hits: list[torch.Tensor] = []
     with torch.no_grad():
         for x, target in batches:
             logits = model(x)
-            loss_sum += nn.functional.cross_entropy(logits, target, reduction="sum").item()
-            correct += int((logits.argmax(1) == target).sum().item())
+            row_loss = nn.functional.cross_entropy(logits, target, reduction="none")
+            row_hit = logits.argmax(1) == target
+            loss_sum += row_loss.sum().item()
+            correct += int(row_hit.sum().item())
             n += len(target)
+            if per_row:
+                losses.append(row_loss.double())
+                hits.append(row_hit.double())
     n = max(n, 1)
-    return {"loss": loss_sum / n, "accuracy": correct / n}
+    out: dict[str, Any] = {"loss": loss_sum / n, "accuracy": correct / n}
+    if per_row:
+        out["loss_rows"] = torch.cat(losses).numpy() if losses else torch.zeros(0, dtype=torch.float64).numpy()
+        out["accuracy_rows"] = torch.cat(hits).numpy() if hits else torch.zeros(0, dtype=torch.float64).numpy()
+    return out

@@ -8,7 +8,8 @@ The convention (`validation_arguments`), stated once and checked before training
 - `config`, when the user's arguments have no such key, gets them all as one dict (the guide's
   `validate_fn(checkpoint, config)`);
 - a parameter named like one of podium's facts (`val_data`, `label_column`, `feature_columns`,
-  `torch_threads`, `run_name`, `step`) gets podium's value;
+  `torch_threads`, `run_name`, `step`, `per_row`) gets podium's value (`per_row` is True when a promotion
+  asks for per-row values, returned under `podium.core.events.PER_ROW_KEY`, for `promotion.confidence`);
 - `**kwargs` gets all of the user's arguments, and never podium's facts.
 """
 

@@ -101,8 +101,14 @@ def nested_model(tp: Any) -> type[BaseModel] | None:
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 
+def keyed_model(tp: Any) -> type[BaseModel] | None:
+    """The model of a table of tables keyed by name (`dict[str, ThresholdConfig]`), or None."""
+    args = typing.get_args(tp)
+    return nested_model(args[1]) if typing.get_origin(tp) is dict and len(args) == 2 else None
+
+
 def anchor(section: str) -> str:
-    return "config-" + (section or "top-level")
+    return "config-" + ("".join(c if c.isalnum() else "-" for c in section).strip("-") or "top-level")
 
 
 def render(root: type[BaseModel]) -> str:
@@ -112,6 +118,9 @@ def render(root: type[BaseModel]) -> str:
         sub = nested_model(info.annotation)
         if sub is not None:
             sections.append((name, sub))
+            # a table of tables keyed by a name of yours (promotion.thresholds.<metric>): its table after its section
+            sections += [(f"{name}.{inner}.<metric>", keyed)
+                         for inner, field in sub.model_fields.items() if (keyed := keyed_model(field.annotation))]
     parts = []
     for section, model in sections:
         title = f"`[{section}]`: {model.__name__}" if section else f"Top level: {model.__name__}"
@@ -123,6 +132,11 @@ def render(root: type[BaseModel]) -> str:
         for name, info in model.model_fields.items():
             sub = nested_model(info.annotation)
             key = f"{section}.{name}" if section else name
+            keyed = keyed_model(info.annotation)
+            if keyed is not None:
+                parts.append(f"| {code(key)} | table of tables | none | {text(info.description or '')} Each: "
+                             f"[`[{key}.<metric>]`](#{anchor(key + '.<metric>')}). |")
+                continue
             if sub is not None:
                 parts.append(f"| {code(key)} | table | [`[{name}]`](#{anchor(name)}) | {text(sub.__doc__ or '')} |")
                 continue

@@ -57,6 +57,8 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
                      + (f" ({d['rows']} rows)" if "rows" in d else ""))
     if manifest.get("comparison"):
         lines.append("  promoted:   " + _gate().comparison_from_dict(manifest["comparison"]).describe())
+    if manifest.get("checks"):
+        lines.append("  checks:     " + "; ".join(str(c.get("text", c)) for c in manifest["checks"]))
     if not lin and not manifest.get("datasets"):
         lines.append("  (promoted before podium recorded lineage: only the run and checkpoint are known)")
     return lines

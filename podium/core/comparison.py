@@ -10,9 +10,10 @@ the comparison into words for the decision, the report and `podium status`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from podium.core.numbers import format_value
 
 VALIDATED = "validated"  # measured when its checkpoint was validated, on the current data
 RESCORED = "re-scored"  # measured again, on the current data, for this comparison
@@ -74,16 +75,10 @@ def short(digest: str | None) -> str:
     return digest[:12] if digest else "unknown"
 
 
-def _num(value: float | None) -> str:
-    if value is None:
-        return "none"
-    return f"{value:.6g}" if math.isfinite(value) else str(value)
-
-
 def _measure(metric: str, m: Measure) -> str:
-    text = f"{m.who} {metric} = {_num(m.value)} ({m.how}"
+    text = f"{m.who} {metric} = {format_value(m.value)} ({m.how}"
     if m.how == RESCORED:
-        text += f"; before: {_num(m.stored_value)} on digest {short(m.stored_digest)}"
+        text += f"; before: {format_value(m.stored_value)} on digest {short(m.stored_digest)}"
     elif m.how == STORED:
         text += f", measured on digest {short(m.digest)}"
     return text + ")"

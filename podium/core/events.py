@@ -123,17 +123,32 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+# the key under which a validation function may return per-row values: {"val_loss": 0.31, ...,
+# "podium.per_row": {"val_loss": <one value per validation row>}} (a list or a 1-D array, rows in the data's
+# order). They are read by a promotion that asks for confidence (promotion.confidence), in the process that
+# ran the validation, and never recorded as metrics.
+PER_ROW_KEY = "podium.per_row"
+
+
 @dataclass(frozen=True)
 class ValidationResult:
-    """What a validation function returned: its numbers exactly (NaN and infinities kept), and a short
-    description of every value that is not a number, so the verdict can name it."""
+    """What a validation function returned: its numbers exactly (NaN and infinities kept), a short
+    description of every value that is not a number, so the verdict can name it, and the per-row values
+    it gave under PER_ROW_KEY (metric -> one value per row), if any."""
 
     metrics: dict[str, float]
     non_numeric: dict[str, str] = field(default_factory=dict)
+    per_row: dict[str, Any] = field(default_factory=dict)
 
 
 def read_validation_result(result: dict[str, Any]) -> ValidationResult:
-    """Split a validation function's dict into numbers and the values that are not (described by type and repr)."""
+    """Split a validation function's dict into numbers, the values that are not (described by type and repr),
+    and the per-row values under PER_ROW_KEY (a mapping of metric names; anything else there is described)."""
+    result = dict(result)
+    per_row = result.pop(PER_ROW_KEY, None)
+    if per_row is not None and not isinstance(per_row, dict):
+        result[PER_ROW_KEY] = per_row  # not what the key documents: the verdict names it
+        per_row = None
     metrics = numeric_metrics(result)
     non_numeric = {k: f"{v!r:.80} ({type(v).__name__})" for k, v in result.items() if k not in metrics}
-    return ValidationResult(metrics, non_numeric)
+    return ValidationResult(metrics, non_numeric, {str(k): v for k, v in (per_row or {}).items()})

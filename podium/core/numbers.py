@@ -19,3 +19,10 @@ def listed(values: Mapping[str, object]) -> str:
 def format_metric(v: float) -> str:
     """A metric value in words: four significant digits, as podium prints metrics (0.1877, 1.5e-05)."""
     return f"{v:.4g}"
+
+
+def format_value(v: float | None) -> str:
+    """A value a decision states: six significant digits (0.187734), 'none' when there is none."""
+    if v is None:
+        return "none"
+    return f"{v:.6g}" if math.isfinite(v) else str(v)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from podium.core.comparison import Comparison
 from podium.core.numbers import finite
+from podium.core.policy import Check
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
 Mode = Literal["min", "max"]
+REFUSED_BY_POLICY = "refused by the promotion policy"  # how a reason refused by a check starts
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Decision:
     candidate: CheckpointRecord | None = None
     value: float | None = None
     comparison: Comparison | None = None  # which numbers were compared, on which data (podium.core.comparison)
+    checks: tuple[Check, ...] = ()  # thresholds, guards, confidence (podium.core.policy)
 
 
 def ranking(metric: str, mode: Mode) -> Callable[[CheckpointRecord], tuple[float, int]]:
@@ -106,3 +110,21 @@ def decide_promotion(
                               f"{gain:.6g} > min_delta {min_delta:g}", best, value)
     return Decision(False, f"{head}; champion {champion.version} has {champion.value:.6g}: improvement "
                            f"{gain:.6g} is not more than min_delta {min_delta:g}", best, value)
+
+
+def apply_checks(decision: Decision, checks: Sequence[Check], always: bool = False) -> Decision:
+    """`decision` with the policy's checks: named in its reason (each with its values and limit) and, when
+    one failed, a promotion refused, unless forced (`always`): then they are reported and do not block."""
+    if not checks:
+        return decision
+    failed = [c for c in checks if c.passed is False]
+    listed = "; ".join(c.describe() for c in checks)
+    if decision.promote and failed and not always:
+        names = ", ".join(f"{c.kind} {c.metric}" for c in failed)
+        reason = f"{REFUSED_BY_POLICY} ({names}): {decision.reason}; checks: {listed}"
+        return dataclasses.replace(decision, promote=False, reason=reason, checks=tuple(checks))
+    if decision.promote and failed:
+        reason = f"{decision.reason}; checks (promotion forced by promotion.always: reported, not blocking): {listed}"
+    else:
+        reason = f"{decision.reason}; checks: {listed}"
+    return dataclasses.replace(decision, reason=reason, checks=tuple(checks))

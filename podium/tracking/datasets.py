@@ -116,8 +116,24 @@ def record_rescore(tr: TrackingRun, who: str, model_id: str | None, step: int, m
 
 @tracking_call("recording the comparison")
 def record_comparison(tr: TrackingRun, comparison: dict[str, Any]) -> None:
-    """The promotion decision's numbers and data, as a run tag `podium status` reads."""
-    tr.client().set_tag(tr.run_id, TAG_COMPARISON, json.dumps(comparison)[:MAX_TAG])
+    """The promotion decision's numbers and data, as a run tag `podium status` reads: JSON that fits a tag
+    (the checks' phrases, then the reason's tail, are left out of a record too long for one; the
+    attempt record under the serving location keeps them whole)."""
+    tr.client().set_tag(tr.run_id, TAG_COMPARISON, fitted_json(comparison, MAX_TAG))
+
+
+def fitted_json(record: dict[str, Any], limit: int) -> str:
+    """`record` as JSON of at most `limit` characters, still parseable: long texts shortened first."""
+    text = json.dumps(record)
+    if len(text) <= limit:
+        return text
+    record = {**record, "checks": [{k: v for k, v in c.items() if k != "text"} for c in record.get("checks") or []]}
+    over = len(json.dumps(record)) - limit
+    reason = str(record.get("reason", ""))
+    if over > 0 and reason:
+        record["reason"] = reason[:max(0, len(reason) - over - 3)] + "..."
+    text = json.dumps(record)
+    return text if len(text) <= limit else json.dumps({k: record.get(k) for k in ("promote", "reason")})[:limit]
 
 
 @tracking_call("reading the run's lineage")

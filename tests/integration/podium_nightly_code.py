@@ -4,6 +4,9 @@ The model is a linear classifier on 4 features whose true boundary is feature 0 
 by the loop config, not learned, so a test knows each night's numbers in advance: the weight vector is
 the true one turned by `angle_deg`, whose error rate on clean data is angle/180 (features are isotropic
 Gaussians). Each epoch's checkpoint is turned by (epochs - epoch) x angle_deg: the last one is the best.
+Its confidence is `scale` (the logistic loss of sigmoid(scale * w.x)): accuracy does not depend on it, the
+loss does, so an overconfident model can be more accurate and have a worse loss. The validation function
+gives per-row values under podium's key when asked (`per_row`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def expected_accuracy(angle_deg: float, label_noise: float) -> float:
 
 def train_func(config: dict) -> None:
     """Report one checkpoint per epoch; the weights come from the config (see the module)."""
-    epochs, angle = int(config["epochs"]), float(config["angle_deg"])
+    epochs, angle, scale = int(config["epochs"]), float(config["angle_deg"]), float(config.get("scale", 1.0))
     for epoch in range(epochs):
         theta = math.radians(angle * (epochs - epoch))
         w = [math.cos(theta), math.sin(theta), 0.0, 0.0]
@@ -47,21 +50,28 @@ def train_func(config: dict) -> None:
             checkpoint = None
             if ray.train.get_context().get_world_rank() == 0:
                 with open(os.path.join(tmp, "weights.json"), "w") as f:
-                    json.dump({"w": w, "epoch": epoch}, f)
+                    json.dump({"w": w, "epoch": epoch, "scale": scale}, f)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report({"epoch": epoch}, checkpoint=checkpoint)
 
 
 def validate_fn(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str, feature_columns: list,
-                calls_log: str | None = None) -> dict:
-    """Accuracy of the checkpoint's linear model on the validation Parquet data."""
+                calls_log: str | None = None, per_row: bool = False) -> dict:
+    """Accuracy and logistic loss of the checkpoint's linear model on the validation Parquet data; with
+    `per_row`, each row's too, under podium's documented key."""
     with checkpoint.as_directory() as d:
         with open(os.path.join(d, "weights.json")) as f:
-            w = np.array(json.load(f)["w"])
+            saved = json.load(f)
+    w, scale = np.array(saved["w"]), float(saved.get("scale", 1.0))
     table = pq.read_table(val_data)
     x = np.column_stack([table.column(c).to_numpy() for c in feature_columns])
     y = table.column(label_column).to_numpy()
     if calls_log:
         with open(calls_log, "a") as f:
             f.write(f"{checkpoint.path}\n")
-    return {"accuracy": float(((x @ w > 0).astype(np.int64) == y).mean())}
+    right = ((x @ w > 0).astype(np.int64) == y).astype(np.float64)
+    loss = np.logaddexp(0.0, -(2 * y - 1) * scale * (x @ w))
+    out = {"accuracy": float(right.mean()), "loss": float(loss.mean())}
+    if per_row:
+        out["podium.per_row"] = {"accuracy": right, "loss": loss}
+    return out

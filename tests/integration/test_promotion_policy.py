@@ -1,0 +1,102 @@
+"""The promotion policy through the `podium` command: thresholds, guards and confidence.
+
+A linear model whose quality each run's config sets (tests/integration/podium_nightly_code.py), ranked by
+accuracy, on one small validation set with label noise (200 rows: a few rows' difference is within its noise):
+
+gate-1  turned 54 deg (accuracy 0.57), threshold accuracy min 0.5          -> promoted (first promotion; the guard
+        has no champion to compare)
+gate-2  turned 9 deg (0.69), overconfident (scale 20): its loss regressed  -> refused by the guard on loss
+        `podium promote` gate-2 with an unreachable threshold (min 0.99)  -> refused, naming it with its value
+        `podium promote` gate-2 with confidence 0.95                      -> promoted: a clear gain, interval shown
+gate-3  turned 0 deg (0.705 against 0.69), confidence 0.95               -> refused: the interval holds 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from podium_nightly_code import FEATURES, write_data
+from test_cli_process import cli_env, podium  # noqa: F401 (cli_env: the fixture, for this module's test)
+
+pytestmark = pytest.mark.integration
+
+INTERVAL = r"\[([+-][\d.e+-]+), ([+-][\d.e+-]+)\]"
+
+
+def _run(env, tmp_path, name: str, angle: float, promotion: dict, scale: float = 1.0, command: str = "run"):
+    config = {"run_name": name, "storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"),
+              "data": {"train": str(tmp_path / "train.parquet"), "val": str(tmp_path / "val.parquet"),
+                       "feature_columns": list(FEATURES)},
+              "training": {"train_loop": "podium_nightly_code:train_func",
+                           "train_loop_config": {"epochs": 1, "angle_deg": angle, "scale": scale}},
+              "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn", "concurrency": 1},
+              "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes", **promotion}}
+    path = tmp_path / f"{name}-{command}.json"
+    path.write_text(json.dumps(config))
+    out = podium([command, "--json", "--config", str(path)], env).stdout.strip().splitlines()[-1]
+    return json.loads(out)
+
+
+def test_thresholds_guards_and_confidence_decide_through_the_command(cli_env, tmp_path):  # noqa: F811
+    from mlflow.tracking import MlflowClient
+
+    from podium.serving.layout import read_version
+
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    write_data(str(tmp_path / "train.parquet"), 100, 0.0, seed=1)
+    write_data(str(tmp_path / "val.parquet"), 200, 0.35, seed=2)
+    guard = {"loss": {"max_increase": 0.05}}
+
+    # gate-1: the first promotion; its threshold holds, the guard has no champion to compare
+    one = _run(cli_env, tmp_path, "gate-1", 54.0, {"thresholds": {"accuracy": {"min": 0.5}}, "guards": guard})
+    assert one["promoted"]["version"] == "v000001", one["promotion_reason"]
+    assert "threshold accuracy min 0.5: candidate 0.57, holds" in one["promotion_reason"]
+    assert "guard loss max_increase 0.05: candidate" in one["promotion_reason"]
+    assert "no champion to compare" in one["promotion_reason"]
+
+    # gate-2: more accurate, but overconfident: its loss regressed past the guard
+    two = _run(cli_env, tmp_path, "gate-2", 9.0, {"guards": guard}, scale=20.0)
+    reason = two["promotion_reason"]
+    assert two["promoted"] is None and reason.startswith("refused by the promotion policy (guard loss)"), reason
+    assert "accuracy = 0.69, better than champion v000001 (0.57)" in reason
+    loss = re.search(r"guard loss max_increase 0.05: candidate ([\d.]+), champion ([\d.]+), change \+([\d.]+), FAILS",
+                     reason)
+    assert loss and float(loss[1]) > float(loss[2]) + 0.05, reason
+
+    # the same candidate, promoted alone: an unreachable threshold refuses it and names it, with its value
+    again = _run(cli_env, tmp_path, "gate-2", 9.0, {"thresholds": {"accuracy": {"min": 0.99}}}, command="promote")
+    assert again["promoted"] is None
+    assert again["promotion_reason"].startswith("refused by the promotion policy (threshold accuracy)")
+    assert "threshold accuracy min 0.99: candidate 0.69, FAILS" in again["promotion_reason"]
+
+    # ... and with a confidence: 0.69 against 0.57 on the same 200 rows is clear
+    clear = _run(cli_env, tmp_path, "gate-2", 9.0, {"confidence": 0.95}, command="promote")
+    assert clear["promoted"]["version"] == "v000002", clear["promotion_reason"]
+    low, high = map(float, re.search("confidence 0.95 on accuracy: gain " + INTERVAL + " over 200 paired rows",
+                                     clear["promotion_reason"]).groups())
+    assert 0 < low < 0.12 < high
+
+    # gate-3: better by its point value (0.705 against 0.69), within the noise of 200 rows: refused
+    three = _run(cli_env, tmp_path, "gate-3", 0.0, {"confidence": 0.95})
+    reason = three["promotion_reason"]
+    assert three["promoted"] is None and reason.startswith("refused by the promotion policy (confidence accuracy)")
+    assert "better than champion v000002 (0.69)" in reason
+    low, high = map(float, re.search(INTERVAL + r" over 200 paired rows, lower bound > min_delta 0, FAILS",
+                                     reason).groups())
+    assert low <= 0 < high
+
+    # what a person reads: `podium status`, the promotion report in MLflow, the champion's manifest
+    text = podium(["status", "--run-name", "gate-3", "--serving", str(tmp_path / "serving")], cli_env).stdout
+    assert "refused by the promotion policy (confidence accuracy)" in text and "over 200 paired rows" in text
+    status = json.loads(podium(["status", "--json", "--run-name", "gate-3", "--serving", str(tmp_path / "serving")],
+                               cli_env).stdout)
+    [check] = status["last_decision"]["checks"]
+    assert (check["kind"], check["passed"], check["rows"], check["level"]) == ("confidence", False, 200, 0.95)
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+    report = open(client.download_artifacts(three["mlflow_run_id"], "podium/promotion_report.md", str(tmp_path))).read()
+    assert "## Promotion policy" in report and "**fails**" in report and "at 0.95, 200 rows" in report
+    manifest = read_version(str(tmp_path / "serving"), "v000002").manifest
+    assert [(c["kind"], c["passed"]) for c in manifest["checks"]] == [("confidence", True)]
