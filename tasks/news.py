@@ -37,7 +37,7 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": cfg.promotion.metric,
         "mode": cfg.promotion.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
         "champion_before_value": outcome.champion_before_value, "champion_before_run": outcome.champion_before_run,
-        "serving": plan.serving}
+        "serving": plan.serving, "checks": outcome.checks}
     if p is not None:
         payload.update({"version": p.version, "mlflow_version": p.mlflow_version, "step": p.step, "value": p.value,
                         "uri": p.uri, "checkpoint_uri": p.checkpoint_uri})
