@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from podium.core.comparison import Comparison
-from podium.core.numbers import finite
+from podium.core.numbers import finite, format_value
 from podium.core.policy import Check
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
@@ -96,7 +96,7 @@ def decide_promotion(
         return Decision(False, f"{head}; it is already the champion ({champion.version})", best, value)
     if always:
         return Decision(True, f"{head}; promotion forced (always), champion {champion.version} "
-                              f"had {champion.value}", best, value)
+                              f"had {format_value(champion.value)}", best, value)
     if champion.metric != metric or (champion.mode is not None and champion.mode != mode):
         # another model, or another yardstick: the two numbers say nothing about each other
         return Decision(False, f"{head} ({mode}); champion {champion.version} was ranked by {champion.metric!r} "
