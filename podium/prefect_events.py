@@ -42,11 +42,14 @@ def checkpoint_related(event: CheckpointEvent) -> list[dict[str, str]]:
     metrics become readable there."""
     related = [{"prefect.resource.id": f"podium.checkpoint_uri={event.checkpoint_uri}",
                 "prefect.resource.role": "checkpoint", "prefect.resource.name": event.checkpoint_uri or ""}]
-    for k, v in sorted(event.metrics.items()):
-        if k not in STEP_KEYS:  # the step is the resource's own name
-            related.append({"prefect.resource.id": f"podium.metric.{k}={v:.6g}",
-                            "prefect.resource.role": "metric", "prefect.resource.name": f"{k} = {v:.6g}"})
+    related += metrics_related(event.metrics)
     return related[:20] if event.checkpoint_uri else related[1:21]
+
+
+def metrics_related(metrics: dict[str, float]) -> list[dict[str, str]]:
+    """Metrics as related resources of an event, by name; the step left out (it names the checkpoint)."""
+    return [{"prefect.resource.id": f"podium.metric.{k}={v:.6g}", "prefect.resource.role": "metric",
+             "prefect.resource.name": f"{k} = {v:.6g}"} for k, v in sorted(metrics.items()) if k not in STEP_KEYS]
 
 
 def emit_checkpoint_event(event: CheckpointEvent) -> None:
@@ -137,11 +140,7 @@ def news_related(run_name: str | None, step: int | None, metrics: dict[str, floa
         related.append({"prefect.resource.id": f"mlflow.model-version.{model}.{mlflow_version}",
                         "prefect.resource.role": "model-version",
                         "prefect.resource.name": f"{model} version {mlflow_version}"})
-    for k, v in sorted((metrics or {}).items()):
-        if k not in STEP_KEYS:
-            related.append({"prefect.resource.id": f"podium.metric.{k}={v:.6g}", "prefect.resource.role": "metric",
-                            "prefect.resource.name": f"{k} = {v:.6g}"})
-    return related[:20]
+    return (related + metrics_related(metrics or {}))[:20]
 
 
 def emit_news(event: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict) -> None:
