@@ -105,25 +105,47 @@ class S3Server:
             self.process.wait()
 
 
-def start_s3_server(log_path: Path, timeout_s: float = 60.0) -> S3Server:
-    """Start `moto_server` on a free loopback port and wait until it answers."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = open(log_path, "ab")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+def start_s3_server(log_path: Path, timeout_s: float = 60.0, attempts: int = 3) -> S3Server:
+    """Start `moto_server` on a free loopback port and wait until it answers.
+
+    A port free when chosen can be taken before moto binds it (servers started side by side pick their ports
+    the same way): moto then exits, or another server answers there. Either way it starts again on another
+    port, at most `attempts` times."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        with open(log_path, "ab") as log:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+            process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        if _answers_as_moto(endpoint, process, timeout_s):
+            return S3Server(endpoint=endpoint, process=process, log_path=Path(log_path))
+        process.kill()
+        process.wait()
+        if attempt == attempts:
+            raise RuntimeError(f"moto_server did not answer on a port of its own after {attempts} tries "
+                               f"(last {endpoint}, exit code {process.returncode}); see {log_path}")
+    raise AssertionError("unreachable")
+
+
+def _answers_as_moto(endpoint: str, process: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether `process` answers on `endpoint` within `timeout_s`: False when it exits first (its port was
+    taken) or something else answers there (not moto's JSON: another server won the port)."""
+    import http.client
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited with code {process.returncode}; see {log_path}")
+            return False
         try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2).read()
-            return S3Server(endpoint=endpoint, process=process, log_path=Path(log_path))
+            with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=2) as r:
+                json.loads(r.read())
+            return True
         except (urllib.error.URLError, OSError):
             time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"moto_server did not answer on {endpoint} within {timeout_s:g} s; see {log_path}")
+        except (http.client.HTTPException, ValueError):
+            return False
+    return False
 
 
 class Relay:
