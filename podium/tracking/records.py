@@ -201,7 +201,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
     same_checkpoint = f"tags.`{TAG_CHECKPOINT}` = '{event.checkpoint_name}'"
     existing = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
     if existing:
-        return _record_from_model(tr.client().get_logged_model(existing[0].model_id))
+        return _record_from_model(_completed(tr, tr.client().get_logged_model(existing[0].model_id)))
     client = tr.client()
     tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
             TAG_STEP: str(event.step), TAG_STATUS: PENDING, TAG_METRICS: encode_metrics(event.metrics)}
@@ -219,11 +219,27 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
                             metrics=dict(event.metrics), model_id=model_id, run_name=tr.run_name)
 
 
+def _completed(tr: TrackingRun, model: Any) -> Any:
+    """A record found existing, made whole: one whose writer was killed after its create (SIGKILL, a lost
+    machine) has its tags but not yet its place among the run's outputs nor its training metrics in MLflow
+    (podium's own copy, the tag, has them). Both writes are idempotent; a whole record costs no request."""
+    own = _metrics_of(model)
+    if not own or model.metrics:
+        return model
+    step = int((model.tags or {}).get(TAG_STEP, 0))
+    logger.info("checkpoint step %d: completing its record %s (its writer stopped after creating it)", step,
+                model.model_id)
+    list_as_output(tr, model.model_id, step)
+    tr.client().log_batch(tr.run_id, metrics=_metrics(own, step, model.model_id))
+    return tr.client().get_logged_model(model.model_id)
+
+
 @tracking_call("recording checkpoints")
 def record_checkpoints(tr: TrackingRun, events: list[CheckpointEvent]) -> list[CheckpointRecord]:
     """Records for many checkpoints at once (a resumed run catching up): one listing, then only the
-    missing records are created."""
-    existing = {r.uri: r for r in list_records(tr)}
+    missing records are created and the half-written ones completed."""
+    whole = (_completed(tr, m) for m in _one_per_checkpoint(tr, _search(tr)))
+    existing = {r.uri: r for r in map(_record_from_model, whole)}
     return [existing.get(e.checkpoint_uri or "") or record_checkpoint(tr, e) for e in events]
 
 

@@ -70,15 +70,25 @@ def flow_run_state(name: str | None = None, timeout: float = 30.0, run_id: str |
         time.sleep(0.5)
 
 
-def flow_run_logs(flow_run_id) -> list[str]:
-    """The messages of a flow run's log in Prefect, oldest first (the API pages them 200 at a time)."""
+def flow_run_logs(flow_run_id, *, until: tuple[str, ...] = (), timeout_s: float = 60) -> list[str]:
+    """The messages of a flow run's log in Prefect, oldest first (the API pages them 200 at a time).
+
+    A flow run's state is final before its process has shipped its last log lines (they go in batches, the
+    last at the process's exit): with `until`, read again until every one of those texts is in the log, or
+    `timeout_s` has passed (then return what there is, for the caller's assertion to show)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    messages: list[str] = []
+    deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as c:
         while True:
-            page = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                               limit=200, offset=len(messages))
-            messages += [entry.message for entry in page]
-            if len(page) < 200:
+            messages: list[str] = []
+            while True:
+                page = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                   limit=200, offset=len(messages))
+                messages += [entry.message for entry in page]
+                if len(page) < 200:
+                    break
+            text = "\n".join(messages)
+            if all(u in text for u in until) or time.monotonic() > deadline:
                 return messages
+            time.sleep(0.5)

@@ -538,7 +538,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     run_name = expand_run_name("nightly-{date}", ran.expected_start_time)  # what the flow named this night's run
     # named as `podium run` names its flow runs, not at random; podium's own lines in its log, as for a CLI run
     assert ran.name == f"{run_name}-run", ran.name
-    messages = "\n".join(flow_run_logs(flow_run.id))
+    messages = "\n".join(flow_run_logs(flow_run.id, until=("training done:", "promotion: step")))
     assert f"run {run_name}: MLflow run" in messages and "training done:" in messages, messages[-3000:]
     assert "promotion: step" in messages, messages[-3000:]
 
@@ -576,7 +576,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     _wait_flow_run(again.id, team["worker_log"])
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(again.id).name == f"{run_name}-promote"
-    messages = "\n".join(flow_run_logs(again.id))
+    messages = "\n".join(flow_run_logs(again.id, until=("already the champion",)))
     assert "promotion:" in messages and "already the champion" in messages, messages[-3000:]
     assert read_current(team["config"]["serving"]).version == "v000001"
 

@@ -52,3 +52,28 @@ def test_a_version_created_twice_for_one_served_copy_is_registered_once(tr, serv
     # another served copy is another version (numbers are not reused: the deleted 2 stays unused)
     second = register_champion(tr, record, served.replace("v000001", "v000002"), "podium", "champion", tags={})
     assert second == "3" and [v.version for v in client.search_model_versions("name = 'podium'")] == [3, 1]
+
+
+def test_a_record_whose_writer_was_killed_after_its_create_is_completed_when_found(tr):
+    """A SIGKILL between the create and the writes after it leaves a record with podium's tags only: a resumed
+    run that finds it (one by one, or in its catch-up listing) lists it as the run's output and logs its
+    training metrics, once."""
+    from podium.core.events import CheckpointEvent
+    from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_RUN, TAG_STATUS, TAG_STEP, TAG_URI
+    from podium.tracking.records import record_checkpoint, record_checkpoints
+
+    client = tr.client()
+    events = [CheckpointEvent(run_name=tr.run_name, step=s, epoch=s, metrics={"loss": 1.0 / (s + 1)},
+                              checkpoint_uri=f"/ckpt/{s}", checkpoint_name=f"checkpoint_{s}") for s in (0, 1)]
+    for e in events:  # what the killed writer got to do: the create alone
+        client.create_logged_model(tr.experiment_id, name=f"x-{e.step}", source_run_id=tr.run_id, tags={
+            TAG_RUN: tr.run_name, TAG_CHECKPOINT: e.checkpoint_name, TAG_URI: e.checkpoint_uri, TAG_STEP: str(e.step),
+            TAG_STATUS: "pending", TAG_METRICS: f'{{"loss": {e.metrics["loss"]}}}'})
+    record_checkpoint(tr, events[0])
+    records = record_checkpoints(tr, events)
+    record_checkpoints(tr, events)  # a whole record costs nothing and gains nothing
+    assert [(r.step, r.metrics) for r in records] == [(0, {"loss": 1.0}), (1, {"loss": 0.5})]
+    for r in records:
+        logged = client.get_logged_model(r.model_id).metrics
+        assert [(m.key, m.value, m.step) for m in logged] == [("loss", r.metrics["loss"], r.step)]
+    assert sorted(o.model_id for o in client.get_run(tr.run_id).outputs.model_outputs) == sorted(r.model_id for r in records)
