@@ -187,7 +187,8 @@ class ValidationConfig(_Strict):
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
     retries: int = Field(1, ge=0, description="Retries of a failed validation.")
     retry_delay_s: float = Field(2.0, ge=0, description="Delay between retries.")
-    timeout_s: float = Field(600.0, gt=0, description="Timeout of one validation attempt.")
+    timeout_s: float = Field(600.0, gt=0, description="Timeout of one validation attempt, counted from the moment "
+                             "it starts running (not its wait for a worker process or for resources).")
 
     @field_validator("fn")
     @classmethod

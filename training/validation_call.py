@@ -20,7 +20,8 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from podium.core.events import ValidationResult, read_validation_result
@@ -105,6 +106,15 @@ def call_validation(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
     return read_validation_result({str(k): v for k, v in result.items()})
 
 
+def call_validation_started(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
+                            user: dict[str, Any]) -> Iterator[float | ValidationResult]:
+    """`call_validation` as a Ray generator task: it yields the moment it started, then its result, so
+    that a timeout counts the validation's own time, not its wait for a worker process to start (seconds
+    on a busy machine) or for CPUs to free up."""
+    yield time.time()
+    yield call_validation(fn_path, checkpoint_uri, facts, user)
+
+
 def keep_arguments(user: dict[str, Any]) -> ray.ObjectRef:
     """Put a report's validation arguments in Ray's object store, owned by this (driver) process, so
     that they outlive the training run that sent them and are serialised once for every attempt."""
@@ -169,7 +179,7 @@ def validate_remote(
     # local, with Ray: the calling convention is read before training, without Ray
     from podium.training.cluster import VALIDATION_RUNTIME_ENV
 
-    task = ray.remote(call_validation).options(
+    task = ray.remote(call_validation_started).options(
         num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_retries=0,
         runtime_env=VALIDATION_RUNTIME_ENV,
         name=f"podium-validate:{os.path.basename(checkpoint_uri)}",
@@ -180,10 +190,12 @@ def validate_remote(
     with _IN_FLIGHT_LOCK:
         _IN_FLIGHT[ref] = checkpoint_uri
     try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.cancel(ref, force=True)
-        raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s") from None
+        ray.get(next(ref))  # it started: the timeout counts from here
+        done, _ = ray.wait([ref], timeout=timeout_s)
+        if not done:
+            ray.cancel(ref, force=True)
+            raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s")
+        return ray.get(next(ref))
     except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError, ray.exceptions.RayTaskError) as exc:
         if ref in _STOPPED:
             raise ValidationStopped(f"validation of {checkpoint_uri} stopped: the run is stopping") from None
