@@ -56,12 +56,14 @@ def train_func(config: dict) -> None:
 
 
 def validate_fn(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str, feature_columns: list,
-                calls_log: str | None = None, per_row: bool = False) -> dict:
+                calls_log: str | None = None, per_row: bool = False, fail_epoch: int | None = None) -> dict:
     """Accuracy and logistic loss of the checkpoint's linear model on the validation Parquet data; with
-    `per_row`, each row's too, under podium's documented key."""
+    `per_row`, each row's too, under podium's documented key. The epoch `fail_epoch` raises."""
     with checkpoint.as_directory() as d:
         with open(os.path.join(d, "weights.json")) as f:
             saved = json.load(f)
+    if fail_epoch is not None and int(saved["epoch"]) == int(fail_epoch):
+        raise RuntimeError(f"validation data unavailable for epoch {fail_epoch}")
     w, scale = np.array(saved["w"]), float(saved.get("scale", 1.0))
     table = pq.read_table(val_data)
     x = np.column_stack([table.column(c).to_numpy() for c in feature_columns])

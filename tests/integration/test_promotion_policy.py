@@ -9,6 +9,12 @@ gate-2  turned 9 deg (0.69), overconfident (scale 20): its loss regressed  -> re
         `podium promote` gate-2 with an unreachable threshold (min 0.99)  -> refused, naming it with its value
         `podium promote` gate-2 with confidence 0.95                      -> promoted: a clear gain, interval shown
 gate-3  turned 0 deg (0.705 against 0.69), confidence 0.95               -> refused: the interval holds 0
+        (two epochs; the first one's validation fails)
+
+News of each decision, as a team gets it: the `podium-news` automation, declared first by
+`python -m podium.deployments notify --notify-webhook URL`, forwards the Prefect events podium emits (the
+promotion of gate-1, the refusal of gate-2, the failed validation of gate-3) from the Prefect server to a
+webhook receiver on loopback.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from podium_nightly_code import FEATURES, write_data
@@ -26,13 +37,80 @@ pytestmark = pytest.mark.integration
 INTERVAL = r"\[([+-][\d.e+-]+), ([+-][\d.e+-]+)\]"
 
 
-def _run(env, tmp_path, name: str, angle: float, promotion: dict, scale: float = 1.0, command: str = "run"):
+class Receiver(BaseHTTPRequestHandler):
+    """A webhook endpoint: keeps every JSON body POSTed to it."""
+
+    received: list[dict] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.received.append(json.loads(body or b"{}"))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def news(cli_env):  # noqa: F811
+    """A webhook receiver on loopback and the `podium-news` automation sending to it (removed afterwards: the
+    session's Prefect server serves other tests); yields the messages received."""
+    from prefect.automations import Automation
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    from prefect.client.orchestration import get_client
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    Receiver.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    try:
+        declared = subprocess.run([sys.executable, "-m", "podium.deployments", "notify", "--notify-webhook", url],
+                                  env=cli_env, capture_output=True, text=True, timeout=300)
+        assert declared.returncode == 0, declared.stderr[-3000:]
+        assert "automation podium-news" in declared.stdout
+        yield Receiver.received
+    finally:
+        server.shutdown()
+        try:
+            Automation.read(name="podium-news").delete()
+            with get_client(sync_client=True) as client:
+                client.delete_block_document(CustomWebhookNotificationBlock.load("podium-news")._block_document_id)
+        except ValueError:
+            pass  # never declared
+
+
+def _news_about(received: list[dict], wanted: dict[str, str], timeout_s: float = 90) -> dict[str, str]:
+    """The text of the first message of each event (`wanted`: event -> a text its message must hold), once
+    all have arrived."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = {e: m["text"] for m in list(received) for e, needle in wanted.items()
+               if m.get("subject") == f"podium: {e} (podium)" and needle in m.get("text", "")}
+        if set(got) == set(wanted) or time.monotonic() > deadline:
+            assert set(got) == set(wanted), f"received {received}; the server's podium events: {_events_on_server()}"
+            return got
+        time.sleep(0.5)
+
+
+def _events_on_server() -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        response = client.request("POST", "/events/filter", json={"filter": {"event": {"prefix": ["podium."]}},
+                                                                  "limit": 50})
+    return [f"{e['event']} {e['resource'].get('prefect.resource.name')}" for e in response.json()["events"]]
+
+
+def _run(env, tmp_path, name: str, angle: float, promotion: dict, scale: float = 1.0, command: str = "run",
+         epochs: int = 1, validation: dict | None = None):
     config = {"run_name": name, "storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"),
               "data": {"train": str(tmp_path / "train.parquet"), "val": str(tmp_path / "val.parquet"),
                        "feature_columns": list(FEATURES)},
               "training": {"train_loop": "podium_nightly_code:train_func",
-                           "train_loop_config": {"epochs": 1, "angle_deg": angle, "scale": scale}},
-              "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn", "concurrency": 1},
+                           "train_loop_config": {"epochs": epochs, "angle_deg": angle, "scale": scale}},
+              "scaling": {"num_workers": 1},
+              "validation": {"fn": "podium_nightly_code:validate_fn", "concurrency": 1, **(validation or {})},
               "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes", **promotion}}
     path = tmp_path / f"{name}-{command}.json"
     path.write_text(json.dumps(config))
@@ -40,7 +118,8 @@ def _run(env, tmp_path, name: str, angle: float, promotion: dict, scale: float =
     return json.loads(out)
 
 
-def test_thresholds_guards_and_confidence_decide_through_the_command(cli_env, tmp_path):  # noqa: F811
+def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_decision_is_news(
+        cli_env, news, tmp_path):  # noqa: F811
     from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_version
@@ -79,8 +158,10 @@ def test_thresholds_guards_and_confidence_decide_through_the_command(cli_env, tm
                                      clear["promotion_reason"]).groups())
     assert 0 < low < 0.12 < high
 
-    # gate-3: better by its point value (0.705 against 0.69), within the noise of 200 rows: refused
-    three = _run(cli_env, tmp_path, "gate-3", 0.0, {"confidence": 0.95})
+    # gate-3: better by its point value (0.705 against 0.69), within the noise of 200 rows: refused (its first
+    # epoch's validation fails: news of it too)
+    three = _run(cli_env, tmp_path, "gate-3", 0.0, {"confidence": 0.95}, epochs=2,
+                 validation={"kwargs": {"fail_epoch": 0}, "retries": 0})
     reason = three["promotion_reason"]
     assert three["promoted"] is None and reason.startswith("refused by the promotion policy (confidence accuracy)")
     assert "better than champion v000002 (0.69)" in reason
@@ -100,3 +181,13 @@ def test_thresholds_guards_and_confidence_decide_through_the_command(cli_env, tm
     assert "## Promotion policy" in report and "**fails**" in report and "at 0.95, 200 rows" in report
     manifest = read_version(str(tmp_path / "serving"), "v000002").manifest
     assert [(c["kind"], c["passed"]) for c in manifest["checks"]] == [("confidence", True)]
+
+    # news of the decisions, sent by the automation to the webhook
+    got = _news_about(news, {"podium.promotion.promoted": "run gate-1", "podium.promotion.refused": "guard loss",
+                             "podium.validation.failed": "run gate-3"})
+    promoted = got["podium.promotion.promoted"]
+    assert promoted.startswith("podium.promotion.promoted: model podium, run gate-1; v000001 (MLflow version 1)")
+    assert "first promotion to this serving location" in promoted, promoted
+    refused = got["podium.promotion.refused"]
+    assert refused.startswith("podium.promotion.refused: model podium, run gate-2"), refused
+    assert "validation data unavailable for epoch 0" in got["podium.validation.failed"], got
