@@ -43,7 +43,10 @@ def _logged_models(tracking_uri, run_id):
             if m.source_run_id == run_id]
 
 
-def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, dataset, locations):
+def test_every_checkpoint_validated_recorded_once_best_promoted_and_the_same_name_resumes(pipeline, dataset,
+                                                                                         locations, caplog):
+    """One run of 6 epochs on 2 workers (DDP) checked whole; then the same run name with 8 epochs continues it
+    from its latest checkpoint, in the same MLflow run, validating only the new checkpoints."""
     summary = pipeline(_config("e2e", dataset, locations, training={"epochs": 6}), locations["tracking_uri"])
     records = summary.checkpoints
     assert len(records) == 6, "one checkpoint per epoch"
@@ -92,6 +95,33 @@ def test_every_checkpoint_validated_recorded_once_and_best_promoted(pipeline, da
     events = checkpoint_events("e2e", expect=6)
     assert sorted(int(e.resource["podium.step"]) for e in events) == [r.step for r in records]
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
+
+    # the same run name again, 8 epochs: it resumes
+    first = summary
+    with caplog.at_level(logging.INFO, logger="podium.progress"):
+        second = pipeline(_config("e2e", dataset, locations, training={"epochs": 8}), locations["tracking_uri"],
+                          name_suffix="-again")
+    steps_first = [r.step for r in first.checkpoints]
+    steps_second = [r.step for r in second.checkpoints]
+    assert steps_second[:6] == steps_first and len(steps_second) == 8, "continued from the latest checkpoint"
+    assert second.tracking.run_id == first.tracking.run_id, "same MLflow run"
+    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 8, "none recorded twice"
+    # only the two new checkpoints were validated by the second flow run
+    runs = task_runs("e2e-again", expect_at_least=2)
+    assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
+        sorted(f"validate-step-{s}" for s in steps_second[6:])
+    assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()
+    # the changed epochs took effect, were said, and the MLflow run records the value in effect
+    assert "training.epochs = 8 (was 6): takes effect" in caplog.text
+    run = client.get_run(second.tracking.run_id)
+    assert (run.data.params["training.epochs"], run.data.tags[TAG_CONFIG_PREFIX + "training.epochs"]) == ("6", "8")
+
+    # a start that would change the model's shape is refused before anything trains or is recorded
+    narrower = _config("e2e", dataset, locations, data={"feature_columns": ["f00", "f01", "f02"]})
+    with pytest.raises(ConfigError, match=r"data.feature_columns = \["):
+        pipeline(narrower, locations["tracking_uri"], name_suffix="-narrower")
+    assert client.get_run(second.tracking.run_id).info.status == "FINISHED"
+    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 8
 
 
 def test_second_run_promotes_only_if_it_beats_champion(pipeline, dataset, locations, tmp_path):
@@ -174,33 +204,3 @@ def test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_start
     training = [r for r in runs if r.name.startswith("train-model")]
     assert len(training) == 1 and training[0].state.is_final() and not training[0].state.is_completed(), \
         [(r.name, r.state) for r in runs]  # stopped, not left to train its 50 epochs
-
-
-def test_same_run_name_resumes_without_revalidating(pipeline, dataset, locations, caplog):
-    first = pipeline(_config("resume", dataset, locations, training={"epochs": 2}), locations["tracking_uri"])
-    with caplog.at_level(logging.INFO, logger="podium.progress"):
-        second = pipeline(_config("resume", dataset, locations, training={"epochs": 4}), locations["tracking_uri"],
-                          name_suffix="-again")
-    steps_first = [r.step for r in first.checkpoints]
-    steps_second = [r.step for r in second.checkpoints]
-    assert steps_second[:2] == steps_first and len(steps_second) == 4, "continued from the latest checkpoint"
-    assert second.tracking.run_id == first.tracking.run_id, "same MLflow run"
-    models = _logged_models(locations["tracking_uri"], second.tracking.run_id)
-    assert len(models) == 4, "no checkpoint recorded twice"
-    # only the two new checkpoints were validated by the second flow run
-    runs = task_runs("resume-again", expect_at_least=2)
-    assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
-        sorted(f"validate-step-{s}" for s in steps_second[2:])
-    assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()
-    # the changed epochs took effect, were said, and the MLflow run records the value in effect
-    assert "training.epochs = 4 (was 2): takes effect" in caplog.text
-    client = MlflowClient(locations["tracking_uri"])
-    run = client.get_run(second.tracking.run_id)
-    assert (run.data.params["training.epochs"], run.data.tags[TAG_CONFIG_PREFIX + "training.epochs"]) == ("2", "4")
-
-    # a start that would change the model's shape is refused before anything trains or is recorded
-    narrower = _config("resume", dataset, locations, data={"feature_columns": ["f00", "f01", "f02"]})
-    with pytest.raises(ConfigError, match=r"data.feature_columns = \["):
-        pipeline(narrower, locations["tracking_uri"], name_suffix="-narrower")
-    assert client.get_run(second.tracking.run_id).info.status == "FINISHED"
-    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 4
