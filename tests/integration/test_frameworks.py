@@ -27,14 +27,16 @@ def _run(args: list[str], env: dict, tmp_path, name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _check_every_checkpoint_validated_and_the_best_served(out: dict, env: dict, val_rows, label: str) -> None:
+def _check_every_checkpoint_validated_and_the_best_served(out: dict, env: dict, val_rows, label: str,
+                                                          monkeypatch) -> None:
     import mlflow
 
     checkpoints = out["checkpoints"]
     assert len(checkpoints) >= 2 and [c["status"] for c in checkpoints] == ["validated"] * len(checkpoints), checkpoints
     best = min(checkpoints, key=lambda c: (c["metrics"]["val_loss"], -c["step"]))
     assert out["promoted"]["step"] == best["step"] and out["promoted"]["served_as"] == "mlflow-model", out["promoted"]
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    # through the environment, as a user sets it (mlflow.set_tracking_uri would outlive this test in this process)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
     served = mlflow.pyfunc.load_model(f"models:/{out['model']}@champion")
     predictions = served.predict(val_rows)
     labels = list(predictions[label] if hasattr(predictions, "columns") else predictions)
@@ -44,7 +46,7 @@ def _check_every_checkpoint_validated_and_the_best_served(out: dict, env: dict, 
     assert accuracy == pytest.approx(best["metrics"]["val_accuracy"], abs=1e-6), (accuracy, best)
 
 
-def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli_env, dataset, tmp_path):  # noqa: F811
+def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli_env, dataset, tmp_path, monkeypatch):  # noqa: F811
     import pandas as pd
 
     train, val = dataset
@@ -53,10 +55,10 @@ def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli
                 "--model-loader", "podium.training.loaders:lightning", "--model-class", "framework_code:TabularClassifier"],
                cli_env, tmp_path, "lightning-guide")
     val_rows = pd.read_parquet(val)
-    _check_every_checkpoint_validated_and_the_best_served(out, cli_env, val_rows, "label")
+    _check_every_checkpoint_validated_and_the_best_served(out, cli_env, val_rows, "label", monkeypatch)
 
 
-def test_transformers_trainer_loop_every_checkpoint_validated_and_the_best_served(cli_env, tmp_path):  # noqa: F811
+def test_transformers_trainer_loop_every_checkpoint_validated_and_the_best_served(cli_env, tmp_path, monkeypatch):  # noqa: F811
     from framework_code import token_rows
 
     train, val = str(tmp_path / "train.parquet"), str(tmp_path / "val.parquet")
@@ -68,4 +70,4 @@ def test_transformers_trainer_loop_every_checkpoint_validated_and_the_best_serve
                 "--train-data", train, "--val-data", val, "--label-column", "label",
                 "--model-loader", "podium.training.loaders:transformers"],
                cli_env, tmp_path, "transformers-guide")
-    _check_every_checkpoint_validated_and_the_best_served(out, cli_env, val_rows, "label")
+    _check_every_checkpoint_validated_and_the_best_served(out, cli_env, val_rows, "label", monkeypatch)
