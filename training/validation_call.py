@@ -186,7 +186,7 @@ def validate_remote(
     )
     if _STOPPING.is_set():
         raise ValidationStopped(f"validation of {checkpoint_uri} not started: the run is stopping")
-    ref = task.remote(fn_path, checkpoint_uri, facts, user)
+    ref: Any = task.remote(fn_path, checkpoint_uri, facts, user)  # an ObjectRefGenerator: Ray's stubs say ObjectRef
     with _IN_FLIGHT_LOCK:
         _IN_FLIGHT[ref] = checkpoint_uri
     try:
@@ -195,7 +195,8 @@ def validate_remote(
         if not done:
             ray.cancel(ref, force=True)
             raise TimeoutError(f"validation of {checkpoint_uri} took longer than {timeout_s:g} s")
-        return ray.get(next(ref))
+        result: ValidationResult = ray.get(next(ref))
+        return result
     except (ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError, ray.exceptions.RayTaskError) as exc:
         if ref in _STOPPED:
             raise ValidationStopped(f"validation of {checkpoint_uri} stopped: the run is stopping") from None
