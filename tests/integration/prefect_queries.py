@@ -35,7 +35,7 @@ def task_runs(flow_run_name: str, expect_at_least: int, timeout: float = 30.0) -
         time.sleep(0.5)
 
 
-def checkpoint_events(run_name: str, expect: int, timeout: float = 30.0) -> list:
+def checkpoint_events(run_name: str, expect: int, timeout: float = 120.0) -> list:
     """podium.checkpoint.persisted events of a run."""
     deadline = time.monotonic() + timeout
     while True:
@@ -58,7 +58,7 @@ def artifact_keys(flow_run_name: str) -> set[str]:
     return {a.key for a in arts if a.key}
 
 
-def flow_run_state(name: str | None = None, timeout: float = 30.0, run_id: str | None = None):
+def flow_run_state(name: str | None = None, timeout: float = 120.0, run_id: str | None = None):
     """The final state of the flow run named `name`, or of the one with id `run_id` (waiting for it to be final)."""
     fid = run_id or flow_run_id(str(name))
     deadline = time.monotonic() + timeout
