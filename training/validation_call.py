@@ -20,7 +20,6 @@ import inspect
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +106,11 @@ def call_validation(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
 
 
 def call_validation_started(fn_path: str, checkpoint_uri: str, facts: dict[str, Any],
-                            user: dict[str, Any]) -> Iterator[float | ValidationResult]:
-    """`call_validation` as a Ray generator task: it yields the moment it started, then its result, so
+                            user: dict[str, Any]) -> Iterator[ValidationResult | None]:
+    """`call_validation` as a Ray generator task: it yields None once it has started, then its result, so
     that a timeout counts the validation's own time, not its wait for a worker process to start (seconds
     on a busy machine) or for CPUs to free up."""
-    yield time.time()
+    yield None
     yield call_validation(fn_path, checkpoint_uri, facts, user)
 
 

@@ -201,7 +201,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
     same_checkpoint = f"tags.`{TAG_CHECKPOINT}` = '{event.checkpoint_name}'"
     existing = _one_per_checkpoint(tr, _search(tr, same_checkpoint))
     if existing:
-        return _record_from_model(_completed(tr, tr.client().get_logged_model(existing[0].model_id)))
+        return _record_from_model(_completed(tr, existing[0]))  # the search gave its tags and metrics
     client = tr.client()
     tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
             TAG_STEP: str(event.step), TAG_STATUS: PENDING, TAG_METRICS: encode_metrics(event.metrics)}
@@ -222,7 +222,8 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
 def _completed(tr: TrackingRun, model: Any) -> Any:
     """A record found existing, made whole: one whose writer was killed after its create (SIGKILL, a lost
     machine) has its tags but not yet its place among the run's outputs nor its training metrics in MLflow
-    (podium's own copy, the tag, has them). Both writes are idempotent; a whole record costs no request."""
+    (podium's own copy, the tag, has them, and the record is read from it). Both writes are idempotent; a
+    whole record costs no request."""
     own = _metrics_of(model)
     if not own or model.metrics:
         return model
@@ -231,7 +232,7 @@ def _completed(tr: TrackingRun, model: Any) -> Any:
                 model.model_id)
     list_as_output(tr, model.model_id, step)
     tr.client().log_batch(tr.run_id, metrics=_metrics(own, step, model.model_id))
-    return tr.client().get_logged_model(model.model_id)
+    return model
 
 
 @tracking_call("recording checkpoints")

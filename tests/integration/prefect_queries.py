@@ -78,16 +78,19 @@ def flow_run_logs(flow_run_id, *, until: tuple[str, ...] = (), timeout_s: float 
     `timeout_s` has passed (then return what there is, for the caller's assertion to show)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+    def read_all(c) -> list[str]:
+        messages: list[str] = []
+        while True:
+            page = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                               limit=200, offset=len(messages))
+            messages += [entry.message for entry in page]
+            if len(page) < 200:
+                return messages
+
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as c:
         while True:
-            messages: list[str] = []
-            while True:
-                page = c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                                   limit=200, offset=len(messages))
-                messages += [entry.message for entry in page]
-                if len(page) < 200:
-                    break
+            messages = read_all(c)
             text = "\n".join(messages)
             if all(u in text for u in until) or time.monotonic() > deadline:
                 return messages
