@@ -20,15 +20,14 @@ from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.core.verdict import run_failure
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
+from podium.flows.promote import promote_and_announce
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, final_state, summarize_run
 from podium.flows.validation import ValidationQueue
 from podium.tasks.lineage import record_lineage_task
-from podium.tasks.news import announce_promotion_task
 from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
-from podium.tasks.promote import promote_best_checkpoint_task
 from podium.tasks.report import Progress, say
 from podium.tasks.rescore import promotion_needs_ray
 from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
@@ -240,8 +239,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         if stopped_early is not None:
             tag_stopped_early(tracking, stopped_early.step, stopped_early.reason)
         stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
-        outcome = promote_best_checkpoint_task(plan, tracking)
-        announce_promotion_task(plan, tracking, outcome, validations.records())
+        outcome = promote_and_announce(plan, tracking, mlflow_ui, validations.records(), lambda: stop.requested)
+        stop.check()  # a stop asked for while the candidate awaited approval (it was withdrawn)
         validations.keep_best(served_checkpoints(plan))  # what promotion read is kept; the rest can go now
     except RunStopped as exc:
         raise _stop_run(plan, tracking, validations, stream, training, exc) from None

@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prefect import flow
 
 from podium import prefect_api
 from podium.config import PipelineConfig
+from podium.core.records import CheckpointRecord
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.summary import RunSummary, final_state, summarize_run
+from podium.tasks.approval import await_approval
 from podium.tasks.news import announce_promotion_task
-from podium.tasks.plan import plan_run_task
-from podium.tasks.promote import promote_best_checkpoint_task
+from podium.tasks.plan import RunPlan, plan_run_task
+from podium.tasks.promote import PromotionOutcome, promote_best_checkpoint_task, settle_candidate_task
 from podium.tasks.tracking import find_tracking_run_task
+from podium.tracking.client import TrackingRun
+
+
+def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | None,
+                         records: list[CheckpointRecord] | None = None,
+                         stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
+    """Promote the best checkpoint if it beats the champion; with approval required, the candidate waits for a
+    person's decision first (the flow run pauses). Each decision is announced as a Prefect event."""
+    outcome = promote_best_checkpoint_task(plan, tracking)
+    if outcome.awaiting is not None:
+        announce_promotion_task(plan, tracking, outcome, records)
+        approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
+        outcome = settle_candidate_task(plan, tracking, outcome, approval)
+    announce_promotion_task(plan, tracking, outcome, records)
+    return outcome
 
 
 @flow(name="promote-run", flow_run_name=flow_run_namer("promote"), log_prints=False)
@@ -23,7 +42,6 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
     with prefect_api.watching():  # Prefect mirrors the promotion and is not on its critical path
         plan = plan_run_task(config)
         tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
-        outcome = promote_best_checkpoint_task(plan, tracking)
-        announce_promotion_task(plan, tracking, outcome)
+        outcome = promote_and_announce(plan, tracking, mlflow_ui)
         # a State returned ends the flow run in it: its message says what the promotion did
         return final_state(summarize_run(config, tracking, outcome, mlflow_ui))  # type: ignore[return-value]

@@ -265,6 +265,15 @@ class PromotionConfig(_Strict):
         "level (e.g. 0.95) of the candidate's gain over the champion, row by row on the same validation rows, is "
         "above min_delta. Needs per-row values from the validation function (the built-in gives them); without "
         "them the decision says it compared point values.")
+    approval: Literal["none", "required"] = Field(
+        "none", description="'required': a candidate that passes every check waits for a person's decision under "
+        "the MLflow alias 'challenger'; the flow run pauses with a form in the Prefect UI, and `podium approve` / "
+        "`podium reject` answer from the project folder. 'none': promote unattended.")
+    approval_timeout_s: float = Field(
+        3600.0, gt=0, description="How long a candidate waits for a decision (approval 'required').")
+    approval_on_timeout: Literal["reject", "approve"] = Field(
+        "reject", description="What no decision within approval_timeout_s means: the candidate is not promoted "
+        "('reject'), or it is ('approve'); either is recorded as the timeout's decision.")
     model_loader: str | None = Field(
         None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "

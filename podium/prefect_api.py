@@ -410,6 +410,41 @@ def flow_run_parameter(name: str) -> Any:
     return parameters.get(name)
 
 
+def paused_flow_run(run_name: str) -> str:
+    """The id of the flow run of podium run `run_name` that is paused awaiting approval (`<run name>-run` or
+    `<run name>-promote`); LookupError, saying what there is instead, when none is."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    names = [f"{run_name}-run", f"{run_name}-promote"]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=names)),
+                                     sort=FlowRunSort.START_TIME_DESC, limit=20)
+    paused = [r for r in runs if r.state is not None and r.state.is_paused()]
+    if len(paused) == 1:
+        return str(paused[0].id)
+    if paused:
+        raise LookupError(f"{len(paused)} flow runs of run {run_name!r} await approval "
+                          f"({', '.join(str(r.id) for r in paused)}): answer one in the Prefect UI")
+    latest = f": its latest flow run, {runs[0].name}, is {runs[0].state_name}" if runs else ""
+    raise LookupError(f"no flow run of run {run_name!r} awaits approval on this Prefect server{latest}")
+
+
+def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
+    """Resume a paused flow run with the input its form asks for (RuntimeError when it cannot be resumed: it is
+    no longer paused, its pause timed out, or the input does not fit its form)."""
+    from uuid import UUID
+
+    from prefect.exceptions import FlowPauseTimeout, NotPausedError
+    from prefect.flow_runs import resume_flow_run
+
+    try:
+        resume_flow_run(UUID(flow_run_id), run_input=run_input)
+    except (FlowPauseTimeout, NotPausedError) as exc:
+        raise RuntimeError(str(exc)) from None
+
+
 def _in_context(fn: Callable[[], T]) -> Callable[[], T]:
     """`fn` bound to the caller's context (the flow or task run an artifact belongs to), for another thread."""
     ctx = contextvars.copy_context()

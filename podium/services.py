@@ -221,6 +221,15 @@ def _reuse(state_file: Path, prefect_home: Path, timeout_s: float) -> str | None
                        f"{url}; stop it with `podium server stop`, then try again")
 
 
+def running_prefect_server(home: Path, timeout_s: float = 10.0) -> str | None:
+    """The API URL of this home's Prefect server if it is running (none is started), else None."""
+    prefect_home = home.resolve() / "prefect"
+    if not (prefect_home / "server.json").exists():
+        return None
+    with _starting(prefect_home):
+        return _reuse(prefect_home / "server.json", prefect_home, timeout_s)
+
+
 def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = None,
                           timeout_s: float = 120.0, env: dict[str, str] | None = None) -> str:
     """The Prefect API URL to use: the configured one (checked), this home's running server, or a new one.

@@ -13,10 +13,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from podium.core.approval import CHALLENGER
 from podium.core.records import CheckpointRecord
 from podium.prefect_events import (
+    EVENT_APPROVED,
+    EVENT_AWAITING_APPROVAL,
     EVENT_PROMOTED,
     EVENT_REFUSED,
+    EVENT_REJECTED,
     EVENT_ROLLED_BACK,
     EVENT_VALIDATION_FAILED,
     emit_news,
@@ -29,35 +33,44 @@ from podium.tasks.rollback import RollbackOutcome
 from podium.tracking.client import TrackingRun
 
 
-def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome) -> tuple[str, dict[str, Any]]:
-    """The event name and payload of a promotion decision."""
+def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome) -> tuple[list[str], dict[str, Any]]:
+    """The events of a promotion decision, and their payload: promoted or refused; a candidate awaiting approval;
+    approved (and promoted) or rejected, once a person or the timeout decided."""
     p, cfg = outcome.promoted, plan.config
     payload: dict[str, Any] = {
         "model": cfg.model, "registered_model": cfg.promotion.registered_model, "run_name": tracking.run_name,
         "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": cfg.promotion.metric,
         "mode": cfg.promotion.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
         "champion_before_value": outcome.champion_before_value, "champion_before_run": outcome.champion_before_run,
-        "serving": plan.serving, "checks": outcome.checks}
+        "serving": plan.serving, "checks": outcome.checks, "approval": outcome.approval}
     if p is not None:
         payload.update({"version": p.version, "mlflow_version": p.mlflow_version, "step": p.step, "value": p.value,
                         "uri": p.uri, "checkpoint_uri": p.checkpoint_uri})
-    return (EVENT_PROMOTED if p is not None else EVENT_REFUSED), payload
+    if outcome.awaiting is not None:
+        c = outcome.awaiting
+        payload.update({"version": c.version, "mlflow_version": c.mlflow_version, "step": c.step, "value": c.value,
+                        "checkpoint_uri": c.checkpoint_uri, "alias": CHALLENGER})
+        return [EVENT_AWAITING_APPROVAL], payload
+    if outcome.approval is not None:
+        return ([EVENT_APPROVED, EVENT_PROMOTED] if p is not None else [EVENT_REJECTED]), payload
+    return [EVENT_PROMOTED if p is not None else EVENT_REFUSED], payload
 
 
 def announce_promotion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
                        metrics: dict[str, float] | None = None) -> None:
-    """Emit `podium.promotion.promoted` or `podium.promotion.refused` (`metrics`: the candidate's)."""
-    event, payload = promotion_news(plan, tracking, outcome)
+    """Emit the decision's events (`promotion_news`; `metrics`: the candidate's)."""
+    events, payload = promotion_news(plan, tracking, outcome)
     step = payload.get("step", outcome.best_step)
-    emit_news(event, model_resource(plan.config.model),
-              news_related(tracking.run_name, step, metrics, payload.get("mlflow_version"),
-                           plan.config.promotion.registered_model), payload)
+    for event in events:
+        emit_news(event, model_resource(plan.config.model),
+                  news_related(tracking.run_name, step, metrics, payload.get("mlflow_version"),
+                               plan.config.promotion.registered_model), payload)
 
 
 @task(name="announce-decision", cache_policy=NO_CACHE)
 def announce_promotion_task(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
                             records: list[CheckpointRecord] | None = None) -> None:
-    """The promotion decision as a Prefect event, with the candidate's metrics where `records` hold them."""
+    """The promotion decision as Prefect events, with the candidate's metrics where `records` hold them."""
     step = outcome.promoted.step if outcome.promoted else outcome.best_step
     metrics = next((r.metrics for r in records or [] if r.step == step), None)
     announce_promotion(plan, tracking, outcome, metrics)

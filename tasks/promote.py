@@ -18,6 +18,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from podium.core.approval import CHALLENGER, Approval
 from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
@@ -33,7 +34,13 @@ from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
 from podium.tracking.models import log_model_files
 from podium.tracking.records import list_records
-from podium.tracking.registry import alias_target, register_champion, registered_version_for, set_alias
+from podium.tracking.registry import (
+    alias_target,
+    register_champion,
+    registered_version_for,
+    set_alias,
+    settle_challenger,
+)
 from podium.training import promoted as load
 
 logger = logging.getLogger(__name__)
@@ -55,6 +62,22 @@ class Promoted(BaseModel):
     provenance: dict[str, Any] | None = None  # the manifest's datasets, lineage and comparison
 
 
+class Candidate(BaseModel):
+    """A candidate staged at the serving location (its manifest not yet written) and registered under the
+    `challenger` alias, waiting for a person's decision."""
+
+    version: str
+    uri: str
+    manifest: dict[str, Any]
+    mlflow_version: str | None
+    step: int
+    value: float
+    checkpoint_uri: str
+    model_id: str | None = None
+    reason: str  # the promotion policy's decision, before the person's
+    provenance: dict[str, Any] | None = None
+
+
 class PromotionOutcome(BaseModel):
     """The decision in words, and the promoted version if there was one."""
 
@@ -67,6 +90,8 @@ class PromotionOutcome(BaseModel):
     champion_before_run: str | None = None
     comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.core.comparison)
     checks: list[dict[str, Any]] = []  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
+    awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
+    approval: dict[str, Any] | None = None  # the decision on it (podium.core.approval.Approval), once made
 
 
 def read_champion(serving: str) -> Champion | None:
@@ -164,6 +189,29 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
             still_locked: Callable[[], None] = lambda: None) -> Promoted:
     """Build the chosen checkpoint's served model, stage it as a new serving version, verify it, log it
     into the checkpoint's LoggedModel, make it current, register it and move the alias."""
+    record = decision.candidate
+    assert record is not None and decision.value is not None
+    version, prov = stage(plan, tracking, decision, still_locked)
+    make_current(plan, version, decision.reason, origin(), still_locked)
+    mlflow_version = _register(plan, tracking, record, version, decision.value)
+    return promoted_as(plan, record.step, record.uri, version, decision.value, mlflow_version, prov)
+
+
+def promoted_as(plan: RunPlan, step: int, checkpoint_uri: str, version: layout.PromotedVersion, value: float,
+                mlflow_version: str | None, prov: dict[str, Any] | None) -> Promoted:
+    """What a promotion that made `version` current says it promoted."""
+    p = plan.config.promotion
+    logger.info("promoted step %d as %s (MLflow %s v%s @%s)", step, version.version, p.registered_model,
+                mlflow_version, p.alias)
+    return Promoted(version=version.version, uri=version.uri, step=step, metric=p.metric, value=value,
+                    mlflow_version=mlflow_version, checkpoint_uri=checkpoint_uri, model=plan.config.model,
+                    served_as=version.manifest.get("served_as"), load=version.manifest.get("load"), provenance=prov)
+
+
+def stage(plan: RunPlan, tracking: TrackingRun, decision: Decision,
+          still_locked: Callable[[], None]) -> tuple[layout.PromotedVersion, dict[str, Any]]:
+    """The chosen checkpoint's served model, staged as a new serving version (not yet sealed), verified, and
+    logged into the checkpoint's LoggedModel; with its provenance."""
     p = plan.config.promotion
     record = decision.candidate
     assert record is not None and decision.value is not None
@@ -180,29 +228,29 @@ def promote(plan: RunPlan, tracking: TrackingRun, decision: Decision,
         if record.model_id:  # before the switch: a champion is never current without its MLflow model
             still_locked()
             log_model_files(tracking, record.model_id, served.local_folder)
+    return version, prov
+
+
+def make_current(plan: RunPlan, version: layout.PromotedVersion, reason: str, started_by: dict[str, Any],
+                 still_locked: Callable[[], None]) -> None:
+    """Seal a staged version and switch CURRENT to it (its history record says why and who started it)."""
     still_locked()
     try:
         layout.seal_version(plan.serving, version)
         still_locked()
-        layout.switch_current(plan.serving, version, decision.reason, origin=origin())
+        layout.switch_current(plan.serving, version, reason, origin=started_by)
     except OSError as exc:  # CURRENT is switched last, by a rename: a disk that filled up left it as it was
         pointer = layout.read_pointer(plan.serving) or {}
         if not layout.is_disk_full(exc) or pointer.get("version") == version.version:
             raise
         layout.discard_version(join(normalize_location(plan.serving), "versions", version.version))
         raise layout.full_location_error(plan.serving, version.version, exc) from None
-    mlflow_version = _register(plan, tracking, record, version, decision.value)
-    logger.info("promoted step %d as %s (MLflow %s v%s @%s)", record.step, version.version,
-                p.registered_model, mlflow_version, p.alias)
-    return Promoted(version=version.version, uri=version.uri, step=record.step, metric=p.metric,
-                    value=decision.value, mlflow_version=mlflow_version, checkpoint_uri=record.uri,
-                    model=plan.config.model, served_as=version.manifest.get("served_as"),
-                    load=version.manifest.get("load"), provenance=prov)
 
 
 def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
-              value: float | None) -> str:
-    """A registry version for a serving version (its tags and description say what it is and how to load it)."""
+              value: float | None, challenger: bool = False) -> str:
+    """A registry version for a serving version (its tags and description say what it is and how to load it),
+    under the promotion's alias, or `challenger` for a candidate awaiting a decision."""
     p = plan.config.promotion
     how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
     tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
@@ -211,10 +259,14 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
             **provenance_tags(version.manifest)}
     # the registry's versions table shows the first ~30 characters of the description: the value first
     shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, promoted by podium "
-                   f"as serving {version.version}. Load: {how}. Checkpoint (to resume): {record.uri}")
-    return register_champion(tracking, record, version.uri, p.registered_model, p.alias, tags=tags,
-                             description=description)
+    what = (f"awaiting approval (alias {CHALLENGER}) as serving {version.version}" if challenger
+            else f"promoted by podium as serving {version.version}")
+    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
+                   f"Load: {how}. Checkpoint (to resume): {record.uri}")
+    if challenger:
+        tags["podium.approval"] = "pending"
+    return register_champion(tracking, record, version.uri, p.registered_model, CHALLENGER if challenger else p.alias,
+                             tags=tags, description=description, promoted=not challenger)
 
 
 def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
@@ -278,15 +330,26 @@ def _write_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcom
                     **outcome.model_dump(mode="json")})
 
 
-def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
-    """Decide on the run's records and promote if the decision says so (under the promotion lock)."""
+def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool = False) -> PromotionOutcome:
+    """Decide on the run's records and promote if the decision says so (under the promotion lock).
+
+    `approval` (promotion.approval 'required'): a candidate the decision would promote is staged and registered
+    under the `challenger` alias instead, and the outcome's `awaiting` says so; `settle_candidate` finishes it
+    once a person (or the timeout) decided."""
     records = list_records(tracking)
     with promotion_lock(plan.serving) as still_locked:
         decision, champion = decide(plan, records, tracking)  # against the champion as it is now, inside the lock
-        promoted = promote(plan, tracking, decision, still_locked) if decision.promote else None
+        promoted = awaiting = None
+        reason = decision.reason
+        if decision.promote and approval:
+            awaiting = stage_candidate(plan, tracking, decision, still_locked)
+            reason = (f"{decision.reason}; awaiting approval as {awaiting.version} (MLflow "
+                      f"{plan.config.promotion.registered_model} v{awaiting.mlflow_version} @{CHALLENGER})")
+        elif decision.promote:
+            promoted = promote(plan, tracking, decision, still_locked)
         if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
             finish_registration(plan, tracking, decision.candidate)
-        outcome = PromotionOutcome(promoted=promoted, reason=decision.reason,
+        outcome = PromotionOutcome(promoted=promoted, reason=reason, awaiting=awaiting,
                                    best_step=decision.candidate.step if decision.candidate else None,
                                    champion_before=champion.version if champion else None,
                                    # the reference line of the chart: only a value of the same metric
@@ -295,11 +358,70 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun) -> PromotionOu
                                    champion_before_run=champion.run_name if champion else None,
                                    comparison=comparison_summary(decision), checks=checks_summary(decision))
         record_attempt(plan.serving, tracking, outcome)
-    logger.info("promotion: %s", decision.reason)
+    logger.info("promotion: %s", reason)
     return outcome
+
+
+def stage_candidate(plan: RunPlan, tracking: TrackingRun, decision: Decision,
+                    still_locked: Callable[[], None]) -> Candidate:
+    """Stage and verify the candidate as a promotion would, and register it under the `challenger` alias; CURRENT
+    and the promotion's alias stay as they are until a person decides."""
+    record = decision.candidate
+    assert record is not None and decision.value is not None
+    version, prov = stage(plan, tracking, decision, still_locked)
+    still_locked()
+    mlflow_version = _register(plan, tracking, record, version, decision.value, challenger=True)
+    return Candidate(version=version.version, uri=version.uri, manifest=version.manifest, mlflow_version=mlflow_version,
+                     step=record.step, value=decision.value, checkpoint_uri=record.uri, model_id=record.model_id,
+                     reason=decision.reason, provenance=prov)
+
+
+def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
+                     approval: Approval) -> PromotionOutcome:
+    """Carry out a person's decision (or the timeout's) on the candidate awaiting it: approved, it becomes current
+    and takes the promotion's alias, the decision in its manifest, its history record and its registered version's
+    tags; rejected, its staged copy is removed and the version tagged. An approval is refused if the champion
+    changed while the candidate waited (it was compared with another): run the promotion again."""
+    p, candidate = plan.config.promotion, outcome.awaiting
+    assert candidate is not None
+    decided = approval.as_dict()
+    version = layout.PromotedVersion(version=candidate.version, uri=candidate.uri,
+                                     manifest={**candidate.manifest, "approval": decided})
+    with promotion_lock(plan.serving) as still_locked:
+        champion = read_champion(plan.serving)
+        now = champion.version if champion else None
+        promoted = None
+        if approval.approved and now != outcome.champion_before:
+            reason = (f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
+                      f" -> {now}): not promoted; run `podium promote --run-name {tracking.run_name}` to compare with it")
+        elif approval.approved:
+            reason = f"{candidate.reason}; {approval.describe()}"
+            make_current(plan, version, reason, {**origin(), "approval": decided}, still_locked)
+            promoted = promoted_as(plan, candidate.step, candidate.checkpoint_uri, version, candidate.value,
+                                   candidate.mlflow_version, candidate.provenance)
+        else:
+            reason = f"{approval.describe()}: step {candidate.step} not promoted"
+        if promoted is None:
+            layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version))
+        if candidate.mlflow_version is not None:
+            settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
+                              candidate.model_id, promoted is not None, {**approval.tags(), "podium.decision": reason})
+        settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
+                                             "approval": decided})
+        record_attempt(plan.serving, tracking, settled)
+    logger.info("promotion: %s", reason)
+    return settled
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)
 def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
-    """Promote the run's best checkpoint to the serving location if it beats the champion."""
-    return promote_best_checkpoint(plan, tracking)
+    """Promote the run's best checkpoint to the serving location if it beats the champion (with approval
+    required: stage it as the challenger, to wait for a decision)."""
+    return promote_best_checkpoint(plan, tracking, approval=plan.config.promotion.approval == "required")
+
+
+@task(name="settle-approval", cache_policy=NO_CACHE)
+def settle_candidate_task(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
+                          approval: Approval) -> PromotionOutcome:
+    """Promote the candidate that awaited approval, or not, as decided."""
+    return settle_candidate(plan, tracking, outcome, approval)

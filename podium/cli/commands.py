@@ -85,6 +85,44 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
+    """`podium approve` / `podium reject`: answer the run awaiting approval (its flow run is paused) through the
+    Prefect API: this home's server, or PREFECT_API_URL."""
+    import getpass
+    import socket
+
+    from podium.services import ServiceError, running_prefect_server
+
+    settings = PodiumSettings()
+    try:
+        api_url = settings.prefect_api_url or running_prefect_server(settings.home_dir)
+    except ServiceError as exc:
+        raise ServerUnreachable(str(exc)) from None
+    if api_url is None:
+        raise CliError(f"no Prefect server is running for {settings.home_dir} (and PREFECT_API_URL is not set), so no "
+                       f"run there awaits approval: run `podium {'approve' if approve else 'reject'}` from the "
+                       "project folder of the run, or set PREFECT_API_URL to the server it reports to")
+    os.environ["PREFECT_API_URL"] = api_url  # before Prefect's client loads
+    from podium.prefect_api import paused_flow_run, resume_with_input
+
+    try:
+        flow_run_id = paused_flow_run(args.run_name)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    verb = "approve" if approve else "reject"
+    by = f"{args.by or f'{user}@{socket.gethostname()}'} (podium {verb})"
+    try:
+        resume_with_input(flow_run_id, {"decision": verb, "reason": args.reason, "by": by})
+    except RuntimeError as exc:
+        raise CliError(f"run {args.run_name!r} could not be answered: {exc}") from None
+    print(f"run {args.run_name}: {verb}d by {by}: {args.reason}; the run goes on (flow run {flow_run_id})")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     """Links to a run (by default the latest) in the Prefect and MLflow UIs, starting what is needed:
     this home's Prefect server, and an MLflow UI on the run's store unless one is configured (that one

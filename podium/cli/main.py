@@ -74,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help=option_help("promotion.alias", "Alias to move."))
     rollback.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
     rollback.set_defaults(func=commands.cmd_rollback)
+    for verb, what in (("approve", "becomes the champion"), ("reject", "is not promoted")):
+        decide = sub.add_parser(verb, help=f"{verb.capitalize()} the candidate a run awaits approval for: it {what}.",
+                                description=f"Answer a run waiting with promotion.approval = 'required' (its Prefect "
+                                            f"flow run is paused): its candidate {what}. Who, when and why are kept "
+                                            "in the serving history, the manifest and the registered version's tags.")
+        decide.add_argument("--run-name", required=True, help="The run awaiting approval.")
+        decide.add_argument("--reason", required=True, help="Why, in words.")
+        decide.add_argument("--by", help="Who decides (default: user@host).")
+        decide.set_defaults(func=lambda a, v=verb: commands.cmd_decide(a, approve=v == "approve"))
     history = sub.add_parser("history", help="The champions of a serving location: when, why, what started them.",
                              description="Every promotion and rollback of a serving location, oldest first, "
                                          "with the current and the withdrawn versions marked. Reads only.")

@@ -97,6 +97,12 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--model-class", "promotion.model_class", str,
      "'package.module:Class' for a loader shipped with podium that builds the model from its class (the "
      "LightningModule for podium.training.loaders:lightning)."),
+    ("--approval", "promotion.approval", str,
+     "'required': a candidate that passes the gate waits for `podium approve` / `podium reject` or the Prefect "
+     "UI's form; 'none': promote unattended."),
+    ("--approval-timeout", "promotion.approval_timeout_s", float, "Seconds a candidate waits for a decision."),
+    ("--approval-on-timeout", "promotion.approval_on_timeout", str,
+     "What no decision in time means: reject or approve."),
     ("--rescore", "promotion.rescore", str, "A champion that cannot be scored on the candidate's validation data: "
                                             "refuse, or compare with its stored number."),
 ]

@@ -139,6 +139,14 @@ def _started_by(origin: dict[str, Any]) -> str:
     return f"{what}, {who}" if what else who
 
 
+def approval_text(approval: dict[str, Any]) -> str:
+    """A recorded decision on a candidate (podium.core.approval.Approval as data), with its time."""
+    from podium.core.approval import Approval
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(approval.get("at") or 0)))
+    return f"{Approval(**approval).describe()} ({when})"
+
+
 def print_history(serving: str, switches: list[dict[str, Any]], current: str | None, withdrawn: set[str]) -> None:
     """Every switch of a serving location's CURRENT, oldest first: when, what, why, and what started it."""
     if not switches:
@@ -156,3 +164,5 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
         print(f"      why: {s.get('reason') or 'not recorded'}")
         print(f"      by:  {_started_by(dict(switch.origin))}")
+        if switch.origin.get("approval"):
+            print(f"      approval: {approval_text(dict(switch.origin['approval']))}")

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from podium.cli.errors import CliError, ServerUnreachable
-from podium.cli.output import short_number
+from podium.cli.output import approval_text, short_number
 from podium.settings import PodiumSettings
 
 # Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
@@ -59,6 +59,8 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
         lines.append("  promoted:   " + _gate().comparison_from_dict(manifest["comparison"]).describe())
     if manifest.get("checks"):
         lines.append("  checks:     " + "; ".join(str(c.get("text", c)) for c in manifest["checks"]))
+    if manifest.get("approval"):
+        lines.append("  approval:   " + approval_text(manifest["approval"]))
     if not lin and not manifest.get("datasets"):
         lines.append("  (promoted before podium recorded lineage: only the run and checkpoint are known)")
     return lines

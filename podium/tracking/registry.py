@@ -6,6 +6,7 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from podium.core.approval import CHALLENGER
 from podium.core.records import CheckpointRecord
 from podium.tracking.client import (
     TAG_SERVED_URI,
@@ -36,9 +37,10 @@ def version_source(tr: TrackingRun, model_id: str) -> str:
 
 @tracking_call("registering the champion")
 def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: str, alias: str,
-                      tags: dict[str, str], description: str = "") -> str:
+                      tags: dict[str, str], description: str = "", promoted: bool = True) -> str:
     """Register the champion's LoggedModel (its artifacts are the served model) as a new version of
-    `name`, and move `alias` to it; returns the version."""
+    `name`, and move `alias` to it; returns the version. `promoted` False: a candidate awaiting a decision
+    (its LoggedModel is not tagged promoted yet)."""
     from mlflow.exceptions import MlflowException
 
     client = tr.client()
@@ -63,8 +65,27 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
         listed = json.loads((model.tags or {}).get("mlflow.modelVersions") or "[]")
         client.set_logged_model_tags(record.model_id, {
             "mlflow.modelVersions": json.dumps([*listed, {"name": name, "version": version}]),
-            "podium.promoted": "true"})
+            **({"podium.promoted": "true"} if promoted else {})})
     return version
+
+
+@tracking_call("recording the decision on the challenger")
+def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, model_id: str | None, approved: bool,
+                      tags: dict[str, str]) -> None:
+    """A decision on the version under the `challenger` alias: its tags (who, when, why), the promotion's `alias`
+    moved to it if `approved` (its LoggedModel tagged promoted), and `challenger` removed if it still names it."""
+    client = tracking_client(tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    if approved:
+        client.set_registered_model_alias(name, alias, version)
+        if model_id:
+            client.set_logged_model_tags(model_id, {"podium.promoted": "true"})
+    mv = client.get_model_version(name, version)
+    client.update_model_version(name, version, description=(mv.description or "").replace(
+        f"awaiting approval (alias {CHALLENGER})", "approved, promoted by podium" if approved else "rejected"))
+    if alias_target(tracking_uri, name, CHALLENGER) == version:
+        client.delete_registered_model_alias(name, CHALLENGER)
 
 
 def _served_by(name: str, served_uri: str) -> str:

@@ -193,3 +193,102 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     refused = got["podium.promotion.refused"]
     assert refused.startswith("podium.promotion.refused: model podium, run gate-2"), refused
     assert "validation data unavailable for epoch 1" in got["podium.validation.failed"], got
+
+
+def _start(env, tmp_path, name: str, serving: str, command: str, promotion: dict) -> subprocess.Popen:
+    """`podium <command> --json` on run `name` (the policy test's model and data), in the background."""
+    config = {"run_name": name, "model": "approval", "storage": str(tmp_path / "storage"),
+              "serving": str(tmp_path / serving),
+              "data": {"train": str(tmp_path / "train.parquet"), "val": str(tmp_path / "val.parquet"),
+                       "feature_columns": list(FEATURES)},
+              "training": {"train_loop": "podium_nightly_code:train_func",
+                           "train_loop_config": {"epochs": 1, "angle_deg": 20.0}},
+              "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn"},
+              "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes", "approval": "required",
+                            **promotion}}
+    path = tmp_path / f"{name}-{serving}.json"
+    path.write_text(json.dumps(config))
+    return subprocess.Popen(["podium", command, "--json", "--config", str(path)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _awaiting(proc: subprocess.Popen, run_name: str, timeout_s: float = 300) -> str:
+    """The id of the paused flow run of `run_name`, once the command's candidate awaits approval."""
+    from podium.prefect_api import paused_flow_run
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return paused_flow_run(run_name)
+        except LookupError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out, err = proc.communicate(timeout=60)
+                raise AssertionError(f"no approval awaited (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}") from None
+            time.sleep(1)
+
+
+def _ended(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_silence_rejects(
+        cli_env, tmp_path):  # noqa: F811
+    from mlflow.tracking import MlflowClient
+
+    from podium.serving.layout import read_history, read_version
+
+    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
+    write_data(str(tmp_path / "train.parquet"), 100, 0.0, seed=1)
+    write_data(str(tmp_path / "val.parquet"), 200, 0.35, seed=2)
+    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
+
+    # `podium run`: the candidate waits under the challenger alias, the flow run paused, until `podium approve`
+    proc = _start(cli_env, tmp_path, "appr", "serving", "run", {})
+    _awaiting(proc, "appr")
+    challenger = client.get_model_version_by_alias("approval", "challenger")
+    assert challenger.tags["podium.approval"] == "pending"
+    assert not (tmp_path / "serving" / "CURRENT").exists() and not [
+        a for a in client.get_registered_model("approval").aliases if a == "champion"]
+    said = podium(["approve", "--run-name", "appr", "--reason", "beats last week's on every slice", "--by", "ana"],
+                  cli_env).stdout
+    assert "run appr: approved by ana (podium approve): beats last week's on every slice" in said, said
+    out = _ended(proc)
+    assert out["promoted"]["version"] == "v000001", out["promotion_reason"]
+    assert "approved by ana (podium approve): beats last week's on every slice" in out["promotion_reason"]
+    [switch] = read_history(str(tmp_path / "serving"))
+    assert switch["origin"]["approval"]["by"] == "ana (podium approve)" and "beats" in switch["reason"]
+    assert read_version(str(tmp_path / "serving"), "v000001").manifest["approval"]["approved"] is True
+    version = client.get_model_version_by_alias("approval", "champion")
+    assert version.version == challenger.version and version.tags["podium.approval"] == "approved"
+    assert version.tags["podium.approval.reason"] == "beats last week's on every slice"
+    assert "challenger" not in client.get_registered_model("approval").aliases
+    history = podium(["history", "--serving", str(tmp_path / "serving")], cli_env).stdout
+    assert "approval: approved by ana (podium approve): beats last week's on every slice" in history, history
+    lineage = podium(["lineage", "v000001", "--serving", str(tmp_path / "serving"), "--model", "approval"],
+                     cli_env).stdout
+    assert "approval:   approved by ana (podium approve)" in lineage, lineage
+
+    # `podium promote` of the same run to another serving location: rejected, with the reason in its output
+    proc = _start(cli_env, tmp_path, "appr", "serving-2", "promote", {})
+    _awaiting(proc, "appr")
+    podium(["reject", "--run-name", "appr", "--reason", "not before the freeze"], cli_env)
+    out = _ended(proc)
+    assert out["promoted"] is None
+    assert out["promotion_reason"].startswith("rejected by "), out["promotion_reason"]
+    assert "(podium reject): not before the freeze: step 0 not promoted" in out["promotion_reason"]
+    assert not (tmp_path / "serving-2" / "CURRENT").exists()
+    assert not list((tmp_path / "serving-2" / "versions").iterdir())  # the staged copy is gone
+    [rejected] = [v for v in client.search_model_versions("name = 'approval'") if v.version != version.version]
+    assert rejected.tags["podium.approval"] == "rejected" and "challenger" not in rejected.aliases
+    assert client.get_model_version_by_alias("approval", "champion").version == version.version
+
+    # no decision in time: rejected (the default of promotion.approval_on_timeout), nothing left waiting
+    out = _ended(_start(cli_env, tmp_path, "appr", "serving-3", "promote", {"approval_timeout_s": 3}))
+    assert out["promoted"] is None
+    assert out["promotion_reason"].startswith("rejected on timeout: no decision within 3 s"), out["promotion_reason"]
+    assert not (tmp_path / "serving-3" / "CURRENT").exists()
+    text = podium(["status", "--run-name", "appr", "--model", "approval", "--serving", str(tmp_path / "serving-3")],
+                  cli_env).stdout
+    assert "rejected on timeout" in text, text

@@ -211,3 +211,19 @@ def test_the_report_and_the_runs_table_name_the_checks_that_refused():
     assert f"| {interval_text(checks[1].interval)} at 0.95, 200 rows | **fails** |" in report
     lines = version_lines("v000003", {"step": 5, "checks": outcome.checks}, True)
     assert any(line.startswith("  checks:     threshold accuracy min 0.5: candidate 0.805, holds") for line in lines)
+
+
+def test_a_decision_on_a_candidate_says_who_how_and_why_and_silence_is_the_configured_default():
+    from podium.core.approval import answered, timed_out, withdrawn
+
+    by_cli = answered("approve", " beats last week's ", "ana@box (podium approve)", at=0.0)
+    assert (by_cli.approved, by_cli.via, by_cli.reason) == (True, "podium approve", "beats last week's")
+    assert by_cli.describe() == "approved by ana@box (podium approve): beats last week's"
+    assert by_cli.tags()["podium.approval"] == "approved" and by_cli.tags()["podium.approval.at"] == "1970-01-01T00:00:00Z"
+    in_ui = answered("reject", "too slow", "", at=0.0)
+    assert in_ui.describe() == "rejected by someone in the Prefect UI: too slow" and in_ui.via == "the Prefect UI"
+    assert timed_out(3, "reject").describe() == ("rejected on timeout: no decision within 3 s "
+                                                 "(promotion.approval_on_timeout = reject)")
+    assert timed_out(3, "approve").approved and not withdrawn("stopped").approved
+    with pytest.raises(ValueError, match="expected 'approve' or 'reject'"):
+        answered("maybe", "x", "ana")

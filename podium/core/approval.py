@@ -1,0 +1,68 @@
+"""A person's decision on a candidate awaiting approval (`promotion.approval = "required"`), and what no
+decision in time means. Pure, no I/O.
+
+A candidate that passed every check of the promotion policy waits under the registry alias `challenger`;
+the decision, whoever made it and however (the `podium approve` / `podium reject` commands, the Prefect UI's
+form, the timeout), is one `Approval`: recorded in the serving history, the manifest, the registered
+version's tags and the promotion's outcome, so `podium history` and `podium lineage` can say who decided,
+when and why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+CHALLENGER = "challenger"  # the registry alias of a candidate awaiting a decision
+APPROVE, REJECT = "approve", "reject"
+VIA_UI, VIA_TIMEOUT, VIA_STOP = "the Prefect UI", "timeout", "stop"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One decision on a candidate: approved or not, by whom, why, when (epoch seconds), and how it came."""
+
+    approved: bool
+    by: str
+    reason: str
+    at: float
+    via: str
+
+    def describe(self) -> str:
+        """The decision in one phrase: `approved by ana (podium approve): beats last week's on every slice`."""
+        verdict = "approved" if self.approved else "rejected"
+        if self.via == VIA_TIMEOUT:
+            return f"{verdict} on timeout: {self.reason}"
+        return f"{verdict} by {self.by}: {self.reason}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as plain data (manifest, history, outcome)."""
+        return asdict(self)
+
+    def tags(self) -> dict[str, str]:
+        """The decision as registry tags (`podium.approval`, `.by`, `.reason`, `.at`, `.via`)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
+        return {"podium.approval": "approved" if self.approved else "rejected", "podium.approval.by": self.by,
+                "podium.approval.reason": self.reason[:5000], "podium.approval.at": when,
+                "podium.approval.via": self.via}
+
+
+def answered(decision: str, reason: str, by: str, at: float | None = None) -> Approval:
+    """A person's answer (`decision` 'approve' or 'reject'); an empty `by` is someone in the Prefect UI."""
+    if decision not in (APPROVE, REJECT):
+        raise ValueError(f"decision {decision!r}: expected {APPROVE!r} or {REJECT!r}")
+    who = by.strip() or f"someone in {VIA_UI}"
+    via = "podium " + decision if "(podium " in who else VIA_UI
+    return Approval(decision == APPROVE, who, reason.strip(), time.time() if at is None else at, via)
+
+
+def timed_out(timeout_s: float, on_timeout: Literal["reject", "approve"], at: float | None = None) -> Approval:
+    """What no decision within `timeout_s` means (`promotion.approval_on_timeout`)."""
+    return Approval(on_timeout == APPROVE, "podium", f"no decision within {timeout_s:g} s "
+                    f"(promotion.approval_on_timeout = {on_timeout})", time.time() if at is None else at, VIA_TIMEOUT)
+
+
+def withdrawn(why: str, at: float | None = None) -> Approval:
+    """A candidate no one can decide on any more (the run was stopped, the decision could not be asked)."""
+    return Approval(False, "podium", why, time.time() if at is None else at, VIA_STOP)
