@@ -314,3 +314,51 @@ def test_mlflow_opens_on_runs_and_shows_checkpoints_and_the_champion(run, page):
     winner.wait_for()
     page.screenshot(path=str(page.shots / "mlflow-registry.png"))
     assert _in_view(champion) and _in_view(winner) and _no_horizontal_scroll(page)
+
+
+def test_the_prefect_ui_form_approves_a_candidate_awaiting_approval(run, dataset, page):
+    """`podium promote --approval required` of the module's run, to a serving location of its own: the flow run
+    pauses, and a person answers the form the Prefect UI shows on it (its Resume button)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from podium.prefect_api import paused_flow_run
+    from podium.serving.layout import read_history
+
+    work, base = run["work"], run["prefect"].split("/runs/")[0]
+    serving = work / "serving-approved"
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--run-name", RUN,
+                             "--train-data", dataset[0], "--val-data", dataset[1], "--serving", str(serving),
+                             "--approval", "required"], env=_embedded_env(work), cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        with temporary_settings(updates={PREFECT_API_URL: f"{base}/api"}):
+            while True:
+                try:
+                    flow_run = paused_flow_run(RUN)
+                    break
+                except LookupError:
+                    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)
+                    time.sleep(1)
+        page.goto(f"{base}/runs/flow-run/{flow_run}")
+        page.get_by_role("button", name="Resume").first.click()
+        form = page.locator(".p-modal__card")
+        form.get_by_text(re.compile(rf"Promote step \d+ of run {RUN}\?")).wait_for()
+        assert "Champion: none (this is the first promotion)" in form.inner_text()
+        form.locator(".schema-form-property", has_text="Decision").locator("button").last.focus()
+        page.keyboard.press("ArrowDown")  # the select's options open from the keyboard
+        page.get_by_role("option", name="approve").click()
+        form.locator(".schema-form-property", has_text="Reason").locator("textarea").fill("read the report: ship it")
+        form.locator(".schema-form-property", has_text="By").locator("textarea").fill("ana")
+        page.screenshot(path=str(page.shots / "prefect-approval-form.png"))
+        form.get_by_role("button", name="Submit").click()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["promoted"]["version"] == "v000001", outcome["promotion_reason"]
+    assert outcome["promotion_reason"].endswith("; approved by ana: read the report: ship it")
+    [switch] = read_history(str(serving))
+    assert switch["origin"]["approval"]["via"] == "the Prefect UI"
