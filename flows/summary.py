@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop
-from podium.core.numbers import format_metric
+from podium.core.numbers import format_number
 from podium.core.records import CheckpointRecord
 from podium.core.verdict import run_failure
 from podium.settings import PodiumSettings
@@ -60,7 +60,7 @@ STATE_MESSAGE_CHARS = 1000  # what the Prefect UI shows of a state's message wit
 def outcome_in_words(summary: RunSummary) -> str:
     """What the run did, in one line: promoted (what, as which version), or not and why; stopped early, or not."""
     p = summary.promotion.promoted
-    did = (f"promoted step {p.step} ({p.metric}={format_metric(p.value)}) as {p.version}" if p and p.value is not None
+    did = (f"promoted step {p.step} ({p.metric}={format_number(p.value)}) as {p.version}" if p and p.value is not None
            else f"promoted step {p.step} as {p.version}" if p else f"nothing promoted: {summary.promotion.reason}")
     early = summary.stopped_early
     return f"stopped early at step {early.step} ({early.reason}); {did}" if early else did

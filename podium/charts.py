@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from podium.core.numbers import format_number
 from podium.core.records import VALIDATED, CheckpointRecord
 from podium.imports import Preload
 
@@ -73,16 +74,16 @@ def metric_figure(records: list[CheckpointRecord], metric: str, mode: str, title
     if len(points) <= 12:
         for s, v in points:
             if winner is None or s != winner.step:  # the winner's value is in the legend, not under its star
-                ax.annotate(f"{v:.4g}", (s, v), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+                ax.annotate(format_number(v), (s, v), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
     if missing:
         ax.scatter(missing, [0.02] * len(missing), marker="x", color="#d62728", transform=ax.get_xaxis_transform(),
                    label="no value (failed, pending or not finite)", zorder=3, clip_on=False)
     if reference is not None and reference.value is not None and _finite(reference.value):
         ax.axhline(reference.value, linestyle="--", color="#555555", linewidth=1.2, zorder=1,
-                   label=f"{reference.label}: {reference.value:.4g}")
+                   label=f"{reference.label}: {format_number(reference.value)}")
     if winner is not None and winner.step is not None and winner.value is not None and _finite(winner.value):
         ax.scatter([winner.step], [winner.value], s=260, marker="*", color="#ffbf00", edgecolors="black",
-                   zorder=4, label=f"{winner.label}: step {winner.step}, {winner.value:.4g}")
+                   zorder=4, label=f"{winner.label}: step {winner.step}, {format_number(winner.value)}")
     ax.set_xlabel("training step of the checkpoint")
     ax.set_ylabel(f"{metric} ({'lower' if mode == 'min' else 'higher'} is better)")
     formatter = ScalarFormatter(useOffset=False)  # tick labels are the values themselves, not offsets

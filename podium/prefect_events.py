@@ -11,6 +11,7 @@ from prefect.events.clients import get_events_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from podium.core.events import STEP_KEYS, CheckpointEvent, TrainingRestart
+from podium.core.numbers import format_number
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ def checkpoint_related(event: CheckpointEvent) -> list[dict[str, str]]:
 
 def metrics_related(metrics: dict[str, float]) -> list[dict[str, str]]:
     """Metrics as related resources of an event, by name; the step left out (it names the checkpoint)."""
-    return [{"prefect.resource.id": f"podium.metric.{k}={v:.6g}", "prefect.resource.role": "metric",
-             "prefect.resource.name": f"{k} = {v:.6g}"} for k, v in sorted(metrics.items()) if k not in STEP_KEYS]
+    return [{"prefect.resource.id": f"podium.metric.{k}={format_number(v)}", "prefect.resource.role": "metric",
+             "prefect.resource.name": f"{k} = {format_number(v)}"} for k, v in sorted(metrics.items()) if k not in STEP_KEYS]
 
 
 def emit_checkpoint_event(event: CheckpointEvent) -> None:

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from podium.core.approval import CHALLENGER, Approval
+from podium.core.numbers import format_number
 from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
@@ -258,7 +259,7 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
             **provenance_tags(version.manifest)}
     # the registry's versions table shows the first ~30 characters of the description: the value first
-    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    shown = format_number(value)
     what = (f"awaiting approval (alias {CHALLENGER}) as serving {version.version}" if challenger
             else f"promoted by podium as serving {version.version}")
     description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "

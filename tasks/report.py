@@ -19,7 +19,7 @@ from prefect.artifacts import (
 
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
-from podium.core.numbers import format_value
+from podium.core.numbers import format_number, format_signed
 from podium.core.policy import interval_text
 from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
@@ -45,7 +45,7 @@ def _fmt(v: float | None) -> str:
     """A metric as people read it: 4 significant digits, everywhere podium shows one."""
     if v is None:
         return ""
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
+    return format_number(v)
 
 
 def checkpoint_rows(records: list[CheckpointRecord], champion_step: int | None) -> list[dict[str, str]]:
@@ -68,7 +68,7 @@ def _delta(value: float, base: float, mode: str) -> str:
         return "±0"
     better = d < 0 if mode == "min" else d > 0
     relative = f" ({100 * d / abs(base):+.2g}%)" if base else ""
-    return f"{d:+.4g}{relative} {'better' if better else 'worse'}"
+    return f"{format_signed(d)}{relative} {'better' if better else 'worse'}"
 
 
 def chart_marks(records: list[CheckpointRecord], metric: str,
@@ -100,7 +100,7 @@ def chart_markdown(records: list[CheckpointRecord], metric: str, mode: str, outc
         lines += [f"No checkpoint has a finite `{metric}` to draw.", ""]
     base = reference or winner
     versus = "champion before this run" if reference else "the winner"
-    lines += [f"| step | status | {metric} | vs {versus}" + (f" ({base.value:.4g})" if base and base.value is not None
+    lines += [f"| step | status | {metric} | vs {versus}" + (f" ({format_number(base.value)})" if base and base.value is not None
                                                             else "") + " | |", "|---:|---|---:|---:|---|"]
     for r in records:
         v = r.metrics.get(metric)
@@ -189,8 +189,8 @@ def checks_markdown(checks: list[dict[str, Any]]) -> list[str]:
         result = {True: "holds", False: "**fails**", None: "not checked"}[c["passed"]]
         if c.get("note"):
             result += f" ({c['note']})"
-        lines.append(f"| {c['kind']} | {c['metric']} | {c['rule']} | {format_value(c['limit'])} | "
-                     f"{format_value(c.get('candidate'))} | {format_value(c.get('champion'))} | {interval} | {result} |")
+        lines.append(f"| {c['kind']} | {c['metric']} | {c['rule']} | {c['limit']:g} | "
+                     f"{format_number(c.get('candidate'))} | {format_number(c.get('champion'))} | {interval} | {result} |")
     return lines
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from podium.core.numbers import format_metric
+from podium.core.numbers import format_number
 from podium.services import ui_url
 from podium.serving.history import parse_switch
 
@@ -56,13 +56,13 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
 
 
 def _metrics_text(metrics: dict[str, float]) -> str:
-    """Metrics as people read them: 4 significant digits, the step and epoch left out."""
+    """Metrics as people read them (`format_number`), the step and epoch left out."""
     return " ".join(f"{k}={short_number(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
 
 
 def short_number(value: Any) -> str:
-    """A number as podium prints it for people: 4 significant digits."""
-    return format_metric(value) if isinstance(value, (int, float)) else str(value)
+    """A number as podium prints it for people (`format_number`)."""
+    return format_number(value)
 
 
 def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reason: str | None,
@@ -103,7 +103,7 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}" + (f"  ({why})" if why else ""))
     p = summary.promotion.promoted
     if p:
-        print(f"promoted step {p.step} ({p.metric}={p.value:.4g}) as {p.version}: {p.uri}")
+        print(f"promoted step {p.step} ({p.metric}={format_number(p.value)}) as {p.version}: {p.uri}")
     else:
         print("nothing promoted")
     print(f"  why: {summary.promotion.reason}")
@@ -158,7 +158,7 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         switch = parse_switch(s)
         version, value = switch.version, s.get("value")
         what = f"run {s.get('run_name')} step {s.get('step')}" + (
-            f", {s.get('metric')}={value:.6g}" if isinstance(value, (int, float)) else "") + (
+            f", {s.get('metric')}={format_number(value)}" if isinstance(value, (int, float)) else "") + (
             f"; withdrew {switch.withdrawn}" if switch.withdrawn else "")
         marks = [m for m, on in (("current", version == current), ("withdrawn", version in withdrawn)) if on]
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))

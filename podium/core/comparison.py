@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from podium.core.numbers import format_value
+from podium.core.numbers import format_number
 
 VALIDATED = "validated"  # measured when its checkpoint was validated, on the current data
 RESCORED = "re-scored"  # measured again, on the current data, for this comparison
@@ -76,9 +76,9 @@ def short(digest: str | None) -> str:
 
 
 def _measure(metric: str, m: Measure) -> str:
-    text = f"{m.who} {metric} = {format_value(m.value)} ({m.how}"
+    text = f"{m.who} {metric} = {format_number(m.value)} ({m.how}"
     if m.how == RESCORED:
-        text += f"; before: {format_value(m.stored_value)} on digest {short(m.stored_digest)}"
+        text += f"; before: {format_number(m.stored_value)} on digest {short(m.stored_digest)}"
     elif m.how == STORED:
         text += f", measured on digest {short(m.digest)}"
     return text + ")"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from podium.core.numbers import finite, format_metric
+from podium.core.numbers import finite, format_number
 from podium.core.records import FAILED, PENDING, SKIPPED, CheckpointRecord
 
 
@@ -43,7 +43,7 @@ def early_stop(records: list[CheckpointRecord], metric: str, mode: str, patience
         since.append(record.step)
         if len(since) >= patience:
             steps = f"steps {since[0]}-{since[-1]}" if len(since) > 1 else f"step {since[0]}"
-            by = f" by more than {format_metric(min_delta)}" if min_delta else ""
+            by = f" by more than {format_number(min_delta)}" if min_delta else ""
             return EarlyStop(record.step, f"{len(since)} validation(s) in a row ({steps}) did not improve {metric} "
-                                          f"on step {best.step}'s {format_metric(best.metrics[metric])}{by}")
+                                          f"on step {best.step}'s {format_number(best.metrics[metric])}{by}")
     return None

@@ -16,13 +16,20 @@ def listed(values: Mapping[str, object]) -> str:
     return ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in sorted(values.items()))
 
 
-def format_metric(v: float) -> str:
-    """A metric value in words: four significant digits, as podium prints metrics (0.1877, 1.5e-05)."""
-    return f"{v:.4g}"
-
-
-def format_value(v: float | None) -> str:
-    """A value a decision states: six significant digits (0.187734), 'none' when there is none."""
+def format_number(v: object) -> str:
+    """A measured number as podium prints and records it in words, everywhere: four significant digits with the
+    trailing zeros kept, so that numbers side by side read alike (0.1900 beside 0.1877; 12.00; 1.500e-05); an
+    integer as it is, nan and inf as such, 'none' for no value. (Values kept for machines, in manifests, JSON and
+    tags, keep every digit.)"""
     if v is None:
         return "none"
-    return f"{v:.6g}" if math.isfinite(v) else str(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, int) or not math.isfinite(v):
+        return str(v)
+    return f"{v:#.4g}".rstrip(".")
+
+
+def format_signed(v: float) -> str:
+    """A difference as podium prints it: a sign, then `format_number` (+0.01130, -0.004000)."""
+    return f"{v:+#.4g}".rstrip(".") if math.isfinite(v) else f"{v:+}"

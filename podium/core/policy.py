@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from podium.core.numbers import finite, format_value
+from podium.core.numbers import finite, format_number, format_signed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,7 +53,7 @@ class Check:
     def describe(self) -> str:
         """The check in one phrase: `threshold val_accuracy min 0.9: 0.8123, fails`."""
         verdict = {True: "holds", False: "FAILS", None: "not checked"}[self.passed]
-        limit, mine, theirs = format_value(self.limit), format_value(self.candidate), format_value(self.champion)
+        limit, mine, theirs = f"{self.limit:g}", format_number(self.candidate), format_number(self.champion)
         if self.kind == THRESHOLD:
             text = f"threshold {self.metric} {self.rule} {limit}: candidate {mine}"
         elif self.kind == GUARD:
@@ -71,8 +71,8 @@ class Check:
 
 
 def signed(value: float) -> str:
-    """A difference with its sign: +0.0113, -0.004."""
-    return f"{value:+.4g}"
+    """A difference with its sign (`format_signed`): +0.01130, -0.004000."""
+    return format_signed(value)
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:

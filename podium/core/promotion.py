@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from podium.core.comparison import Comparison
-from podium.core.numbers import finite, format_value
+from podium.core.numbers import finite, format_number
 from podium.core.policy import Check
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 
@@ -89,14 +89,14 @@ def decide_promotion(
     if best is None:
         return Decision(False, f"nothing to promote: {why_best}")
     value = best.metrics[metric]
-    head = f"step {best.step} has {metric} = {value:.6g}"
+    head = f"step {best.step} has {metric} = {format_number(value)}"
     if champion is None:
         return Decision(True, f"{head}; first promotion to this serving location", best, value)
     if champion.source is not None and champion.source == best.uri:
         return Decision(False, f"{head}; it is already the champion ({champion.version})", best, value)
     if always:
         return Decision(True, f"{head}; promotion forced (always), champion {champion.version} "
-                              f"had {format_value(champion.value)}", best, value)
+                              f"had {format_number(champion.value)}", best, value)
     if champion.metric != metric or (champion.mode is not None and champion.mode != mode):
         # another model, or another yardstick: the two numbers say nothing about each other
         return Decision(False, f"{head} ({mode}); champion {champion.version} was ranked by {champion.metric!r} "
@@ -106,10 +106,10 @@ def decide_promotion(
         return Decision(True, f"{head}; champion {champion.version} has no finite {metric}", best, value)
     gain = (champion.value - value) if mode == "min" else (value - champion.value)
     if gain > min_delta:
-        return Decision(True, f"{head}, better than champion {champion.version} ({champion.value:.6g}) by "
-                              f"{gain:.6g} > min_delta {min_delta:g}", best, value)
-    return Decision(False, f"{head}; champion {champion.version} has {champion.value:.6g}: improvement "
-                           f"{gain:.6g} is not more than min_delta {min_delta:g}", best, value)
+        return Decision(True, f"{head}, better than champion {champion.version} ({format_number(champion.value)}) by "
+                              f"{format_number(gain)} > min_delta {min_delta:g}", best, value)
+    return Decision(False, f"{head}; champion {champion.version} has {format_number(champion.value)}: improvement "
+                           f"{format_number(gain)} is not more than min_delta {min_delta:g}", best, value)
 
 
 def apply_checks(decision: Decision, checks: Sequence[Check], always: bool = False) -> Decision:

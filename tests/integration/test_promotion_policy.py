@@ -132,7 +132,7 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     # gate-1: the first promotion; its threshold holds, the guard has no champion to compare
     one = _run(cli_env, tmp_path, "gate-1", 54.0, {"thresholds": {"accuracy": {"min": 0.5}}, "guards": guard})
     assert one["promoted"]["version"] == "v000001", one["promotion_reason"]
-    assert "threshold accuracy min 0.5: candidate 0.57, holds" in one["promotion_reason"]
+    assert "threshold accuracy min 0.5: candidate 0.5700, holds" in one["promotion_reason"]
     assert "guard loss max_increase 0.05: candidate" in one["promotion_reason"]
     assert "no champion to compare" in one["promotion_reason"]
 
@@ -140,7 +140,7 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     two = _run(cli_env, tmp_path, "gate-2", 9.0, {"guards": guard}, scale=20.0)
     reason = two["promotion_reason"]
     assert two["promoted"] is None and reason.startswith("refused by the promotion policy (guard loss)"), reason
-    assert "accuracy = 0.69, better than champion v000001 (0.57)" in reason
+    assert "accuracy = 0.6900, better than champion v000001 (0.5700)" in reason
     loss = re.search(r"guard loss max_increase 0.05: candidate ([\d.]+), champion ([\d.]+), change \+([\d.]+), FAILS",
                      reason)
     assert loss and float(loss[1]) > float(loss[2]) + 0.05, reason
@@ -149,7 +149,7 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     again = _run(cli_env, tmp_path, "gate-2", 9.0, {"thresholds": {"accuracy": {"min": 0.99}}}, command="promote")
     assert again["promoted"] is None
     assert again["promotion_reason"].startswith("refused by the promotion policy (threshold accuracy)")
-    assert "threshold accuracy min 0.99: candidate 0.69, FAILS" in again["promotion_reason"]
+    assert "threshold accuracy min 0.99: candidate 0.6900, FAILS" in again["promotion_reason"]
 
     # ... and with a confidence: 0.69 against 0.57 on the same 200 rows is clear
     clear = _run(cli_env, tmp_path, "gate-2", 9.0, {"confidence": 0.95}, command="promote")
@@ -166,7 +166,7 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     reason = three["promotion_reason"]
     assert three["promoted"] is None and reason.startswith("refused by the promotion policy (confidence accuracy)"), \
         reason
-    assert "better than champion v000002 (0.69)" in reason
+    assert "better than champion v000002 (0.6900)" in reason
     low, high = map(float, re.search(INTERVAL + r" over 200 paired rows, lower bound > min_delta 0, FAILS",
                                      reason).groups())
     assert low <= 0 < high

@@ -172,8 +172,8 @@ def test_history_says_when_why_and_what_started_each_switch(tmp_path, saved_chec
     assert main(["history", "--serving", serving]) == 0
     out = capsys.readouterr().out
     assert "3 switch(es), current v000001" in out
-    assert re.search(r"UTC  promote  v000002  run r1 step 9, val_loss=0.25  \[withdrawn\]", out)
-    assert re.search(r"UTC  rollback v000001  run r1 step 7, val_loss=0.25; withdrew v000002  \[current\]", out)
+    assert re.search(r"UTC  promote  v000002  run r1 step 9, val_loss=0.2500  \[withdrawn\]", out)
+    assert re.search(r"UTC  rollback v000001  run r1 step 7, val_loss=0.2500; withdrew v000002  \[current\]", out)
     assert "why: rollback from v000002: bad answers" in out
     assert "by:  flow run r1-run (train-validate-promote), ana@gpu1 pid 7" in out
     assert "by:  podium rollback, ops@h pid 9" in out

@@ -17,7 +17,7 @@ def test_patience_verdicts_without_improvement_stop_at_the_last_of_them():
     records = [_rec(0, 0.5), _rec(1, 0.4), _rec(2, 0.41), _rec(3, 0.4), _rec(4, 0.45)]
     stop = early_stop(records, "val_loss", "min", patience=3)
     assert stop is not None and stop.step == 4
-    assert stop.reason == "3 validation(s) in a row (steps 2-4) did not improve val_loss on step 1's 0.4"
+    assert stop.reason == "3 validation(s) in a row (steps 2-4) did not improve val_loss on step 1's 0.4000"
 
 
 def test_an_improvement_resets_the_count():

@@ -22,8 +22,8 @@ def test_a_rescored_comparison_names_both_numbers_and_both_digests():
     assert c.same_data and c.rescored == ["champion v000001"]
     text = c.describe()
     assert "same validation data, /data/night-2/val.parquet (digest bbbbbbbbbbbb)" in text
-    assert "step 1 accuracy = 0.66 (validated)" in text
-    assert "champion v000001 accuracy = 0.62 (re-scored; before: 0.8 on digest aaaaaaaaaaaa)" in text
+    assert "step 1 accuracy = 0.6600 (validated)" in text
+    assert "champion v000001 accuracy = 0.6200 (re-scored; before: 0.8000 on digest aaaaaaaaaaaa)" in text
 
 
 def test_a_comparison_on_different_data_says_so():

@@ -32,7 +32,7 @@ def test_a_threshold_names_the_metric_its_value_and_the_bound():
                                    {"val_accuracy": {"min": 0.9, "max": None}, "val_loss": {"min": None, "max": 0.3}})
     assert (low.metric, low.passed) == ("val_accuracy", False) and high.passed
     assert low.describe() == "threshold val_accuracy min 0.9: candidate 0.8123, FAILS"
-    assert high.describe() == "threshold val_loss max 0.3: candidate 0.25, holds"
+    assert high.describe() == "threshold val_loss max 0.3: candidate 0.2500, holds"
     both = check_thresholds({"a": 0.5}, {"a": {"min": 0.5, "max": 0.5}})
     assert [c.passed for c in both] == [True, True], "a bound is inclusive"
 
@@ -53,9 +53,9 @@ def test_guards_absolute_and_relative_against_the_champion():
     broken = {c.metric: c for c in check_guards({"val_loss": 0.32, "val_accuracy": 0.89, "latency": 11.5},
                                                 champion, guards)}
     assert not any(c.passed for c in broken.values())
-    assert broken["val_loss"].describe() == ("guard val_loss max_increase 0.01: candidate 0.32, champion 0.3, "
-                                             "change +0.02, FAILS")
-    assert "change +1.5 (relative +0.15), FAILS" in broken["latency"].describe()
+    assert broken["val_loss"].describe() == ("guard val_loss max_increase 0.01: candidate 0.3200, champion 0.3000, "
+                                             "change +0.02000, FAILS")
+    assert "change +1.500 (relative +0.1500), FAILS" in broken["latency"].describe()
     # an improvement never trips a guard
     assert all(c.passed for c in check_guards({"val_loss": 0.1, "val_accuracy": 0.99, "latency": 1.0}, champion, guards))
 
@@ -77,7 +77,7 @@ def test_the_bootstrap_is_reproducible_and_covers_the_mean():
     assert low < gain.mean() < high
     assert high - low == pytest.approx(2 * 1.96 * gain.std() / math.sqrt(len(gain)), rel=0.15)
     assert bootstrap_interval(gain, 0.5)[0] > low, "a lower level, a narrower interval"
-    assert interval_text((-0.004, 0.011)) == "[-0.004, +0.011]"
+    assert interval_text((-0.004, 0.011)) == "[-0.004000, +0.01100]"
 
 
 def _rows_differing(champion: np.ndarray, better: int, worse: int) -> np.ndarray:
@@ -116,14 +116,14 @@ def test_a_failed_check_refuses_unless_forced_and_a_first_promotion_keeps_its_th
     refused = apply_checks(first, threshold)
     assert not refused.promote and refused.checks == tuple(threshold)
     assert refused.reason.startswith("refused by the promotion policy (threshold val_accuracy)")
-    assert "threshold val_accuracy min 0.9: candidate 0.5, FAILS" in refused.reason
+    assert "threshold val_accuracy min 0.9: candidate 0.5000, FAILS" in refused.reason
     champion = Champion(version="v000001", step=1, metric="val_loss", value=0.9, source="/old", mode="min")
     forced = apply_checks(decide_promotion(rec(val_loss=0.95, val_accuracy=0.5), champion, "val_loss", "min",
                                            always=True), threshold, always=True)
     assert forced.promote and "reported, not blocking" in forced.reason
     passing = check_thresholds({"val_accuracy": 0.95}, {"val_accuracy": {"min": 0.9, "max": None}})
     promoted = apply_checks(first, passing)
-    assert promoted.promote and promoted.reason.endswith("checks: threshold val_accuracy min 0.9: candidate 0.95, holds")
+    assert promoted.promote and promoted.reason.endswith("checks: threshold val_accuracy min 0.9: candidate 0.9500, holds")
     assert apply_checks(first, []) == first
     assert json.loads(json.dumps(check_to_dict(threshold[0])))["text"] == threshold[0].describe()
 
@@ -207,10 +207,10 @@ def test_the_report_and_the_runs_table_name_the_checks_that_refused():
     line, _ = outcome_texts("gate-3", [rec(accuracy=0.805)], "accuracy", outcome)
     assert line == "not promoted: refused by the promotion policy (confidence accuracy)"
     report = promotion_markdown("gate-3", outcome, None)
-    assert "## Promotion policy" in report and "| threshold | accuracy | min | 0.5 | 0.805 | none |  | holds |" in report
+    assert "## Promotion policy" in report and "| threshold | accuracy | min | 0.5 | 0.8050 | none |  | holds |" in report
     assert f"| {interval_text(checks[1].interval)} at 0.95, 200 rows | **fails** |" in report
     lines = version_lines("v000003", {"step": 5, "checks": outcome.checks}, True)
-    assert any(line.startswith("  checks:     threshold accuracy min 0.5: candidate 0.805, holds") for line in lines)
+    assert any(line.startswith("  checks:     threshold accuracy min 0.5: candidate 0.8050, holds") for line in lines)
 
 
 def test_a_decision_on_a_candidate_says_who_how_and_why_and_silence_is_the_configured_default():

@@ -27,9 +27,9 @@ def test_a_gated_run_is_drawn_against_the_champion_it_lost_to():
     assert ax.get_ylim()[0] < 0.19 < 0.2041 < ax.get_ylim()[1]  # both the champion and every point in view
     md = chart_markdown(RECORDS, "val_loss", "min", outcome, b"\x89PNG")
     assert "![val_loss per checkpoint](data:image/png;base64," in md
-    assert "| vs champion before this run (0.19) |" in md
-    assert "| 10 | validated | 0.2041 | +0.0141 (+7.4%) worse |" in md
-    assert "| 20 | validated | 0.1914 | +0.0014 (+0.74%) worse | ★ best, not promoted |" in md
+    assert "| vs champion before this run (0.1900) |" in md
+    assert "| 10 | validated | 0.2041 | +0.01410 (+7.4%) worse |" in md
+    assert "| 20 | validated | 0.1914 | +0.001400 (+0.74%) worse | ★ best, not promoted |" in md
     assert "| 30 | failed |  |  | worker died |" in md
     line, description = outcome_texts("r", RECORDS, "val_loss", outcome)
     assert line == "not promoted: champion v000003 has 0.19: improvement -0.0014 is not more than min_delta 0"
@@ -44,7 +44,7 @@ def test_a_promotion_is_one_line_with_step_version_and_value():
     assert line == "promoted step 20 as v000004 (val_loss 0.1914, model version 4)"
     md = chart_markdown(RECORDS, "val_loss", "min", outcome, None)
     assert "| vs the winner (0.1914) |" in md and "| 20 | validated | 0.1914 | ±0 | ★ promoted as v000004 |" in md
-    assert "| 10 | validated | 0.2041 | +0.0127 (+6.6%) worse |" in md
+    assert "| 10 | validated | 0.2041 | +0.01270 (+6.6%) worse |" in md
 
 
 @pytest.mark.parametrize("env, tracking_uri, expected", [
