@@ -439,6 +439,9 @@ def start_mlflow_ui(tracking_uri: str, artifacts: str, log_path: Path, port: int
              "--registry-store-uri", tracking_uri, "--artifacts-destination", artifacts,
              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # a UI to read runs needs no job runners (MLflow's GenAI jobs): without them it starts 6 processes
+            # fewer and spends ~35 CPU-seconds less starting (measured: 45 against 9 CPU-s in its first 30 s)
+            env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
             start_new_session=True)  # its own group: `mlflow ui` runs the web server as a child of its own
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
