@@ -203,3 +203,26 @@ def test_rollbacks_walk_back_the_champions_and_a_withdrawn_checkpoint_stays_out(
     same = roll_back(serving, tracking_uri, "podium", "champion", to_version="v000004")
     assert not same.switched and len(read_history(serving)) == 4 + 3 + 1
     assert roll_back(serving, tracking_uri, "podium", "champion").to_version == "v000001"
+
+
+def test_an_approval_does_not_promote_a_candidate_whose_champion_changed_while_it_waited(tmp_path, tracking_uri):
+    from podium.core.approval import answered
+    from podium.serving.layout import read_pointer
+    from podium.tasks.promote import settle_candidate
+
+    serving, storage = str(tmp_path / "serving"), str(tmp_path / "storage")
+    waiting = _validated_run(tracking_uri, storage, "run-a", val_loss=0.5)
+    outcome = promote_best_checkpoint(_plan(serving, storage), waiting, approval=True)
+    assert outcome.promoted is None and outcome.awaiting is not None and "awaiting approval" in outcome.reason
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    assert str(client.get_model_version_by_alias("podium", "challenger").version) == outcome.awaiting.mlflow_version
+    assert read_pointer(serving) is None  # nothing served while it waits
+
+    promote_best_checkpoint(_plan(serving, storage), _validated_run(tracking_uri, storage, "run-b", val_loss=0.4))
+    settled = settle_candidate(_plan(serving, storage), waiting, outcome, answered("approve", "ok", "ana"))
+    assert settled.promoted is None and "but the champion changed while it waited (none -> v000002)" in settled.reason
+    assert read_current(serving).manifest["run_name"] == "run-b"
+    assert not os.path.exists(os.path.join(serving, "versions", outcome.awaiting.version))
+    version = client.get_model_version("podium", outcome.awaiting.mlflow_version)
+    assert version.tags["podium.approval"] == "approved" and "challenger" not in version.aliases
+    assert client.get_model_version_by_alias("podium", "champion").version != version.version
