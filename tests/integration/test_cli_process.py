@@ -227,7 +227,7 @@ def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_sa
     stopped = out["stopped_early"]
     assert stopped["step"] == steps[5], stopped
     assert stopped["reason"] == (f"3 validation(s) in a row (steps {steps[3]}-{steps[5]}) did not improve score "
-                                 f"on step {steps[2]}'s 2"), stopped
+                                 f"on step {steps[2]}'s 2.000"), stopped
     assert out["promoted"]["step"] == steps[-1]  # every step from the third scores 2: the later one wins
     assert f"stopping training early at step {steps[5]}" in proc.stderr
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
