@@ -236,7 +236,7 @@ def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_sa
     assert run.info.status == "FINISHED"
     state = flow_run_state("plateau-run")  # the flow run's final state says what happened
     assert state.is_completed() and state.message == (f"stopped early at step {steps[5]} ({stopped['reason']}); "
-                                                      f"promoted step {steps[-1]} (score=2) as v000001"), state.message
+                                                      f"promoted step {steps[-1]} (score=2.000) as v000001"), state.message
 
 
 def _checkpoint_folders(storage, run_name: str) -> list[str]:
