@@ -10,6 +10,16 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def current_user() -> str:
+    """Who runs this process, for the records that say who did something: the login name, or the uid for a
+    container user without one."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
 class PodiumSettings(BaseSettings):
     """Environment-driven settings. The tools' own variables (MLFLOW_TRACKING_URI, PREFECT_API_URL,
     RAY_ADDRESS) win over podium's embedded defaults."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ from podium.core.numbers import format_number
 from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
+from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
@@ -114,11 +114,7 @@ def origin(command: str | None = None) -> dict[str, Any]:
     # local: Prefect's runtime and API client load only when a promotion asks who started it
     from podium.prefect_api import current_deployment
 
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # a container user without a name
-        user = str(os.getuid())
-    out: dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
+    out: dict[str, Any] = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid()}
     if command:
         out["command"] = command
     if flow_run.id:

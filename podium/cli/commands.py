@@ -17,7 +17,7 @@ from typing import Any
 from podium.cli.errors import CliError, ServerUnreachable
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import checkpoint_json, print_mlflow_links, print_status
-from podium.settings import PodiumSettings
+from podium.settings import PodiumSettings, current_user
 
 
 def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, Any]:
@@ -88,9 +88,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
     """`podium approve` / `podium reject`: answer the run awaiting approval (its flow run is paused) through the
     Prefect API: this home's server, or PREFECT_API_URL."""
-    import getpass
     import socket
 
+    from podium.core.approval import signed_by_command
     from podium.services import ServiceError, running_prefect_server
 
     settings = PodiumSettings()
@@ -109,12 +109,8 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
         flow_run_id = paused_flow_run(args.run_name)
     except LookupError as exc:
         raise CliError(str(exc)) from None
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid())
     verb = "approve" if approve else "reject"
-    by = f"{args.by or f'{user}@{socket.gethostname()}'} (podium {verb})"
+    by = signed_by_command(args.by or f"{current_user()}@{socket.gethostname()}", verb)
     try:
         resume_with_input(flow_run_id, {"decision": verb, "reason": args.reason, "by": by})
     except RuntimeError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from podium.core.approval import Approval
 from podium.core.numbers import format_number
 from podium.services import ui_url
 from podium.serving.history import parse_switch
@@ -57,12 +58,7 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
 
 def _metrics_text(metrics: dict[str, float]) -> str:
     """Metrics as people read them (`format_number`), the step and epoch left out."""
-    return " ".join(f"{k}={short_number(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
-
-
-def short_number(value: Any) -> str:
-    """A number as podium prints it for people (`format_number`)."""
-    return format_number(value)
+    return " ".join(f"{k}={format_number(v)}" for k, v in sorted(metrics.items()) if k not in ("step", "epoch"))
 
 
 def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reason: str | None,
@@ -75,12 +71,12 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
         note = f"  ({'; '.join(filter(None, notes))})" if any(notes) else ""
         print(f"  step {r.step:>7}  {r.status:<9} {_metrics_text(r.metrics)}{note}")
     m = mine.manifest if mine else {}
-    print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={short_number(m.get('value'))})"
+    print("this run promoted: " + (f"{mine.version} (step {m.get('step')}, {m.get('metric')}={format_number(m.get('value'))})"
                                    if mine else "nothing"))
     if reason:
         print(f"  why: {reason}")
     print(f"champion of model {config.model} at {config.serving}: " + (
-        f"{champion['version']} (step {champion['step']}, {champion['metric']}={short_number(champion['value'])}, "
+        f"{champion['version']} (step {champion['step']}, {champion['metric']}={format_number(champion['value'])}, "
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
 
 
@@ -141,8 +137,6 @@ def _started_by(origin: dict[str, Any]) -> str:
 
 def approval_text(approval: dict[str, Any]) -> str:
     """A recorded decision on a candidate (podium.core.approval.Approval as data), with its time."""
-    from podium.core.approval import Approval
-
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(approval.get("at") or 0)))
     return f"{Approval(**approval).describe()} ({when})"
 

@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from podium.cli.errors import CliError, ServerUnreachable
-from podium.cli.output import approval_text, short_number
+from podium.cli.output import approval_text
+from podium.core.numbers import format_number
 from podium.settings import PodiumSettings
 
 # Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
@@ -38,7 +39,7 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
     lin = manifest.get("lineage") or {}
     ml, tags = lin.get("mlflow") or {}, lin.get("tags") or {}
     lines = [f"{version}{' (current)' if current else ''}: step {manifest.get('step')} of run {manifest.get('run_name')}, "
-             f"{manifest.get('metric')} = {short_number(manifest.get('value'))}",
+             f"{manifest.get('metric')} = {format_number(manifest.get('value'))}",
              f"  checkpoint: {manifest.get('source')}",
              f"  MLflow:     run {manifest.get('mlflow_run_id')}, LoggedModel {manifest.get('model_id')}"
              + (f", experiment {ml['experiment_id']} at {ml.get('tracking_uri')}" if ml.get("experiment_id") else "")]

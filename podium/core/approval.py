@@ -48,12 +48,18 @@ class Approval:
                 "podium.approval.via": self.via}
 
 
+def signed_by_command(who: str, decision: str) -> str:
+    """How `podium approve` / `podium reject` sign the answer they send: `ana@host (podium approve)`."""
+    return f"{who} (podium {decision})"
+
+
 def answered(decision: str, reason: str, by: str, at: float | None = None) -> Approval:
-    """A person's answer (`decision` 'approve' or 'reject'); an empty `by` is someone in the Prefect UI."""
+    """A person's answer (`decision` 'approve' or 'reject'), from the commands (`signed_by_command`) or the Prefect
+    UI's form (an empty `by` is someone there)."""
     if decision not in (APPROVE, REJECT):
         raise ValueError(f"decision {decision!r}: expected {APPROVE!r} or {REJECT!r}")
     who = by.strip() or f"someone in {VIA_UI}"
-    via = "podium " + decision if "(podium " in who else VIA_UI
+    via = f"podium {decision}" if who.endswith(signed_by_command("", decision)) else VIA_UI
     return Approval(decision == APPROVE, who, reason.strip(), time.time() if at is None else at, via)
 
 

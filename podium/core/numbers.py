@@ -23,9 +23,7 @@ def format_number(v: object) -> str:
     tags, keep every digit.)"""
     if v is None:
         return "none"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if isinstance(v, int) or not math.isfinite(v):
+    if not isinstance(v, float) or not math.isfinite(v):  # an int (a bool too), nan, inf, or not a number
         return str(v)
     return f"{v:#.4g}".rstrip(".")
 

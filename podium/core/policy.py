@@ -59,9 +59,9 @@ class Check:
         elif self.kind == GUARD:
             text = f"guard {self.metric} {self.rule} {limit}: candidate {mine}, champion {theirs}"
             if self.passed is not None and self.candidate is not None and self.champion is not None:
-                text += f", change {signed(self.candidate - self.champion)}"
+                text += f", change {format_signed(self.candidate - self.champion)}"
                 if "relative" in self.rule:
-                    text += f" (relative {signed((self.candidate - self.champion) / abs(self.champion))})"
+                    text += f" (relative {format_signed((self.candidate - self.champion) / abs(self.champion))})"
         elif self.interval:
             text = (f"confidence {self.level:g} on {self.metric}: gain {interval_text(self.interval)} over {self.rows} "
                     f"paired rows, lower bound > min_delta {limit}")
@@ -70,14 +70,9 @@ class Check:
         return f"{text}, {verdict}" + (f" ({self.note})" if self.note else "")
 
 
-def signed(value: float) -> str:
-    """A difference with its sign (`format_signed`): +0.01130, -0.004000."""
-    return format_signed(value)
-
-
 def interval_text(interval: tuple[float, float] | None) -> str:
     """A bootstrap interval as podium prints it: `[-0.004, +0.011]`."""
-    return "none" if interval is None else f"[{signed(interval[0])}, {signed(interval[1])}]"
+    return "none" if interval is None else f"[{format_signed(interval[0])}, {format_signed(interval[1])}]"
 
 
 def check_thresholds(metrics: Mapping[str, float], thresholds: Mapping[str, Mapping[str, float | None]]) -> list[Check]:
