@@ -115,7 +115,7 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
         resume_with_input(flow_run_id, {"decision": verb, "reason": args.reason, "by": by})
     except RuntimeError as exc:
         raise CliError(f"run {args.run_name!r} could not be answered: {exc}") from None
-    print(f"run {args.run_name}: {verb}d by {by}: {args.reason}; the run goes on (flow run {flow_run_id})")
+    print(f"run {args.run_name}: {verb.rstrip('e')}ed by {by}: {args.reason}; the run goes on (flow run {flow_run_id})")
     return 0
 
 

@@ -273,7 +273,8 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
     # `podium promote` of the same run to another serving location: rejected, with the reason in its output
     proc = _start(cli_env, tmp_path, "appr", "serving-2", "promote", {})
     _awaiting(proc, "appr")
-    podium(["reject", "--run-name", "appr", "--reason", "not before the freeze"], cli_env)
+    said = podium(["reject", "--run-name", "appr", "--reason", "not before the freeze"], cli_env).stdout
+    assert "run appr: rejected by " in said and "(podium reject): not before the freeze" in said, said
     out = _ended(proc)
     assert out["promoted"] is None
     assert out["promotion_reason"].startswith("rejected by "), out["promotion_reason"]
