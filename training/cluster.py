@@ -33,6 +33,11 @@ from podium.storage.s3 import s3_environment
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 DEFAULT_POLL_INTERVAL_S = "0.25"
 
+# Ray Train starts a preemption watcher for each run (an actor, in a worker process of its own, polling the
+# nodes' drain state every 5 s) so that a cloud node's reclaim notice is seen. A local Ray of podium's own is
+# this one machine, never drained: it starts without the watcher, unless the user set the variable.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
 # Validation tasks (and their warm-up) run in worker processes of their own. Ray pools idle workers by
 # runtime env, and a task's env_vars are merged onto the job's (every other field is inherited), so this one
 # variable gives validation a pool apart: a prewarmed validation worker is never taken for a Ray Train
@@ -120,7 +125,7 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     # runtime_env. Ray prestarts worker processes (one per CPU) before any job exists, with no runtime env;
     # a job that sets one can never use them, and starts a new process for each of its first tasks and
     # actors (Ray Train's controller, its workers, podium's queue) while training waits on them.
-    with _pythonpath(roots):
+    with _start_environment(roots):
         # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
         # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused
         # anyway with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
@@ -129,19 +134,24 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
 
 
 @contextlib.contextmanager
-def _pythonpath(roots: list[str]) -> Iterator[None]:
-    """`roots` put before PYTHONPATH while the block runs (the processes it starts inherit that), then restored.
-    Only this variable is touched: other threads (the Prefect server's start) read the environment meanwhile."""
-    before = os.environ.get("PYTHONPATH")
+def _start_environment(roots: list[str]) -> Iterator[None]:
+    """While the block starts a local Ray (its processes inherit this environment), then restored: `roots` put
+    before PYTHONPATH, and Ray Train's preemption watcher off unless the user set it. Only these variables are
+    touched: other threads (the Prefect server's start) read the environment meanwhile."""
+    updates = {PREEMPTION_WATCHER_ENV: os.environ.get(PREEMPTION_WATCHER_ENV, "0")}
     if roots:
-        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *filter(None, (before or "").split(os.pathsep))]))
+        before = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+        updates["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *before]))
+    saved = {name: os.environ.get(name) for name in updates}
+    os.environ.update(updates)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _warm_up(fn_path: str, hold_s: float) -> float:

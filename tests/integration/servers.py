@@ -133,7 +133,8 @@ class RayHead:
     dir, which each names in its command line."""
 
     def __init__(self, tmp_path, env, num_cpus: int = 5):
-        self.port, self.env = free_port(), {**env, "RAY_AUTH_MODE": "disabled"}
+        # one machine on loopback, never drained: without Ray Train's preemption watcher, as podium's own local Ray
+        self.port, self.env = free_port(), {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", **env, "RAY_AUTH_MODE": "disabled"}
         self.num_cpus = num_cpus
         self.log = tmp_path / "ray-head.log"
         self.temp = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # Ray's socket paths must stay short

@@ -93,3 +93,22 @@ def test_failures_read_as_plain_text_one_line_per_rank():
         "rank 0: ValueError: bad batch; rank 1: A worker health check failed.")
     assert plain_text("\x1b[31mred\x1b[0m plain") == "red plain"
     assert describe_failure(None) == "unknown cause"
+
+
+def test_a_local_ray_starts_without_ray_trains_preemption_watcher_unless_the_user_set_it(monkeypatch):
+    """A local Ray of podium's own is one machine that no provider drains: its processes start with Ray Train's
+    preemption watcher off (an actor fewer per run); a user's own setting wins; the environment is restored."""
+    import os
+
+    from podium.training import cluster
+
+    name = cluster.PREEMPTION_WATCHER_ENV
+    monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/theirs")
+    with cluster._start_environment(["/user/code"]):
+        assert os.environ[name] == "0" and os.environ["PYTHONPATH"] == os.pathsep.join(["/user/code", "/theirs"])
+    assert name not in os.environ and os.environ["PYTHONPATH"] == "/theirs"
+    monkeypatch.setenv(name, "1")
+    with cluster._start_environment([]):
+        assert os.environ[name] == "1"
+    assert os.environ[name] == "1"
