@@ -177,6 +177,10 @@ GOALS = [
          lambda res, k: series(res, "d", _promotion_beyond_validation), 3.0, " s beyond the validation", 1),
     Goal("ckpt → metrics p95 ≤ validation + 1 s within the concurrency (d; beyond queue wait + validation)", ("d",),
          lambda res, k: series(res, "d", _field("excess_p95")), 1.0, " s", 2),
+    # what podium itself burns, from /proc accounting: its process (the SQLite MLflow store runs in it) and the
+    # Prefect server it started; half of the 13-16 CPU-s a (d) run took when the goal was set
+    Goal("podium's own CPU-s per run (d): the podium process + its Prefect server ≤ 7", ("d",),
+         lambda res, k: series(res, "d", _own_cpu_s), 7.0, " CPU-s", 1),
     Goal("process wall, warm, cheap validation (d0) ≤ bare TorchTrainer (a) + 3 s", ("a", "d0"),
          lambda res, k: series(res, "d0", lambda s, r: _minus(s["process_wall"], base(res, r, "process_wall"))), 3.0,
          " s over (a)", 1),
@@ -190,6 +194,12 @@ def _d_against_f(results: Results) -> list[float] | None:
     """(d)'s training wall over (f)'s, round by round."""
     floor = way_summaries(results, "f")
     return series(results, "d", lambda s, r: _ratio(s["train_wall"], floor[r]["train_wall"] if floor else None))
+
+
+def _own_cpu_s(summary: dict[str, Any], _round: int) -> float | None:
+    """The podium process's CPU seconds and its Prefect server's during the run, or None if either is unknown."""
+    driver, server = summary.get("driver_cpu_s"), summary.get("server_cpu_s")
+    return driver + server if driver is not None and server is not None else None
 
 
 def _minus(x: float | None, y: float | None) -> float | None:
