@@ -250,8 +250,7 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
     ]
     reasons = [(k, report.not_measured_reason(results, k)) for k in report.ORDER if k in results]
     lines += [f"- {LABELS[k]}: not measured: {why}" for k, why in reasons if why]
-    lines += ["", report.conditions_table(results), "",
-              "Definitions. *training wall*: TorchTrainer construction + `fit()` for (a)–(c) (in (c) `fit()` returns "
+    lines += ["", "Definitions. *training wall*: TorchTrainer construction + `fit()` for (a)–(c) (in (c) `fit()` returns "
               "only after Ray Train ran every queued validation; *loop done*: the train loop itself finished); "
               "podium's `train-model` task run, which does not wait for validation. *× (a)*: against the mean of "
               "(a) and (a') of the same round. *ckpt→metrics*: from the checkpoint complete in storage (newest file "

@@ -125,17 +125,23 @@ def startup_table(results: Results) -> str:
             for k in keys])
     cli = sorted({p for k in keys if k != "a" for s in way_summaries(results, k) or [] for p in s.get("cli_phases", {})})
     for phase in cli:
-        rows.append([f"podium CLI: {phase}"] + [
-            "" if k == "a" else spread(series(results, k, lambda s, r, p=phase: s.get("cli_phases", {}).get(p)), 2)
-            for k in keys])
+        figures = {k: series(results, k, lambda s, r, p=phase: s.get("cli_phases", {}).get(p)) for k in keys if k != "a"}
+        if all(not v or statistics.median(v) < 0.1 for v in figures.values()):
+            continue  # a phase that took no time in any podium way (the demo data when it is not needed)
+        rows.append([f"podium CLI: {phase}"] + ["" if k == "a" else spread(figures[k], 2) for k in keys])
     return markdown_table(["phase"] + [LABELS[k] + " s" for k in keys], rows)
 
 
 def conditions_table(results: Results) -> str:
-    """How each repeat of each way went: attempts, what the machine did meanwhile, the pinning."""
+    """The repeats that did not go through at their first attempt (attempts, what the machine did meanwhile, the
+    pinning), or one sentence when every repeat of every way did: the table stays as short as the run was clean."""
     rows = []
+    total = 0
     for key in ORDER:
         for r, o in enumerate(results.get(key) or [], 1):
+            total += 1
+            if o["measured"] and len(o["attempts"]) == 1:
+                continue
             last = o["attempts"][-1] if o["attempts"] else {}
             w = last.get("window") or {}
             pins = w.get("pins") or []
@@ -144,8 +150,11 @@ def conditions_table(results: Results) -> str:
                          fmt(w.get("foreign_cores"), 2),
                          f"{fmt((w.get('load_before') or [None])[0], 2)} → {fmt((w.get('load_after') or [None])[0], 2)}",
                          ", ".join(f"pid {p['pid']}" for p in pins) or "–"])
-    return markdown_table(["way", "repeat", "attempts", "outcome", "other processes, cores (last attempt)",
-                           "1-min load before → after", "train worker pinned"], rows)
+    if not rows:
+        return f"Every repeat of every way ({total}) was measured at its first attempt."
+    clean = f"The other {total - len(rows)} repeat(s) were measured at their first attempt.\n\n"
+    return clean + markdown_table(["way", "repeat", "attempts", "outcome", "other processes, cores (last attempt)",
+                                   "1-min load before → after", "train worker pinned"], rows)
 
 
 # ---------------------------------------------------------------- goals
@@ -251,6 +260,7 @@ def goals_table(results: Results) -> str:
 def print_summary(results: Results, out: Callable[[str], None] = print) -> None:
     """The table, the reasons and the goals, for the terminal."""
     out(table(results))
+    out(conditions_table(results))  # each attempt is also in the log as it ends
     for key in ORDER:
         why = not_measured_reason(results, key)
         if key in results and why:

@@ -163,3 +163,14 @@ def test_while_a_train_worker_is_pinned_every_other_process_of_ours_is_kept_off_
     assert seen["before"] == split.all and seen["after"] == split.all, seen
     assert seen["training"] == split.other and seen["harness"] == split.other, seen
     assert w.violations == [], w.violations
+
+
+def test_the_conditions_table_lists_only_the_repeats_that_needed_another_attempt():
+    clean = {"a": [measured(train_wall=10.0)] * 2}
+    assert report.conditions_table(clean) == "Every repeat of every way (2) was measured at its first attempt."
+    rerun = {**measured(train_wall=10.0), "attempts": [{"reasons": ["machine busy"]}, {"reasons": []}]}
+    mixed = {"a": [measured(train_wall=10.0), rerun], "d0": [NOT_MEASURED]}
+    text = report.conditions_table(mixed)
+    assert text.startswith("The other 1 repeat(s) were measured at their first attempt.")
+    rows = [line for line in text.splitlines() if line.startswith("| (")]
+    assert [row.split(" | ")[1:4] for row in rows] == [["2", "2", "measured"], ["1", "2", "**not measured**"]]
