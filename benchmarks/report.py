@@ -135,26 +135,20 @@ def startup_table(results: Results) -> str:
 def conditions_table(results: Results) -> str:
     """The repeats that did not go through at their first attempt (attempts, what the machine did meanwhile, the
     pinning), or one sentence when every repeat of every way did: the table stays as short as the run was clean."""
+    repeats = [(key, r, o) for key in ORDER for r, o in enumerate(results.get(key) or [], 1)]
+    retried = [(key, r, o) for key, r, o in repeats if not o["measured"] or len(o["attempts"]) > 1]
+    if not retried:
+        return f"Every repeat of every way ({len(repeats)}) was measured at its first attempt."
     rows = []
-    total = 0
-    for key in ORDER:
-        for r, o in enumerate(results.get(key) or [], 1):
-            total += 1
-            if o["measured"] and len(o["attempts"]) == 1:
-                continue
-            last = o["attempts"][-1] if o["attempts"] else {}
-            w = last.get("window") or {}
-            pins = w.get("pins") or []
-            rows.append([LABELS[key], str(r), str(len(o["attempts"])),
-                         "measured" if o["measured"] else "**not measured**",
-                         fmt(w.get("foreign_cores"), 2),
-                         f"{fmt((w.get('load_before') or [None])[0], 2)} → {fmt((w.get('load_after') or [None])[0], 2)}",
-                         ", ".join(f"pid {p['pid']}" for p in pins) or "–"])
-    if not rows:
-        return f"Every repeat of every way ({total}) was measured at its first attempt."
-    clean = f"The other {total - len(rows)} repeat(s) were measured at their first attempt.\n\n"
-    return clean + markdown_table(["way", "repeat", "attempts", "outcome", "other processes, cores (last attempt)",
-                                   "1-min load before → after", "train worker pinned"], rows)
+    for key, r, o in retried:
+        w = (o["attempts"][-1] if o["attempts"] else {}).get("window") or {}
+        rows.append([LABELS[key], str(r), str(len(o["attempts"])), "measured" if o["measured"] else "**not measured**",
+                     fmt(w.get("foreign_cores"), 2),
+                     f"{fmt((w.get('load_before') or [None])[0], 2)} → {fmt((w.get('load_after') or [None])[0], 2)}",
+                     ", ".join(f"pid {p['pid']}" for p in w.get("pins") or []) or "–"])
+    return (f"The other {len(repeats) - len(retried)} repeat(s) were measured at their first attempt.\n\n"
+            + markdown_table(["way", "repeat", "attempts", "outcome", "other processes, cores (last attempt)",
+                              "1-min load before → after", "train worker pinned"], rows))
 
 
 # ---------------------------------------------------------------- goals

@@ -20,6 +20,7 @@ def current_user() -> str:
     except (KeyError, OSError):
         return str(os.getuid())
 
+
 class PodiumSettings(BaseSettings):
     """Environment-driven settings. The tools' own variables (MLFLOW_TRACKING_URI, PREFECT_API_URL,
     RAY_ADDRESS) win over podium's embedded defaults."""
