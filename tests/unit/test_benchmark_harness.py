@@ -50,8 +50,26 @@ def test_each_failed_precondition_is_named():
     assert "training not pinned: 0 of 1" in text
     assert "pinning violated: process 7" in text
     assert "2 of 3 checkpoints have metrics" in text
-    assert "validation not as calibrated: p50 9.00 s against 3.90 s" in text
+    assert "validation not as expected: p50 9.00 s against 3.90 s calibrated" in text
     assert check_attempt(None, window(pins=[{"pid": 1}]), expect, "run failed: exit 1") == ["run failed: exit 1"]
+
+
+def test_the_ways_validation_is_held_to_the_floor_ways_in_the_same_round():
+    """(b), (c), (d) are held to the validation cost (f) measured beside the same pinned training worker earlier
+    in the round; to the calibration only in a round where (f) was not measured."""
+    from types import SimpleNamespace
+
+    from benchmarks.compare import Runner
+
+    workload = SimpleNamespace(epochs=3, calibration={"validation_s": 2.89})
+    runner = Runner(SimpleNamespace(max_foreign_cpu=0.1), workload, Path("."), "", "", CoreSplit(enabled=False),
+                    None)  # type: ignore[arg-type]
+    runner.floor_validation_s[2] = 4.49
+    held = runner.expectations("d", 2)
+    assert (held.validation_s, held.validation_source) == (4.49, "as (f) measured it in this round")
+    assert check_attempt({"checkpoints": 3, "n": 3, "val_p50": 4.46}, window(), held) == []
+    assert runner.expectations("d", 0).validation_s == 2.89  # round 1: (f) not measured
+    assert runner.expectations("f", 2).validation_s is None and runner.expectations("a", 2).validation_s is None
 
 
 def test_goals_are_scored_at_the_median_of_paired_rounds():
