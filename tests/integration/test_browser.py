@@ -155,9 +155,10 @@ def links(run_output: str, ui_output: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def nightly(run, dataset):
+def nightly(run, dataset, shared_ray):
     """The project's nightly deployment (`python -m podium.deployments deploy`), run once on demand by a
-    `podium worker`, as docs/operations.md shows: the finished flow run, read through the API."""
+    `podium worker` on the session's Ray head (`--ray-address`, as a team's worker joins its cluster), as
+    docs/operations.md shows: the finished flow run, read through the API."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -171,8 +172,11 @@ def nightly(run, dataset):
     assert deploy.returncode == 0, f"{deploy.stdout}\n{deploy.stderr[-4000:]}"
     api = _link(deploy.stdout, r"export PREFECT_API_URL=(\S+)")
     log = work / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "podium.cli", "worker", "--pool", "browser", "--limit", "1"],
-                              env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+    ray = shared_ray.driver_env()
+    worker = subprocess.Popen([sys.executable, "-m", "podium.cli", "worker", "--pool", "browser", "--limit", "1",
+                               "--ray-address", ray["RAY_ADDRESS"]],
+                              env={**env, **ray, "PREFECT_WORKER_QUERY_SECONDS": "1",
+                                   "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
                               cwd=work, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True)
     try:

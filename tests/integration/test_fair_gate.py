@@ -46,7 +46,8 @@ def _night(pipeline, tmp_path, locations, calls_log, night: int, angle: float, v
     cfg = {"run_name": f"night-{night}", "storage": locations["storage"], "serving": locations["serving"],
            "data": {"train": train, "val": val, "feature_columns": list(FEATURES)},  # for the validation function
            "training": {"train_loop": "podium_nightly_code:train_func",
-                        "train_loop_config": {"epochs": 2, "angle_deg": angle}},
+                        # one checkpoint a night: the last epoch's weights are turned by `angle` however many
+                        "train_loop_config": {"epochs": 1, "angle_deg": angle}},
            "scaling": {"num_workers": 1},
            "validation": {"fn": "podium_nightly_code:validate_fn", "kwargs": {"calls_log": calls_log},
                           "concurrency": 1},

@@ -3,13 +3,15 @@
 - `ray.train.examples.pytorch.torch_linear_example:train_func`, with its own defaults;
 - the async-validation guide's loop and `validate_fn(checkpoint, config)` (Ray 2.60's form), on a
   small synthetic image dataset, with a Ray Dataset in each report's fn_kwargs;
-- the checkpoint guide's loop, run twice under one run name.
+- the checkpoint guide's loop, run twice under one run name;
+- a loop of every form of `validation=`, whose training worker process is SIGKILLed once (the restart).
 
 Each: every checkpoint validated exactly once, with its own arguments, and the best promoted.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -19,14 +21,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect_queries import task_runs
 from ray_guide_code import synthetic_images
 
 from podium.tasks.promote import read_champion
+from podium.tracking.client import TAG_CHECKPOINT
 
 pytestmark = pytest.mark.integration
 
 
 def _config(run_name: str, locations: dict, train_loop: str, fn: str, calls: Path, **sections) -> dict:
+    """podium's defaults (two training workers): the guides' loops are written for DDP (`model.module`)."""
     config = {"run_name": run_name, "storage": locations["storage"], "serving": locations["serving"],
               "training": {"train_loop": train_loop},
               "validation": {"fn": fn, "kwargs": {"calls_log": str(calls)}, "concurrency": 1},
@@ -138,4 +143,12 @@ def test_every_form_of_validation_and_a_restart(pipeline, locations, tmp_path, c
     said = [r.getMessage() for r in caplog.records if r.name == "podium.progress"]
     restarts = [m for m in said if m.startswith("training restarted its workers (1 of at most 2): rank")]
     assert len(restarts) == 1 and "\x1b[" not in restarts[0]
+    # across the restart every checkpoint recorded once in MLflow, and one validation task run per verdict
+    client = MlflowClient(locations["tracking_uri"])
+    models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id], max_results=100)
+    assert sorted(collections.Counter(m.tags[TAG_CHECKPOINT] for m in models).values()) == [1, 1, 1, 1]
+    validated = [r.step for r in records if r.status == "validated"]
+    runs = task_runs("ray-forms", expect_at_least=len(validated) + 1)
+    assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
+        sorted(f"validate-step-{s}" for s in validated)
 

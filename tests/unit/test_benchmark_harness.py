@@ -192,3 +192,19 @@ def test_the_conditions_table_lists_only_the_repeats_that_needed_another_attempt
     assert text.startswith("The other 1 repeat(s) were measured at their first attempt.")
     rows = [line for line in text.splitlines() if line.startswith("| (")]
     assert [row.split(" | ")[1:4] for row in rows] == [["2", "2", "measured"], ["1", "2", "**not measured**"]]
+
+
+def test_podiums_own_cpu_per_checkpoint_is_read_between_two_checkpoints_from_both_processes():
+    """benchmarks/scale.py: the CPU the podium process and its Prefect server used from one checkpoint persisted
+    to another, per checkpoint, from the samples of each; None where the samples do not reach back."""
+    from benchmarks.podium_run import cpu_between
+    from benchmarks.scale import own_cpu_per_checkpoint
+
+    driver = [(float(t), 10.0 + 0.5 * t) for t in range(100)]  # 0.5 CPU-s a second
+    server = [(float(t), 2.0 + 0.1 * t) for t in range(100)]
+    assert cpu_between(driver, 10.2, 20.7) == pytest.approx(5.0)  # the samples at 10 and 20
+    assert cpu_between(driver, -1.0, 5.0) is None
+    rows = [{"persisted": float(10 + 2 * i)} for i in range(40)]  # a checkpoint every 2 s from t = 10
+    run = {"driver_cpu_samples": driver, "server_cpu_samples": server}
+    assert own_cpu_per_checkpoint(run, rows, 0, 10) == pytest.approx(1.2)  # (10 + 2 CPU-s) / 10 checkpoints
+    assert own_cpu_per_checkpoint({**run, "server_cpu_samples": []}, rows, 0, 10) is None
