@@ -114,15 +114,22 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 class PeakRss(threading.Thread):
-    """Polls VmHWM (peak resident set) and the CPU seconds of a process until it exits."""
+    """Polls VmHWM (peak resident set) and the CPU seconds of a process until it exits or `stop()`; keeps the
+    CPU seconds over time (`samples`: (time.time(), CPU-s so far))."""
 
     def __init__(self, pid: int, every_s: float = 0.25):
         super().__init__(daemon=True)
         self.pid, self.every_s, self.peak_kb, self.cpu_s = pid, every_s, 0, 0.0
+        self.samples: list[tuple[float, float]] = []
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=2)
 
     def run(self) -> None:
         path = f"/proc/{self.pid}/status"
-        while True:
+        while not self._stopped.is_set():
             try:
                 with open(path) as f:
                     for line in f:
@@ -131,7 +138,16 @@ class PeakRss(threading.Thread):
             except (OSError, ValueError):
                 return
             self.cpu_s = cpu_seconds(self.pid) or self.cpu_s
-            time.sleep(self.every_s)
+            self.samples.append((time.time(), self.cpu_s))
+            self._stopped.wait(self.every_s)
+
+
+def cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
+    """CPU seconds a sampled process used between t0 and t1 (the last sample at or before each), or None
+    when the samples do not cover t0."""
+    before = [c for t, c in samples if t <= t0]
+    upto = [c for t, c in samples if t <= t1]
+    return upto[-1] - before[-1] if before and upto else None
 
 
 def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600,
@@ -150,6 +166,9 @@ def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=workdir)
     rss = PeakRss(proc.pid)
     rss.start()
+    server = PeakRss(srv) if srv is not None else None
+    if server is not None:
+        server.start()
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -167,13 +186,16 @@ def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float
     reader.join(timeout=10)
     log.close()
     rss.join(timeout=2)
+    if server is not None:
+        server.stop()
     if proc.returncode != 0 or not lines:
         tail = (Path(workdir) / f"{config['run_name']}.log").read_text()[-3000:]
         raise RuntimeError(f"podium run failed (exit {proc.returncode}); stderr tail:\n{tail}")
     printed, last = lines[-1]
     return {"command": " ".join(cmd), "process_start": started, "process_end": ended, "summary": json.loads(last),
             "json_printed": printed, "peak_rss_mb": rss.peak_kb / 1024, "driver_cpu_s": rss.cpu_s,
-            "server_cpu_s": (cpu_seconds(srv) - srv_cpu0) if srv_cpu0 is not None else None, "config": config}
+            "server_cpu_s": (cpu_seconds(srv) - srv_cpu0) if srv_cpu0 is not None else None, "config": config,
+            "driver_cpu_samples": rss.samples, "server_cpu_samples": server.samples if server is not None else []}
 
 
 def _ts(value: str | None) -> float | None:

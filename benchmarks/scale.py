@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py            # >= 300 checkpoints (a checkpoint every step), writes BENCHMARKS.md
     python benchmarks/scale.py --quick    # 52 checkpoints
+    python benchmarks/scale.py --check    # exit 1 unless podium's own CPU per checkpoint stays flat
 
 One real `podium run` (local Prefect server, MLflow on SQLite) of a tiny model with
 `checkpoint_every_steps = 1` and a cheap validation, then, first 50 checkpoints against last 50:
@@ -10,8 +11,10 @@ One real `podium run` (local Prefect server, MLflow on SQLite) of a tiny model w
   validation overhead     the validate-step task run (Prefect start → end) minus the validation function's
                           own time (Ray task dispatch + MLflow merge)
   persisted → validated   end to end, including waiting behind earlier checkpoints (backlog)
-and, on the finished store: how many MLflow API calls and SQL statements choosing the best checkpoint
-takes (`tasks.tracking.list_records`, what promotion calls), how long, and the driver's peak RSS.
+podium's own CPU-seconds per checkpoint (its process with MLflow on SQLite, and its Prefect server, sampled
+from /proc every 0.25 s), checkpoints 10-60 against the last 50; and, on the finished store: how many MLflow
+API calls and SQL statements choosing the best checkpoint takes (`tasks.tracking.list_records`, what promotion
+calls), how long, and the driver's peak RSS.
 """
 
 from __future__ import annotations
@@ -95,6 +98,21 @@ def window(rows: list[dict[str, Any]], key) -> dict[str, float | None]:
     return {"p50": percentile(vals, 50), "p95": percentile(vals, 95), "n": len(vals)}
 
 
+FLAT = 1.25  # podium's own CPU per checkpoint, the last 50 against checkpoints 10-60: at most this ratio
+
+
+def own_cpu_per_checkpoint(run: dict[str, Any], rows: list[dict[str, Any]], first: int, last: int) -> float | None:
+    """podium's own CPU-seconds per checkpoint (its process, MLflow on SQLite included, and its Prefect server)
+    from checkpoint `first` persisted to checkpoint `last` persisted, in the samples run_podium kept."""
+    from benchmarks.podium_run import cpu_between
+
+    t0, t1 = rows[first]["persisted"], rows[last]["persisted"]
+    if not t0 or not t1 or last <= first:
+        return None
+    parts = [cpu_between(run[k], t0, t1) for k in ("driver_cpu_samples", "server_cpu_samples")]
+    return sum(parts) / (last - first) if None not in parts else None  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run, measure, print, write BENCHMARKS.md."""
     p = argparse.ArgumentParser(description="podium with hundreds of checkpoints.")
@@ -103,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=1, help="validation concurrency (default 1)")
     p.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     p.add_argument("--output", default=str(REPO / "BENCHMARKS.md"), help="markdown file to update ('' for none)")
+    p.add_argument("--check", action="store_true", help=f"exit 1 unless podium's own CPU per checkpoint stays flat "
+                   f"(the last 50 at most {FLAT}x checkpoints 10-60)")
     args = p.parse_args(argv)
     target = args.checkpoints or (52 if args.quick else 312)
     w = workload(target)
@@ -150,6 +170,15 @@ def main(argv: list[str] | None = None) -> int:
             a, b = window(first, fn), window(last, fn)
             table_rows.append([name, f"{fmt(a['p50'], 3)} / {fmt(a['p95'], 3)}", f"{fmt(b['p50'], 3)} / "
                                f"{fmt(b['p95'], 3)}"])
+        early = own_cpu_per_checkpoint(run, rows, 10, min(60, len(rows) - 1))
+        late = own_cpu_per_checkpoint(run, rows, max(len(rows) - 51, 0), len(rows) - 1)
+        table_rows.append(["podium's own CPU-s (its process + Prefect server), checkpoints 10–60 / last 50",
+                           fmt(early, 3), fmt(late, 3)])
+        flat = early is not None and late is not None and late <= FLAT * early
+        verdict = (f"podium's own CPU per checkpoint, the last 50 ≤ {FLAT}× checkpoints 10–60: "
+                   + (f"{late / early:.2f}× [{'met' if flat else 'missed'}]" if early and late is not None
+                      else "not measured"))
+        log(verdict)
         train_task, flow = c["train"], c["flow"]
         m = machine_description()
         cmd = "python benchmarks/scale.py" + (" --quick" if args.quick else "") + \
@@ -175,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt(run['driver_cpu_s'])} CPU-s. Prefect server CPU "
             f"during the run: {fmt(run['server_cpu_s'])} s. Last checkpoint → promotion done: "
             f"{fmt((c['promote']['end'] - max(r['persisted'] for r in rows if r['persisted'])) if c['promote'] else None)} s.",
-            "",
+            "", f"Goal: {verdict}.", "",
         ])
         print(text)
         if args.output:
             update_markdown_section(args.output, "scale", text)
-        return 0
+        return 0 if flat or not args.check else 1
     finally:
         if tmp is not None:
             tmp.cleanup()
