@@ -20,6 +20,7 @@ calls), how long, and the driver's peak RSS.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -32,7 +33,6 @@ if __package__ in (None, ""):
 from benchmarks.workload import (
     Workload,
     fmt,
-    load_average,
     machine_description,
     make_data,
     markdown_table,
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     from benchmarks import podium_run as pr
 
-    loads = [f"before: {load_average()}"]
+    loads = [os.getloadavg()[0]]  # the 1-minute load average, before and after the run
     try:
         train, val = make_data(w, str(work / "data"))
         home = str(work / "podium-home")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                                 serving=str(work / "serving"), timing_log=timing, concurrency=args.concurrency)
             log(f"podium run: {w.epochs} epochs × 52 steps, a checkpoint every step")
             run = pr.run_podium(home, cfg, str(work))
-            loads.append(f"after run: {load_average()}")
+            loads.append(os.getloadavg()[0])
             c = pr.collect(run, api, timing)
         finally:
             pr.stop_server(home)
@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         validated = sum(r["status"] == "validated" for r in rows)
         text = "\n".join([
             "## Hundreds of checkpoints (`benchmarks/scale.py`)", "",
-            f"Command: `{cmd}`. Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores; "
-            f"{m['versions']}; podium at {m['revision']}.", "",
-            "Load: " + "; ".join(loads), "",
+            f"Command: `{cmd}`. Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores "
+            f"(1-minute load average {loads[0]:.2f} before the run, {loads[-1]:.2f} after); {m['versions']}; "
+            f"podium at {m['revision']}. "
             f"One `podium run` of an MLP (hidden {w.hidden_size}) on {w.train_rows:,} rows, batch {w.batch_size}, "
             f"{w.epochs} epochs, `checkpoint_every_steps = 1`: **{len(rows)} checkpoints** ({validated} validated), "
             f"validation `repeat = 1` on {w.val_rows} rows, concurrency {args.concurrency}, one training "
@@ -199,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             f"Best-checkpoint selection on the finished store ({q['records']} records; "
             "`list_records` + `select_best`, as promotion runs them): "
             f"**{q['api_calls']} MLflow API call(s), {q['sql_statements']} SQL statements, "
-            f"{q['seconds'] * 1000:.0f} ms**.", "",
+            f"{q['seconds'] * 1000:.0f} ms**. "
             f"Driver (`podium run` process) peak RSS: **{run['peak_rss_mb']:.0f} MB**, "
             f"{fmt(run['driver_cpu_s'])} CPU-s. Prefect server CPU "
             f"during the run: {fmt(run['server_cpu_s'])} s. Last checkpoint → promotion done: "
-            f"{fmt((c['promote']['end'] - max(r['persisted'] for r in rows if r['persisted'])) if c['promote'] else None)} s.",
-            "", f"Goal: {verdict}.", "",
+            f"{fmt((c['promote']['end'] - max(r['persisted'] for r in rows if r['persisted'])) if c['promote'] else None)} s. "
+            f"Goal: {verdict}.", "",
         ])
         print(text)
         if args.output:
