@@ -155,10 +155,9 @@ def links(run_output: str, ui_output: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def nightly(run, dataset, shared_ray):
+def nightly(run, dataset):
     """The project's nightly deployment (`python -m podium.deployments deploy`), run once on demand by a
-    `podium worker` on the session's Ray head (`--ray-address`, as a team's worker joins its cluster), as
-    docs/operations.md shows: the finished flow run, read through the API."""
+    `podium worker`, as docs/operations.md shows: the finished flow run, read through the API."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -172,11 +171,8 @@ def nightly(run, dataset, shared_ray):
     assert deploy.returncode == 0, f"{deploy.stdout}\n{deploy.stderr[-4000:]}"
     api = _link(deploy.stdout, r"export PREFECT_API_URL=(\S+)")
     log = work / "worker.log"
-    ray = shared_ray.driver_env()
-    worker = subprocess.Popen([sys.executable, "-m", "podium.cli", "worker", "--pool", "browser", "--limit", "1",
-                               "--ray-address", ray["RAY_ADDRESS"]],
-                              env={**env, **ray, "PREFECT_WORKER_QUERY_SECONDS": "1",
-                                   "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+    worker = subprocess.Popen([sys.executable, "-m", "podium.cli", "worker", "--pool", "browser", "--limit", "1"],
+                              env={**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
                               cwd=work, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               start_new_session=True)
     try:
