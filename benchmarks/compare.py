@@ -122,7 +122,7 @@ class Runner:
         # a validation of less than half a second (the smoke job) is mostly fixed costs: nothing to hold it to.
         # (f) is not held to it: its validation only has to keep the other core busy from the first checkpoint
         # on, which it does back to back at whatever cost that core allows (1.3-1.9x calibrated, seen)
-        costly = key in ("b", "c", "d") and reference is not None and calibrated is not None and calibrated >= 0.5
+        costly = key in ("b", "c", "d") and calibrated is not None and calibrated >= 0.5
         return Expectations(epochs=self.workload.epochs, validates=key not in ("a", "a2", "f"), pinned=self.split.enabled,
                             max_foreign_cores=self.args.max_foreign_cpu, validation_s=reference if costly else None,
                             validation_source=source)

@@ -16,6 +16,7 @@ server's CPU seconds from /proc/<pid>/stat before and after.
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
 import os
 import shutil
@@ -145,9 +146,9 @@ class PeakRss(threading.Thread):
 def cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
     """CPU seconds a sampled process used between t0 and t1 (the last sample at or before each), or None
     when the samples do not cover t0."""
-    before = [c for t, c in samples if t <= t0]
-    upto = [c for t, c in samples if t <= t1]
-    return upto[-1] - before[-1] if before and upto else None
+    times = [t for t, _ in samples]  # in the order they were taken
+    i0, i1 = bisect.bisect_right(times, t0), bisect.bisect_right(times, t1)
+    return samples[i1 - 1][1] - samples[i0 - 1][1] if i0 else None
 
 
 def run_podium(home: str, config: dict[str, Any], workdir: str, timeout_s: float = 3600,
