@@ -76,12 +76,18 @@ def is_unreachable(exc: BaseException) -> bool:
     return cause is not None and cause is not exc and is_unreachable(cause)
 
 
-def _healthy(api_url: str, timeout: float) -> bool:
+def _health(api_url: str, timeout: float) -> str:
+    """One GET of /health: "up"; "slow" (no answer within `timeout`: a server that may only be busy);
+    "gone" (the connection refused or cut, or an error answer: no server there)."""
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            return "up" if r.status == 200 else "gone"
+    except TimeoutError:
+        return "slow"
+    except urllib.error.URLError as exc:
+        return "slow" if isinstance(exc.reason, TimeoutError) else "gone"
+    except (OSError, ValueError):
+        return "gone"
 
 
 class PrefectLink:
@@ -106,6 +112,8 @@ class PrefectLink:
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
         self._misses = 0  # failed probes in a row
+        self._gone_seen = False  # one of them found no server there (not only a late answer)
+        self._unanswered_since: float | None = None  # time.monotonic() of the first of them
 
     # ---- state
 
@@ -151,20 +159,28 @@ class PrefectLink:
                        "events resent by Prefect's client", self.api_url, lasted, len(artifacts), len(logs))
         progress_logger.info("Prefect server answers again after %.0f s: the run's records catch up", lasted)
 
-    def probe(self, timeout: float = 2.0, misses_to_down: int = 1) -> bool:
+    def probe(self, timeout: float = 2.0, misses_to_down: int = 1, slow_down_s: float | None = None) -> bool:
         """Ask /health once; mark the server up, or down after `misses_to_down` failed probes in a row
-        (a busy server may miss one). True if it answers."""
+        (a busy server may miss one). With `slow_down_s`, probes that only timed out mark it down once it
+        has not answered for that long: a server that refuses connections is gone, one that answers late
+        may be busy (a loaded machine). True if it answers."""
         if not self.api_url:
             return True
-        ok = _healthy(self.api_url, timeout)
-        if ok:
-            self._misses = 0
+        health = _health(self.api_url, timeout)
+        if health == "up":
+            self._misses, self._gone_seen, self._unanswered_since = 0, False, None
             self.mark_up()
-        else:
-            self._misses += 1
-            if self._misses >= misses_to_down:
-                self.mark_down("its /health does not answer")
-        return ok
+            return True
+        now = time.monotonic()
+        if self._unanswered_since is None:
+            self._unanswered_since = now - (timeout if health == "slow" else 0.0)
+        self._misses += 1
+        self._gone_seen = self._gone_seen or health == "gone"
+        if self._misses >= misses_to_down and (
+                slow_down_s is None or self._gone_seen or now - self._unanswered_since >= slow_down_s):
+            self.mark_down("its /health does not answer" if health == "gone"
+                           else f"its /health has not answered for {now - self._unanswered_since:.0f} s")
+        return False
 
     # ---- calls of podium's own
 
@@ -300,7 +316,7 @@ class PrefectLink:
     def _watching(self) -> None:
         while not self._stop.wait(PROBE_S):
             try:
-                self.probe(timeout=PROBE_S * 3, misses_to_down=2)
+                self.probe(timeout=PROBE_S * 3, misses_to_down=2, slow_down_s=CALL_DEADLINE_S)
             except Exception:  # the watch must never die of a bad answer
                 logger.debug("Prefect probe failed", exc_info=True)
 

@@ -46,6 +46,31 @@ def test_a_call_to_a_server_that_is_down_is_skipped_said_once_and_replayed_when_
     assert not link.down and link.outages == 1
 
 
+def test_the_watch_takes_a_refused_connection_for_an_outage_at_once_and_late_answers_only_when_they_last():
+    """A server that is gone refuses the connection: down after two probes. One that accepts and does not answer
+    in time may only be busy (a loaded machine): down once it has not answered for `slow_down_s`."""
+    import time
+
+    gone = prefect_api.PrefectLink(_dead_url())
+    assert not gone.probe(timeout=0.2, misses_to_down=2, slow_down_s=60)
+    assert not gone.down
+    assert not gone.probe(timeout=0.2, misses_to_down=2, slow_down_s=60)
+    assert gone.down, "two refused probes: an outage, whatever slow_down_s says"
+
+    with socket.socket() as listening:  # accepts connections (the kernel's backlog) and never answers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        busy = prefect_api.PrefectLink(f"http://127.0.0.1:{listening.getsockname()[1]}/api")
+        started = time.monotonic()
+        assert not busy.probe(timeout=0.2, misses_to_down=2, slow_down_s=1.0)
+        assert not busy.probe(timeout=0.2, misses_to_down=2, slow_down_s=1.0)
+        assert not busy.down, "two late answers are not an outage yet"
+        while time.monotonic() - started < 1.0:
+            busy.probe(timeout=0.2, misses_to_down=2, slow_down_s=1.0)
+        busy.probe(timeout=0.2, misses_to_down=2, slow_down_s=1.0)
+        assert busy.down, "no answer for slow_down_s: an outage"
+
+
 def test_a_posted_write_does_not_wait_for_a_slow_server_and_only_the_latest_waiting_one_is_sent():
     """Found in a profile of a benchmark run: the flow's loop waited 3-10 s per progress update on a Prefect
     server starved of CPU beside training, and the checkpoints announced meanwhile reached MLflow that late."""
