@@ -333,7 +333,8 @@ class PrefectLink:
         not recorded. None if the server answers and the flow run's end was recorded."""
         self.flush()  # the last progress written (or held: the watch, still on, notices a server gone meanwhile)
         self.stop_watch()
-        if self.probe(timeout=3.0) and flow_end_recorded:
+        # a server that is gone refuses at once; one that is only busy gets as long as a call of podium's own
+        if self.probe(timeout=CALL_DEADLINE_S) and flow_end_recorded:
             return None
         with self._lock:
             artifacts, logs = len(self._artifacts), len(self._logs) + self.logs_dropped
