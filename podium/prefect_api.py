@@ -30,13 +30,13 @@ import contextvars
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
+
+from podium.services import prefect_health
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -76,20 +76,6 @@ def is_unreachable(exc: BaseException) -> bool:
     return cause is not None and cause is not exc and is_unreachable(cause)
 
 
-def _health(api_url: str, timeout: float) -> str:
-    """One GET of /health: "up"; "slow" (no answer within `timeout`: a server that may only be busy);
-    "gone" (the connection refused or cut, or an error answer: no server there)."""
-    try:
-        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
-            return "up" if r.status == 200 else "gone"
-    except TimeoutError:
-        return "slow"
-    except urllib.error.URLError as exc:
-        return "slow" if isinstance(exc.reason, TimeoutError) else "gone"
-    except (OSError, ValueError):
-        return "gone"
-
-
 class PrefectLink:
     """This process's view of the Prefect server: up or down since when, and what waits for it."""
 
@@ -112,7 +98,6 @@ class PrefectLink:
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
         self._misses = 0  # failed probes in a row
-        self._gone_seen = False  # one of them found no server there (not only a late answer)
         self._unanswered_since: float | None = None  # time.monotonic() of the first of them
 
     # ---- state
@@ -166,18 +151,17 @@ class PrefectLink:
         may be busy (a loaded machine). True if it answers."""
         if not self.api_url:
             return True
-        health = _health(self.api_url, timeout)
+        health = prefect_health(self.api_url, timeout)
         if health == "up":
-            self._misses, self._gone_seen, self._unanswered_since = 0, False, None
+            self._misses, self._unanswered_since = 0, None
             self.mark_up()
             return True
         now = time.monotonic()
         if self._unanswered_since is None:
             self._unanswered_since = now - (timeout if health == "slow" else 0.0)
         self._misses += 1
-        self._gone_seen = self._gone_seen or health == "gone"
         if self._misses >= misses_to_down and (
-                slow_down_s is None or self._gone_seen or now - self._unanswered_since >= slow_down_s):
+                slow_down_s is None or health == "gone" or now - self._unanswered_since >= slow_down_s):
             self.mark_down("its /health does not answer" if health == "gone"
                            else f"its /health has not answered for {now - self._unanswered_since:.0f} s")
         return False

@@ -95,12 +95,22 @@ class Background:
         return self._value
 
 
-def _healthy(api_url: str, timeout: float = 2.0) -> bool:
+def prefect_health(api_url: str, timeout: float) -> str:
+    """One GET of a Prefect API's /health: "up"; "slow" (no answer within `timeout`: a server that may only
+    be busy); "gone" (the connection refused or cut, or an error answer: no server there)."""
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            return "up" if r.status == 200 else "gone"
+    except TimeoutError:
+        return "slow"
+    except urllib.error.URLError as exc:
+        return "slow" if isinstance(exc.reason, TimeoutError) else "gone"
+    except (OSError, ValueError):
+        return "gone"
+
+
+def _healthy(api_url: str, timeout: float = 2.0) -> bool:
+    return prefect_health(api_url, timeout) == "up"
 
 
 def _port_free(port: int) -> bool:
