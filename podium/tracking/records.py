@@ -206,7 +206,7 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
     tags = {TAG_RUN: tr.run_name, TAG_CHECKPOINT: event.checkpoint_name, TAG_URI: event.checkpoint_uri,
             TAG_STEP: str(event.step), TAG_STATUS: PENDING, TAG_METRICS: encode_metrics(event.metrics)}
     created = client.create_logged_model(
-        experiment_id=tr.experiment_id, name=f"{tr.run_name}-step-{event.step}", source_run_id=tr.run_id,
+        experiment_id=tr.experiment_id, name=logged_model_name(tr.run_name, event.step), source_run_id=tr.run_id,
         tags=tags, params={"step": str(event.step), "checkpoint_uri": event.checkpoint_uri,
                            "epoch": str(event.epoch)},
     )
@@ -217,6 +217,17 @@ def record_checkpoint(tr: TrackingRun, event: CheckpointEvent) -> CheckpointReco
         client.log_batch(tr.run_id, metrics=_metrics(event.metrics, event.step, model_id))
     return CheckpointRecord(step=event.step, uri=event.checkpoint_uri, status=PENDING,
                             metrics=dict(event.metrics), model_id=model_id, run_name=tr.run_name)
+
+
+# characters MLflow refuses in a LoggedModel's name (mlflow.utils.validation._validate_logged_model_name) that a
+# run name may hold: a run named "nightly-v1.2" records its checkpoints as "nightly-v1_2-step-<n>"
+_NOT_IN_LOGGED_MODEL_NAMES = str.maketrans({c: "_" for c in "/:.%\"'"})
+
+
+def logged_model_name(run_name: str, step: int) -> str:
+    """The display name of a checkpoint's record in MLflow: the run name (with the characters MLflow refuses in a
+    LoggedModel's name replaced by '_') and the step. Records are found by their tags, never by this name."""
+    return f"{run_name.translate(_NOT_IN_LOGGED_MODEL_NAMES)}-step-{step}"
 
 
 def _completed(tr: TrackingRun, model: Any) -> Any:
