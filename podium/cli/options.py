@@ -29,7 +29,8 @@ def comma_list(text: str) -> list[str]:
 # (flag, config path, type, help). Every option of `run` and `promote`; `--help` prints them all.
 OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--run-name", "run_name", str, "Run name: Ray Train's RunConfig name and the MLflow run name. "
-                                    "Running the same name again resumes it."),
+                                    "Running the same name again resumes it. {date} and {datetime} in it are filled "
+                                    "with the command's start (UTC), e.g. nightly-{date}."),
     ("--model", "model", str, "The model this run trains: names the MLflow experiment, the registered model "
                               "and the default serving location (.podium/serving/<model>)."),
     ("--experiment", "experiment", str, "MLflow experiment name (default: the model name)."),
@@ -157,13 +158,19 @@ def _table_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> PipelineConfig:
-    """Config file, then flags, then embedded defaults for empty locations; validated."""
+    """Config file, then flags, then embedded defaults for empty locations; validated; the run name's
+    placeholders filled for now."""
     from podium.config import ConfigError, load_config
 
     try:
-        return load_config(args.config, flag_overrides(args), settings)
+        config = load_config(args.config, flag_overrides(args), settings)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    if "{" in config.run_name:  # {date} / {datetime}: this command's run, as a deployment's run gets its start's
+        from datetime import datetime, timezone
+
+        config = config.at(datetime.now(timezone.utc))
+    return config
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -152,8 +152,10 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     """The user's repository has packages named `training` and `tasks`, as ML repositories often do.
     `podium` (the console script, not `python -m`) runs from the repository's root with no PYTHONPATH
     and resolves the user's packages, not its own (which are podium.training, podium.tasks). The run's name has a
-    dot, as a versioned name often does, which MLflow refuses in a checkpoint record's name."""
+    dot, as a versioned name often does, which MLflow refuses in a checkpoint record's name, and a {date} that the
+    command fills."""
     import inspect
+    from datetime import datetime, timezone
 
     import podium_user_code
     from mlflow.tracking import MlflowClient
@@ -168,9 +170,10 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     # raylet's path, not an upload
     env = {k: v for k, v in cli_env.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
     console_script = os.path.join(os.path.dirname(sys.executable), "podium")
+    day = datetime.now(timezone.utc).strftime("%Y%m%d")
     proc = subprocess.run(
-        [console_script, "run", "--json", "--run-name", "own-packages-v1.2", "--loop-config", "epochs=2", "--num-workers", "1",
-         "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
+        [console_script, "run", "--json", "--run-name", "own-packages-v1.2-{date}", "--loop-config", "epochs=2",
+         "--num-workers", "1", "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
          "--metric", "score", "--mode", "max", "--storage", str(tmp_path / "storage"),
          "--serving", str(tmp_path / "serving")],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
@@ -178,10 +181,12 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
     assert all("score" in c["metrics"] for c in out["checkpoints"])
-    assert out["promoted"] is not None and out["run_name"] == "own-packages-v1.2"
+    if out["run_name"] != f"own-packages-v1.2-{day}":  # the command started after midnight (UTC)
+        day = datetime.now(timezone.utc).strftime("%Y%m%d")
+    assert out["promoted"] is not None and out["run_name"] == f"own-packages-v1.2-{day}"
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
     models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id])
-    assert {m.name for m in models} == {f"own-packages-v1_2-step-{c['step']}" for c in out["checkpoints"]}
+    assert {m.name for m in models} == {f"own-packages-v1_2-{day}-step-{c['step']}" for c in out["checkpoints"]}
 
 
 def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):

@@ -52,6 +52,19 @@ def test_unset_flags_keep_defaults_and_locations_come_from_home(tmp_path):
     assert config.training.standardize is True
 
 
+def test_a_run_names_placeholders_are_filled_for_the_commands_start_and_only_when_given(tmp_path):
+    from datetime import datetime, timezone
+
+    before = datetime.now(timezone.utc)
+    config = config_for(["run", "--run-name", "nightly-{date}-at-{datetime}"], tmp_path)
+    after = datetime.now(timezone.utc)
+    filled = re.fullmatch(r"nightly-(\d{8})-at-((\d{8})-\d{6})", config.run_name)
+    assert filled, config.run_name
+    assert f"{before:%Y%m%d-%H%M%S}" <= filled[2] <= f"{after:%Y%m%d-%H%M%S}" and filled[1] == filled[3]
+    # no placeholder, no run name given: the default stays "not given" (`podium promote` then takes the latest run)
+    assert "run_name" not in config_for(["run"], tmp_path).model_fields_set
+
+
 def test_a_model_name_scopes_experiment_registered_model_and_serving(tmp_path):
     config = config_for(["run", "--model", "churn", "--no-standardize"], tmp_path)
     assert (config.model, config.experiment, config.promotion.registered_model) == ("churn",) * 3
