@@ -275,13 +275,30 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
     log_path = prefect_home / "server.log"
     prefect_home.mkdir(parents=True, exist_ok=True)
     logged_before = log_path.stat().st_size if log_path.exists() else 0
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env={**_prefect_env(prefect_home, port), **env}, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # outlives this command, so the UI stays up
-        )
+    with _launch_lock:
+        if _launches_abandoned:
+            raise ServiceError("the command is ending: the local Prefect server is not started")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                env={**_prefect_env(prefect_home, port), **env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # outlives this command, so the UI stays up
+            )
+        _launching[prefect_home] = proc
+    try:
+        return _await_started(proc, prefect_home, port, url, log_path, logged_before, timeout_s)
+    except BaseException:  # Ctrl-C in this thread, or a start that failed: no server left that nothing names
+        _terminate_group(proc.pid)
+        raise
+    finally:
+        with _launch_lock:
+            _launching.pop(prefect_home, None)
+
+
+def _await_started(proc: subprocess.Popen, prefect_home: Path, port: int, url: str, log_path: Path,
+                   logged_before: int, timeout_s: float) -> str:
+    """Wait until the server just started answers as this home's, then record it (server.json)."""
     started = process_start_time(proc.pid)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -293,19 +310,35 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
             raise ServiceError(f"the local Prefect server exited with code {proc.returncode}; see {log_path}")
         if _healthy(url):
             if not _serves_home(url, prefect_home):  # another server took the port first
-                _terminate_group(proc.pid)
                 raise PortTaken(f"port {port} answers as another Prefect server")
             (prefect_home / "server.json").write_text(json.dumps(
                 {"pid": proc.pid, "started": started, "port": port, "api_url": url, "home": str(prefect_home)}))
             _started_here.add(prefect_home)
             return url
         time.sleep(0.1)  # a refused connection costs nothing; the flow waits for this answer
-    _terminate_group(proc.pid)
     raise ServiceError(f"the local Prefect server did not become healthy in {timeout_s:g} s; see {log_path}")
 
 
 # the homes whose Prefect server this process started (a command that is refused stops it again)
 _started_here: set[Path] = set()
+# the servers this process is starting, by home, until they answer and are recorded in server.json; once the
+# command ends early (`abandon_starts`), none is started any more
+_launch_lock = threading.Lock()
+_launching: dict[Path, subprocess.Popen] = {}
+_launches_abandoned = False
+
+
+def abandon_starts() -> None:
+    """The command is ending (Ctrl-C before its run started, any early exit): a Prefect server it is still
+    starting in a background thread is stopped now, and none is started after this. Without it, the server
+    (a session of its own, so that it outlives the command) would run on with no server.json naming it:
+    `podium server stop` could not find it, and the next command would start a second one on the same database."""
+    global _launches_abandoned
+    with _launch_lock:
+        _launches_abandoned = True
+        for proc in _launching.values():
+            _terminate_group(proc.pid)
+        _launching.clear()
 
 
 def started_here(home: Path) -> bool:

@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         print("podium: interrupted", file=sys.stderr)
         return 130
     finally:
+        # a local Prefect server still starting in the background (the command ends early) is not left running
+        # unrecorded; one that started stays, as after any run (`podium server stop`)
+        from podium.services import abandon_starts
+
+        abandon_starts()
         # the output is written: spare the exit a last garbage collection over every loaded library
         # (measured at seconds with torch, ray, prefect and mlflow loaded)
         gc.freeze()
