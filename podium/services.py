@@ -253,7 +253,7 @@ def ensure_prefect_server(home: Path, port: int = 4200, api_url: str | None = No
         return api_url
     prefect_home = home.resolve() / "prefect"
     state_file = prefect_home / "server.json"
-    with _starting(prefect_home):
+    with _starting(prefect_home), _starter():
         reused = _reuse(state_file, prefect_home, timeout_s)
         if reused:
             return reused
@@ -275,8 +275,9 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
     log_path = prefect_home / "server.log"
     prefect_home.mkdir(parents=True, exist_ok=True)
     logged_before = log_path.stat().st_size if log_path.exists() else 0
+    me = threading.get_ident()
     with _launch_lock:
-        if _launches_abandoned:
+        if me in _abandoned:
             raise ServiceError("the command is ending: the local Prefect server is not started")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
@@ -285,7 +286,7 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives this command, so the UI stays up
             )
-        _launching[prefect_home] = proc
+        _launching[me] = proc
     try:
         return _await_started(proc, prefect_home, port, url, log_path, logged_before, timeout_s)
     except BaseException:  # Ctrl-C in this thread, or a start that failed: no server left that nothing names
@@ -293,7 +294,7 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
         raise
     finally:
         with _launch_lock:
-            _launching.pop(prefect_home, None)
+            _launching[me] = None
 
 
 def _await_started(proc: subprocess.Popen, prefect_home: Path, port: int, url: str, log_path: Path,
@@ -321,24 +322,38 @@ def _await_started(proc: subprocess.Popen, prefect_home: Path, port: int, url: s
 
 # the homes whose Prefect server this process started (a command that is refused stops it again)
 _started_here: set[Path] = set()
-# the servers this process is starting, by home, until they answer and are recorded in server.json; once the
-# command ends early (`abandon_starts`), none is started any more
+# the threads in `ensure_prefect_server` now, each with the server it is starting (None before its start and once
+# it is recorded in server.json), and those of them whose start was abandoned
 _launch_lock = threading.Lock()
-_launching: dict[Path, subprocess.Popen] = {}
-_launches_abandoned = False
+_launching: dict[int, subprocess.Popen | None] = {}
+_abandoned: set[int] = set()
+
+
+@contextlib.contextmanager
+def _starter() -> Iterator[None]:
+    """This thread checks or starts a server meanwhile (what `abandon_starts` stops)."""
+    me = threading.get_ident()
+    with _launch_lock:
+        _launching[me] = None
+    try:
+        yield
+    finally:
+        with _launch_lock:
+            _launching.pop(me, None)
+            _abandoned.discard(me)
 
 
 def abandon_starts() -> None:
-    """The command is ending (Ctrl-C before its run started, any early exit): a Prefect server it is still
-    starting in a background thread is stopped now, and none is started after this. Without it, the server
-    (a session of its own, so that it outlives the command) would run on with no server.json naming it:
-    `podium server stop` could not find it, and the next command would start a second one on the same database."""
-    global _launches_abandoned
+    """The command is ending (Ctrl-C before its run started, any early exit): a Prefect server that another
+    thread of it is still starting is stopped now, and that thread starts none after this. Without it, the
+    server (a session of its own, so that it outlives the command) would run on with no server.json naming it:
+    `podium server stop` could not find it, and the next command would start a second one on the same database.
+    A server already recorded stays, as after any run."""
     with _launch_lock:
-        _launches_abandoned = True
-        for proc in _launching.values():
-            _terminate_group(proc.pid)
-        _launching.clear()
+        for ident, proc in _launching.items():
+            _abandoned.add(ident)
+            if proc is not None:
+                _terminate_group(proc.pid)
 
 
 def started_here(home: Path) -> bool:
