@@ -214,7 +214,9 @@ class _NotFromMainThread(logging.Filter):
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    sys.exit(signum)  # what ray.init installs from the main thread: exit handlers (ray.shutdown) run
+    """What ray.init installs from the main thread (exit handlers, ray.shutdown, run), with the exit code a shell
+    gives a process a signal ended (128 + 15), as podium's run does once its own handler stops it (podium.flows.stop)."""
+    sys.exit(128 + signum)
 
 
 def _fits(warm_up: WarmUp) -> bool:

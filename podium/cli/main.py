@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 
 from podium.cli.errors import CliError
@@ -134,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a run started (or after it ended): nothing to stop cleanly
         print("podium: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        if exc.code == 128 + signal.SIGTERM:  # a SIGTERM before the run's own handler (podium.training.cluster)
+            print("podium: stopped by SIGTERM", file=sys.stderr)
+        raise
     finally:
         # a local Prefect server still starting in the background (the command ends early) is not left running
         # unrecorded; one that started stays, as after any run (`podium server stop`)

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -199,12 +200,19 @@ def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
         make_classification_data(str(default))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.exit(128 + signum)  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
+
+
 def run_flow(args: argparse.Namespace, which: str) -> int:
     """`podium run` / `podium promote`: the whole pipeline, or promotion alone, as a Prefect flow run."""
     use_ray_address(args.ray_address)
     settings = PodiumSettings()
     clock = StartupClock()
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
+    # a scheduler's SIGTERM before the run's own handler (podium.flows.stop) ends the command as an exception, not
+    # at once: a server still starting in the background is stopped on the way out (main: abandon_starts)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     servers = _start_servers(config, settings, which)
     try:
         return _run_started(args, which, settings, clock, config, servers)
