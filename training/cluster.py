@@ -14,8 +14,6 @@ import importlib.util
 import logging
 import math
 import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -213,12 +211,6 @@ class _NotFromMainThread(logging.Filter):
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    """What ray.init installs from the main thread (exit handlers, ray.shutdown, run), with the exit code a shell
-    gives a process a signal ended (128 + 15), as podium's run does once its own handler stops it (podium.flows.stop)."""
-    sys.exit(128 + signum)
-
-
 def _fits(warm_up: WarmUp) -> bool:
     total = ray.cluster_resources()
     need = {"CPU": warm_up.num_cpus, "GPU": warm_up.num_gpus, **dict(warm_up.resources)}
@@ -268,17 +260,17 @@ class EarlyStart(threading.Thread):
 def start_early(num_cpus: float, import_paths: list[str], warm_up: WarmUp) -> EarlyStart:
     """Start (or join) Ray and submit the validation warm-up in a background thread; returns the thread.
 
-    Call from the main thread once the configuration is checked. What the thread got (the warm-up's refs,
-    or its error) is handed to the next `take_started` with the same warm-up, which the flow's connect-ray
-    task calls. Until `wait()` returns, the caller must not import Ray Train or other parts of `ray` (the
-    thread is importing parts of `ray` meanwhile); other libraries are fine.
+    Call from the main thread once the configuration is checked, with a SIGTERM handler that exits through
+    Python's exit handlers installed (ray.init installs one only from the main thread; `podium run` installs its
+    own). What the thread got (the warm-up's refs, or its error) is handed to the next `take_started` with the
+    same warm-up, which the flow's connect-ray task calls. Until `wait()` returns, the caller must not import
+    Ray Train or other parts of `ray` (the thread is importing parts of `ray` meanwhile); other libraries are fine.
     """
     for name in RAY_LAZY_IMPORTS:
         try:
             importlib.import_module(name)
         except ImportError:  # an optional dependency Ray would do without as well
             pass
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.getLogger("ray._private.worker").addFilter(_NotFromMainThread())
     thread = EarlyStart(num_cpus, import_paths, warm_up)
     thread.start()
