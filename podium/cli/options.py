@@ -26,6 +26,19 @@ def comma_list(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object (a bad one is a usage error, exit code 2, saying what was expected)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"threshold\": 0.5}}', got {text!r} "
+                                         f"({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"threshold\": 0.5}}', got a "
+                                         f"{type(value).__name__}: {text!r}")
+    return value
+
+
 # (flag, config path, type, help). Every option of `run` and `promote`; `--help` prints them all.
 OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--run-name", "run_name", str, "Run name: Ray Train's RunConfig name and the MLflow run name. "
@@ -76,7 +89,7 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--data-cpus", "scaling.data_cpus", float, "CPUs Ray Data may use to read the training data."),
     ("--validate-fn", "validation.fn", str,
      "Validation function '(checkpoint, **kwargs) -> dict' as 'package.module:function'."),
-    ("--validate-kwargs", "validation.kwargs", json.loads, "Extra kwargs for the validation function, as JSON."),
+    ("--validate-kwargs", "validation.kwargs", json_object, "Extra kwargs for the validation function, as JSON."),
     ("--concurrency", "validation.concurrency", int, "Validations running at once."),
     ("--validation-cpus", "validation.num_cpus", float, "CPUs per validation task."),
     ("--validation-gpus", "validation.num_gpus", float, "GPUs per validation task."),

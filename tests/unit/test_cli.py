@@ -87,6 +87,16 @@ def test_invalid_flag_value_is_a_cli_error_naming_the_field(tmp_path):
         config_for(["run", "--mode", "up"], tmp_path)
 
 
+@pytest.mark.parametrize("value, expected", [
+    ("{bad", "expected a JSON object such as '{\"threshold\": 0.5}', got '{bad' (Expecting property name"),
+    ("[1, 2]", "expected a JSON object such as '{\"threshold\": 0.5}', got a list: '[1, 2]'"),
+])
+def test_validate_kwargs_that_are_no_json_object_are_a_usage_error_saying_what_was_expected(capsys, value, expected):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["run", "--validate-kwargs", value])
+    assert exit_.value.code == 2 and f"argument --validate-kwargs: {expected}" in capsys.readouterr().err
+
+
 def test_run_help_mentions_every_option(capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["run", "--help"])
