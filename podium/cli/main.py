@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print("podium: interrupted", file=sys.stderr)
         return 130
     except SystemExit as exc:
-        if exc.code == 128 + signal.SIGTERM:  # a SIGTERM before the run's own handler (podium.training.cluster)
+        from podium.flows.stop import exit_code
+
+        if exc.code == exit_code(signal.SIGTERM):  # a SIGTERM before the run's own handler (podium.cli.run)
             print("podium: stopped by SIGTERM", file=sys.stderr)
         raise
     finally:

@@ -201,7 +201,9 @@ def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    sys.exit(128 + signum)  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
+    from podium.flows.stop import exit_code  # standard library only
+
+    sys.exit(exit_code(signum))  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
 
 
 def run_flow(args: argparse.Namespace, which: str) -> int:
