@@ -55,8 +55,8 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     then promote the best checkpoint if it beats the current champion.
 
     Returns the run's summary; the flow run ends Completed, its message what was promoted or why nothing was. A
-    run none of whose checkpoints could be validated ends Failed and raises
-    `podium.flows.summary.EveryValidationFailed`, which holds the summary."""
+    run that did not do its work (none of its checkpoints could be validated, or its candidate's approval could not
+    be asked for) ends Failed and raises `podium.flows.summary.UnfinishedRun`, which holds the summary."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
     plan = plan_run_task(config)

@@ -7,6 +7,7 @@ from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
 
 from podium.config import PipelineConfig
+from podium.core.approval import VIA_UNASKED
 from podium.core.early_stop import EarlyStop
 from podium.core.numbers import format_number
 from podium.core.records import CheckpointRecord
@@ -42,9 +43,9 @@ def hand_off(summary: RunSummary) -> RunSummary:
     return summary
 
 
-class EveryValidationFailed(RuntimeError):
-    """A run none of whose checkpoints could be validated: its flow run ended Failed, and calling the flow raises
-    this. `summary` is what the run did (every checkpoint's record and reason)."""
+class UnfinishedRun(RuntimeError):
+    """A run that ended without doing its work (`run_shortfall`): its flow run ended Failed, and calling the flow
+    raises this. `summary` is what the run did (every checkpoint's record and reason, the promotion's outcome)."""
 
     def __init__(self, message: str, summary: RunSummary):
         super().__init__(message)
@@ -52,6 +53,20 @@ class EveryValidationFailed(RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (str(self), self.summary))
+
+
+def run_shortfall(summary: RunSummary) -> str | None:
+    """Why a run that reached its end did not do its work, whatever a scheduler would read from a Completed, or None:
+    no checkpoint could be validated (podium.core.verdict.run_failure), or its candidate's approval could not be asked
+    for (nothing was promoted, and no one decided that)."""
+    failure = run_failure([r.status for r in summary.checkpoints])
+    if failure:
+        return f"{failure}. Each reason is on its MLflow record and in `podium status`"
+    approval = summary.promotion.approval
+    if approval and approval.get("via") == VIA_UNASKED:
+        return (f"{approval['reason']}: nothing was promoted; `podium promote --run-name {summary.run_name}` asks "
+                "again")
+    return None
 
 
 STATE_MESSAGE_CHARS = 1000  # what the Prefect UI shows of a state's message without scrolling, and more
@@ -68,14 +83,13 @@ def outcome_in_words(summary: RunSummary) -> str:
 
 def final_state(summary: RunSummary) -> State:
     """The state the flow run ends in, its message what happened: Completed with what was promoted or why
-    nothing was, or Failed when no checkpoint could be validated (the run did not do its work, whatever a
-    scheduler would read from a Completed): calling the flow then raises EveryValidationFailed, which holds the
-    summary. `podium run` reads it either way (`hand_off`)."""
+    nothing was, or Failed when the run did not do its work (`run_shortfall`): calling the flow then raises
+    UnfinishedRun, which holds the summary. `podium run` reads it either way (`hand_off`)."""
     hand_off(summary)
-    failure = run_failure([r.status for r in summary.checkpoints])
-    if failure:
-        message = f"run {summary.run_name} failed: {failure}"
-        return Failed(message=message[:STATE_MESSAGE_CHARS], data=EveryValidationFailed(message, summary))
+    shortfall = run_shortfall(summary)
+    if shortfall:
+        message = f"run {summary.run_name} failed: {shortfall}"
+        return Failed(message=message[:STATE_MESSAGE_CHARS], data=UnfinishedRun(message, summary))
     return Completed(message=outcome_in_words(summary)[:STATE_MESSAGE_CHARS], data=summary)
 
 

@@ -18,7 +18,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from podium.core.approval import CHALLENGER, Approval, answered, timed_out, withdrawn
+from podium.core.approval import CHALLENGER, Approval, answered, timed_out, unasked, withdrawn
 from podium.core.numbers import format_number
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
@@ -63,7 +63,8 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
                    stop_requested: Callable[[], bool] = lambda: False) -> Approval:
     """Pause the flow run until a person decides on the candidate (the Prefect UI's form, `podium approve` or
     `podium reject`), at most `promotion.approval_timeout_s`; then what the timeout means. A stop asked for
-    meanwhile (`stop_requested`), or a pause Prefect refuses, withdraws the candidate (not promoted)."""
+    meanwhile (`stop_requested`) withdraws the candidate (not promoted); a pause Prefect refuses or stops answering
+    leaves it undecided (not promoted either, and the run failed: podium.core.approval.unasked)."""
     p, c = plan.config.promotion, outcome.awaiting
     assert c is not None
     say("awaiting approval: step %d (%s = %s) waits as %s v%s @%s; decide in the Prefect UI or run `podium approve "
@@ -99,7 +100,7 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         resume_after_timeout(f"no decision within {p.approval_timeout_s:g} s: {p.approval_on_timeout}")
         return timed_out(p.approval_timeout_s, p.approval_on_timeout)
     logger.warning("the approval could not be asked for", exc_info=error)  # type: ignore[arg-type]
-    return withdrawn(f"the approval could not be asked for ({type(error).__name__}: {error})"[:500])
+    return unasked(f"the approval could not be asked for ({type(error).__name__}: {error})"[:500])
 
 
 def resume_after_timeout(message: str) -> None:

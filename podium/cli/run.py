@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from typing import Any
 from podium.cli.errors import NOT_RECORDED_EXIT, CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
-from podium.core.verdict import run_failure
 from podium.settings import PodiumSettings
 
 
@@ -200,21 +198,17 @@ def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
         make_classification_data(str(default))
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    from podium.flows.stop import exit_code  # standard library only
-
-    sys.exit(exit_code(signum))  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
-
-
 def run_flow(args: argparse.Namespace, which: str) -> int:
     """`podium run` / `podium promote`: the whole pipeline, or promotion alone, as a Prefect flow run."""
     use_ray_address(args.ray_address)
     settings = PodiumSettings()
     clock = StartupClock()
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
-    # a scheduler's SIGTERM before the run's own handler (podium.flows.stop) ends the command as an exception, not
-    # at once: a server still starting in the background is stopped on the way out (main: abandon_starts)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Ctrl-C or a scheduler's SIGTERM before the run's own handler ends the command as an exception, not at once: a
+    # server still starting in the background is stopped on the way out (main: abandon_starts)
+    from podium.flows.stop import stop_before_the_run  # standard library only
+
+    stop_before_the_run()
     servers = _start_servers(config, settings, which)
     try:
         return _run_started(args, which, settings, clock, config, servers)
@@ -290,9 +284,12 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
             from podium.flows.promote import promote_run as flow_fn
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
-        from podium.flows.summary import finished_summary
+        from podium.flows.summary import finished_summary, run_shortfall
 
         flow_end_recorded = True
+        from podium.flows.stop import stop_if_signalled
+
+        stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
         try:
             try:
                 summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
@@ -300,15 +297,16 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 finished_summary(config.run_name)
             except Exception as exc:
                 done = finished_summary(config.run_name)
-                if done is not None and run_failure([r.status for r in done.checkpoints]):
-                    summary = done  # the flow run ended Failed on purpose: no checkpoint could be validated
-                elif done is None or not prefect_api.is_unreachable(exc):
+                unreachable = prefect_api.is_unreachable(exc)
+                # the run reached its end: its flow run ended Failed on purpose (the run did not do its work), or
+                # Prefect's engine could not record the flow run's final state
+                if done is None or not (unreachable or run_shortfall(done)):
                     raise
-                else:
-                    # the run did its work; only Prefect's engine could not record the flow run's final state
+                summary = done
+                if unreachable:
                     logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: "
                                                         "%s: %s", type(exc).__name__, exc)
-                    summary, flow_end_recorded = done, False
+                    flow_end_recorded = False
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
         except (RunInProgress, ConfigError) as exc:
@@ -339,8 +337,11 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
             prefect_api.link().settle(True)
             print(f"podium: {exc}", file=sys.stderr, flush=True)
             return exit_code(STOP.signum)
+        shortfall = run_shortfall(summary)
         if not flow_end_recorded:  # the server may be back by now: then the CLI records the end itself
-            flow_end_recorded = prefect_api.record_flow_end(summary.flow_run_id, f"{config.run_name}: done")
+            flow_end_recorded = prefect_api.record_flow_end(
+                summary.flow_run_id, f"run {config.run_name} failed: {shortfall}" if shortfall else f"{config.run_name}: done",
+                failed=shortfall is not None)
         not_recorded = prefect_api.link().settle(flow_end_recorded)
     elapsed = time.monotonic() - start
     if args.json:
@@ -353,12 +354,12 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
         print(json.dumps(out))
     else:
         print_summary(summary, config, settings, tracking_uri, api_url, elapsed)
+    if shortfall:  # the summary above says what each checkpoint got; a scheduler reads the exit code
+        unrecorded = f" Prefect has not recorded it either: {not_recorded}." if not_recorded else ""
+        print(f"podium: run {config.run_name!r} failed: {shortfall}.{unrecorded}", file=sys.stderr, flush=True)
+        return RunFailed.exit_code
     if not_recorded:
         print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
               "and the serving location have it.", file=sys.stderr, flush=True)
-    failure = run_failure([r.status for r in summary.checkpoints])
-    if failure:  # the summary above says what each checkpoint got; a scheduler reads the exit code
-        print(f"podium: run {config.run_name!r} failed: {failure}. Each reason is on its MLflow record and in "
-              "`podium status`.", file=sys.stderr, flush=True)
-        return RunFailed.exit_code
-    return NOT_RECORDED_EXIT if not_recorded else 0
+        return NOT_RECORDED_EXIT
+    return 0

@@ -17,6 +17,7 @@ from typing import Any, Literal
 CHALLENGER = "challenger"  # the registry alias of a candidate awaiting a decision
 APPROVE, REJECT = "approve", "reject"
 VIA_UI, VIA_TIMEOUT, VIA_STOP = "the Prefect UI", "timeout", "stop"
+VIA_UNASKED = "not asked"  # the decision could not be asked for: no one decided (see `unasked`)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Approval:
 
     def describe(self) -> str:
         """The decision in one phrase: `approved by ana (podium approve): beats last week's on every slice`."""
+        if self.via == VIA_UNASKED:
+            return f"undecided: {self.reason}"
         verdict = "approved" if self.approved else "rejected"
         if self.via == VIA_TIMEOUT:
             return f"{verdict} on timeout: {self.reason}"
@@ -43,7 +46,8 @@ class Approval:
     def tags(self) -> dict[str, str]:
         """The decision as registry tags (`podium.approval`, `.by`, `.reason`, `.at`, `.via`)."""
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
-        return {"podium.approval": "approved" if self.approved else "rejected", "podium.approval.by": self.by,
+        verdict = "undecided" if self.via == VIA_UNASKED else "approved" if self.approved else "rejected"
+        return {"podium.approval": verdict, "podium.approval.by": self.by,
                 "podium.approval.reason": self.reason[:5000], "podium.approval.at": when,
                 "podium.approval.via": self.via}
 
@@ -72,3 +76,11 @@ def timed_out(timeout_s: float, on_timeout: Literal["reject", "approve"], at: fl
 def withdrawn(why: str, at: float | None = None) -> Approval:
     """A candidate no one can decide on any more (the run was stopped, the decision could not be asked)."""
     return Approval(False, "podium", why, time.time() if at is None else at, VIA_STOP)
+
+
+def unasked(why: str, at: float | None = None) -> Approval:
+    """A candidate no one could be asked about (Prefect did not take the pause that asks, or stopped answering
+    while it waited): not promoted, and not a decision either. The run did not do its work
+    (podium.flows.summary.run_shortfall): its command and its flow run end failed, and promoting the run again
+    asks again."""
+    return Approval(False, "podium", why, time.time() if at is None else at, VIA_UNASKED)

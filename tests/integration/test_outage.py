@@ -96,10 +96,10 @@ def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, ray, **extra: str)
 
 
 class PodiumRun:
-    """`podium run` in a process group of its own; killed if the test ends before it does."""
+    """`podium run` (or `podium promote`) in a process group of its own; killed if the test ends before it does."""
 
-    def __init__(self, config: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--config", str(config)],
+    def __init__(self, config: Path, env: dict[str, str], command: str = "run"):
+        self.proc = subprocess.Popen([sys.executable, "-m", "podium.cli", command, "--json", "--config", str(config)],
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
 
@@ -126,8 +126,8 @@ class PodiumRun:
 def podium_runs():
     runs: list[PodiumRun] = []
 
-    def start(config: Path, env: dict[str, str]) -> PodiumRun:
-        runs.append(PodiumRun(config, env))
+    def start(config: Path, env: dict[str, str], command: str = "run") -> PodiumRun:
+        runs.append(PodiumRun(config, env, command))
         return runs[-1]
 
     yield start
@@ -321,6 +321,19 @@ def _answers(api_url: str) -> bool:
         return False
 
 
+def _awaits_approval(api_url: str, run_name: str) -> bool:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from podium.prefect_api import paused_flow_run
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        try:
+            paused_flow_run(run_name)
+        except LookupError:
+            return False
+    return True
+
+
 @pytest.fixture
 def prefect_server(tmp_path):
     server = PrefectServer(tmp_path / "prefect-home")
@@ -349,12 +362,14 @@ def _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, 
     return run, calls
 
 
-def test_prefect_server_killed_mid_run_then_back_mid_run(prefect_server, podium_runs, shared_ray, dataset, tmp_path,
-                                                         tracking_uri):
+def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_awaits_approval(
+        prefect_server, podium_runs, shared_ray, dataset, tmp_path, tracking_uri):
     """Two runs on one Prefect server of the test's own. The first loses the server at its first checkpoint
     for good: its work finishes, and it says it is not recorded in Prefect (exit 4). The server is started again
     on the same port and database; the second loses it at its first checkpoint, and gets it back a few
-    checkpoints later: its records catch up, exit 0."""
+    checkpoints later: its records catch up, exit 0. Then `podium promote` of that run with approval required
+    loses the server while its candidate awaits a decision: no one could decide, nothing is promoted, and the
+    command fails saying so (exit 1), where a withdrawn candidate used to end it with exit 0."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_queries import artifact_keys, flow_run_state, task_runs
 
@@ -408,3 +423,26 @@ def test_prefect_server_killed_mid_run_then_back_mid_run(prefect_server, podium_
         assert all(r.state.is_completed() for r in runs if r.name.startswith("validate-step-"))
         assert {"prefect-back-checkpoints", "prefect-back-promotion", "prefect-back-chart",
                 "prefect-back-progress"} <= artifact_keys("prefect-back-run")
+
+    config = json.loads((back / "podium.json").read_text())
+    config["serving"] = str(back / "serving-approved")
+    config["promotion"].update(approval="required", approval_timeout_s=600)
+    (back / "approval.json").write_text(json.dumps(config))
+    promote = podium_runs(back / "approval.json", _env(back, prefect_server.url, tracking_uri, shared_ray), "promote")
+    promote.wait_until(lambda: _awaits_approval(prefect_server.url, "prefect-back"), "a candidate awaiting approval")
+    prefect_server.kill()
+    rc, out, err = promote.finish()
+    assert rc == 1, f"exit {rc}:\n{err[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("podium: run 'prefect-back' failed: the approval could not be asked for ("), last
+    assert "nothing was promoted; `podium promote --run-name prefect-back` asks again" in last, last
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["promoted"] is None
+    assert result["promotion_reason"].startswith("undecided: the approval could not be asked for ("), result
+    assert not (back / "serving-approved" / "CURRENT").exists()
+    assert not list((back / "serving-approved" / "versions").iterdir())  # the staged copy is gone
+    client = MlflowClient(tracking_uri)
+    [undecided] = client.search_model_versions("tags.`podium.approval` = 'undecided'")
+    assert "challenger" not in undecided.aliases
+    assert "challenger" not in client.get_registered_model(undecided.name).aliases

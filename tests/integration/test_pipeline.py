@@ -14,7 +14,7 @@ from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
 from podium import load_promoted_model
 from podium.config import ConfigError
-from podium.flows.summary import EveryValidationFailed
+from podium.flows.summary import UnfinishedRun
 from podium.serving.layout import read_current, read_history
 from podium.tracking.client import TAG_CHECKPOINT, TAG_CONFIG_PREFIX
 from podium.training.data import load_arrays
@@ -144,7 +144,7 @@ def test_a_diverging_run_never_replaces_the_champion(pipeline, dataset, location
     with pytest.raises(ConfigError, match="data.train: feature column 'f03' has 1 NaN, infinite or null value"):
         pipeline(diverging, locations["tracking_uri"])
     diverging["data"]["allow"] = ["non_finite_features"]
-    with pytest.raises(EveryValidationFailed, match="run gate-nan failed: every validation failed") as failed:
+    with pytest.raises(UnfinishedRun, match="run gate-nan failed: every validation failed") as failed:
         pipeline(diverging, locations["tracking_uri"])  # its flow run ends Failed: nothing could be validated
     third = failed.value.summary
     assert third.checkpoints and all(r.status == "failed" for r in third.checkpoints)

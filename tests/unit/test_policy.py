@@ -214,7 +214,7 @@ def test_the_report_and_the_runs_table_name_the_checks_that_refused():
 
 
 def test_a_decision_on_a_candidate_says_who_how_and_why_and_silence_is_the_configured_default():
-    from podium.core.approval import answered, timed_out, withdrawn
+    from podium.core.approval import answered, timed_out, unasked, withdrawn
 
     by_cli = answered("approve", " beats last week's ", "ana@box (podium approve)", at=0.0)
     assert (by_cli.approved, by_cli.via, by_cli.reason) == (True, "podium approve", "beats last week's")
@@ -225,5 +225,8 @@ def test_a_decision_on_a_candidate_says_who_how_and_why_and_silence_is_the_confi
     assert timed_out(3, "reject").describe() == ("rejected on timeout: no decision within 3 s "
                                                  "(promotion.approval_on_timeout = reject)")
     assert timed_out(3, "approve").approved and not withdrawn("stopped").approved
+    undecided = unasked("the approval could not be asked for (ConnectError: refused)", at=0.0)
+    assert not undecided.approved and undecided.tags()["podium.approval"] == "undecided"
+    assert undecided.describe() == "undecided: the approval could not be asked for (ConnectError: refused)"
     with pytest.raises(ValueError, match="expected 'approve' or 'reject'"):
         answered("maybe", "x", "ana")
