@@ -100,6 +100,36 @@ def exit_code(signum: int) -> int:
     return 128 + signum
 
 
+_BEFORE_RUN: list[int] = []  # signals taken by the handler of `stop_before_the_run`, in this process
+
+
+def _before_the_run(signum: int, frame: FrameType | None) -> None:
+    _BEFORE_RUN.append(signum)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(exit_code(signum))  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
+
+
+def stop_before_the_run() -> None:
+    """The handler of a command's start-up, before its run's own (`stop_on_signals`): SIGINT raises KeyboardInterrupt
+    and SIGTERM SystemExit(143), so that the command's `finally`s run (a server still starting is stopped) and it
+    exits 128 + the signal. Each signal is also kept, because the exception can be swallowed where it lands (Python
+    ignores one raised in a `__del__` or a weakref callback; some code catches everything): the command then stops
+    before its run starts (`stop_if_signalled`), or its run as soon as the run's own handler is installed, instead of
+    going on as if nothing had been asked."""
+    _BEFORE_RUN.clear()
+    for sig in SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # a signal ignored by whoever started the command stays so
+            signal.signal(sig, _before_the_run)
+
+
+def stop_if_signalled() -> None:
+    """Where a command is about to start its run: raise again for a signal `stop_before_the_run` took, if its exception
+    was swallowed where it landed."""
+    if _BEFORE_RUN:
+        _before_the_run(_BEFORE_RUN[0], None)
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[StopRequest]:
     """While the flow runs: SIGINT and SIGTERM ask for a clean stop (a second one exits at once).
@@ -126,6 +156,9 @@ def stop_on_signals() -> Iterator[StopRequest]:
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, handler)
+    if _BEFORE_RUN:  # taken as the run started, before this handler, and swallowed where it landed
+        handler(_BEFORE_RUN.pop(), None)
+        _BEFORE_RUN.clear()
     try:
         yield STOP
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -339,7 +340,7 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
     """Runs refused by the preflight, on the embedded defaults (no Prefect server configured), one on its data
     and one on its storage: each started the local Prefect server for itself, and each stops it again;
     `podium server stop` has nothing left to find. (Every kind of refusal and its message: test_plan,
-    test_datasets, in-process.)"""
+    test_datasets, in-process.) Then a run stopped by a signal while the server starts."""
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
@@ -355,3 +356,28 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert not (home / "prefect" / "server.json").exists(), what
         assert _prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
+
+    # stopped while the server starts: Ctrl-C (SIGINT to the command's process group, as a terminal sends it), and a
+    # scheduler's SIGTERM to the command: exit 128 + the signal, one line, and no server left that server.json
+    # does not name (`podium server stop` finds every one). Where a library swallowed the signal's exception, the
+    # command stops at its run's start instead (tests/unit/test_cli.py): the same exit, its own line
+    for sig, to_group in ((signal.SIGINT, True), (signal.SIGTERM, False)):
+        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", "stopped", "--epochs", "1",
+                                 "--train-data", dataset[0], "--val-data", dataset[1]], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not _prefect_servers_of(home):
+            assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
+            time.sleep(0.05)
+        (os.killpg if to_group else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=180)
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        assert proc.returncode == 128 + sig and last.startswith("podium: "), f"exit {proc.returncode}:\n{err[-3000:]}"
+        assert "Traceback" not in err, err[-3000:]
+        state = home / "prefect" / "server.json"
+        deadline = time.monotonic() + 30
+        while set(_prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
+            assert time.monotonic() < deadline, f"{sig.name}: a Prefect server that no server.json names was left"
+            time.sleep(0.2)
+        podium(["server", "stop"], env)
+        assert _prefect_servers_of(home) == []

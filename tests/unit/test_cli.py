@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +228,35 @@ def test_demo_data_fills_only_what_a_builtin_needs(tmp_path):
     own = config_for(["run", "--train-loop", "mypkg.train:loop", "--validate-fn", "mypkg.train:validate"], tmp_path)
     assert (own.data.train, own.data.val) == ("", "")
     assert config_for(["run", "--train-loop", "mypkg.train:loop"], tmp_path).data.val.endswith("val.parquet")
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)])
+def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_run(signum, raised):
+    """Ctrl-C or SIGTERM while a command starts raises where it lands; Python ignores an exception raised in a
+    `__del__` ('Exception ignored in ...'), as some libraries' code ignores every exception. The signal is kept: the
+    command stops before its run starts, or the run stops as soon as its own handler is installed."""
+    from podium.flows import stop
+
+    class Finalizer:  # the signal is handled in the main thread at the next instruction: here, inside __del__
+        def __del__(self):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.01)
+
+    previous = {sig: signal.getsignal(sig) for sig in stop.SIGNALS}
+    try:
+        stop.stop_before_the_run()
+        finalizer = Finalizer()
+        del finalizer  # swallowed: the command went on
+        with pytest.raises(raised) as exc_info:
+            stop.stop_if_signalled()
+        if raised is SystemExit:
+            assert exc_info.value.code == 143
+        with stop.stop_on_signals() as request:  # a run whose start swallowed it: asked to stop at once
+            assert request.signum == signum
+            with pytest.raises(stop.RunStopped):
+                request.check()
+        stop.stop_before_the_run()  # the next command in this process starts with nothing pending
+        stop.stop_if_signalled()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
