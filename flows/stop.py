@@ -16,9 +16,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 logger = logging.getLogger(__name__)
 progress_logger = logging.getLogger("podium.progress")
@@ -121,6 +121,21 @@ def stop_before_the_run() -> None:
     for sig in SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # a signal ignored by whoever started the command stays so
             signal.signal(sig, _before_the_run)
+    if not isinstance(sys.unraisablehook, _QuietOnKeptSignals):
+        sys.unraisablehook = _QuietOnKeptSignals(sys.unraisablehook)
+
+
+class _QuietOnKeptSignals:
+    """sys.unraisablehook that leaves out the exception of a signal `stop_before_the_run` kept, where Python ignored it
+    (a traceback under 'Exception ignored in ...', of a signal the command still acts on); others go to `previous`."""
+
+    def __init__(self, previous: Callable[[Any], object]):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if _BEFORE_RUN and isinstance(unraisable.exc_value, KeyboardInterrupt | SystemExit):
+            return
+        self.previous(unraisable)
 
 
 def stop_if_signalled() -> None:
