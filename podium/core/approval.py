@@ -74,7 +74,7 @@ def timed_out(timeout_s: float, on_timeout: Literal["reject", "approve"], at: fl
 
 
 def withdrawn(why: str, at: float | None = None) -> Approval:
-    """A candidate no one can decide on any more (the run was stopped, the decision could not be asked)."""
+    """A candidate no one can decide on any more: the run was stopped while it waited."""
     return Approval(False, "podium", why, time.time() if at is None else at, VIA_STOP)
 
 
