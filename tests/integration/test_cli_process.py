@@ -336,6 +336,16 @@ def _prefect_servers_of(home) -> list[int]:
     return found
 
 
+def _signals_as_in_a_terminal() -> None:
+    """In the child, before podium starts: SIGINT and SIGTERM with their default action and not blocked, as a command
+    a terminal or a scheduler starts has them. A child inherits an ignored or blocked signal (which podium respects,
+    as Python does), and this pytest worker's state is whatever its earlier tests left (a full run under xdist
+    ignored the group's SIGINT, where the test alone passed)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
     """Runs refused by the preflight, on the embedded defaults (no Prefect server configured), one on its data
     and one on its storage: each started the local Prefect server for itself, and each stops it again;
@@ -364,7 +374,8 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
     for sig, to_group in ((signal.SIGINT, True), (signal.SIGTERM, False)):
         proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", "stopped", "--epochs", "1",
                                  "--train-data", dataset[0], "--val-data", dataset[1]], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=_signals_as_in_a_terminal)
         deadline = time.monotonic() + 120
         while not _prefect_servers_of(home):
             assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
@@ -372,7 +383,9 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
         (os.killpg if to_group else os.kill)(proc.pid, sig)
         _, err = proc.communicate(timeout=180)
         last = err.strip().splitlines()[-1] if err.strip() else ""
-        assert proc.returncode == 128 + sig and last.startswith("podium: "), f"exit {proc.returncode}:\n{err[-3000:]}"
+        here = [line.strip() for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn"))]
+        assert proc.returncode == 128 + sig and last.startswith("podium: "), (
+            f"exit {proc.returncode} (this process: SIGINT {signal.getsignal(signal.SIGINT)}, {here}):\n{err[-3000:]}")
         assert "Traceback" not in err, err[-3000:]
         state = home / "prefect" / "server.json"
         deadline = time.monotonic() + 30

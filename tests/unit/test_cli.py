@@ -246,8 +246,13 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
             time.sleep(0.01)
 
     previous = {sig: signal.getsignal(sig) for sig in stop.SIGNALS}
-    hook = sys.unraisablehook
+    hook, mask = sys.unraisablehook, None
     try:
+        # as a command started from a terminal or a scheduler has them (an earlier test of this process may have
+        # left a signal ignored or blocked, which the handler respects)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, stop.SIGNALS)
         stop.stop_before_the_run()
         finalizer = Finalizer()
         del finalizer  # swallowed: the command went on
@@ -262,6 +267,8 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
         stop.stop_before_the_run()  # the next command in this process starts with nothing pending
         stop.stop_if_signalled()
     finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
