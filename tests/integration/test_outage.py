@@ -369,7 +369,7 @@ def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_
     on the same port and database; the second loses it at its first checkpoint, and gets it back a few
     checkpoints later: its records catch up, exit 0. Then `podium promote` of that run with approval required
     loses the server while its candidate awaits a decision: no one could decide, nothing is promoted, and the
-    command fails saying so (exit 1), where a withdrawn candidate used to end it with exit 0."""
+    command fails saying so (exit 1), not as a success."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_queries import artifact_keys, flow_run_state, task_runs
 
