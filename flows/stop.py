@@ -172,7 +172,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
     for sig in SIGNALS:
         signal.signal(sig, handler)
     if _BEFORE_RUN:  # taken as the run started, before this handler, and swallowed where it landed
-        handler(_BEFORE_RUN.pop(), None)
+        handler(_BEFORE_RUN[0], None)
         _BEFORE_RUN.clear()
     try:
         yield STOP

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -371,26 +372,34 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
     # scheduler's SIGTERM to the command: exit 128 + the signal, one line, and no server left that server.json
     # does not name (`podium server stop` finds every one). Where a library swallowed the signal's exception, the
     # command stops at its run's start instead (tests/unit/test_cli.py): the same exit, its own line
-    for sig, to_group in ((signal.SIGINT, True), (signal.SIGTERM, False)):
-        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", "stopped", "--epochs", "1",
-                                 "--train-data", dataset[0], "--val-data", dataset[1]], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                preexec_fn=_signals_as_in_a_terminal)
-        deadline = time.monotonic() + 120
-        while not _prefect_servers_of(home):
-            assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
-            time.sleep(0.05)
-        (os.killpg if to_group else os.kill)(proc.pid, sig)
-        _, err = proc.communicate(timeout=180)
-        last = err.strip().splitlines()[-1] if err.strip() else ""
-        here = [line.strip() for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn"))]
-        assert proc.returncode == 128 + sig and last.startswith("podium: "), (
-            f"exit {proc.returncode} (this process: SIGINT {signal.getsignal(signal.SIGINT)}, {here}):\n{err[-3000:]}")
-        assert "Traceback" not in err, err[-3000:]
-        state = home / "prefect" / "server.json"
-        deadline = time.monotonic() + 30
-        while set(_prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
-            assert time.monotonic() < deadline, f"{sig.name}: a Prefect server that no server.json names was left"
-            time.sleep(0.2)
-        podium(["server", "stop"], env)
-        assert _prefect_servers_of(home) == []
+    proc = None
+    try:
+        for sig, to_group in ((signal.SIGINT, True), (signal.SIGTERM, False)):
+            proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", "stopped", "--epochs", "1",
+                                     "--train-data", dataset[0], "--val-data", dataset[1]], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                    preexec_fn=_signals_as_in_a_terminal)
+            deadline = time.monotonic() + 120
+            while not _prefect_servers_of(home):
+                assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
+                time.sleep(0.05)
+            (os.killpg if to_group else os.kill)(proc.pid, sig)
+            _, err = proc.communicate(timeout=180)
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            here = [line.strip() for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn"))]
+            assert proc.returncode == 128 + sig and last.startswith("podium: "), (
+                f"exit {proc.returncode} (this process: SIGINT {signal.getsignal(signal.SIGINT)}, {here}):\n{err[-3000:]}")
+            assert "Traceback" not in err, err[-3000:]
+            state = home / "prefect" / "server.json"
+            deadline = time.monotonic() + 30
+            while set(_prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
+                assert time.monotonic() < deadline, f"{sig.name}: a Prefect server that no server.json names was left"
+                time.sleep(0.2)
+            podium(["server", "stop"], env)
+            assert _prefect_servers_of(home) == []
+    finally:  # a failed assertion above leaves neither the command nor a server it started running
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _prefect_servers_of(home):  # each server is a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
