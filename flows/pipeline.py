@@ -188,7 +188,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     tracking = _open_tracking(plan, tracking_uri, stream, training)
     progress = Progress(config.run_name, config.training.epochs)
     validations = ValidationQueue(plan, tracking)
-    served = served_checkpoints(plan)  # checkpoints.keep never deletes the one the champion came from
+    served = served_checkpoints(plan, tracking.tracking_uri)  # checkpoints.keep never deletes a served one's source
     validations.check_stop = stop.check
     validations.stopping = lambda: stop.requested
     seen: set[str] = set()
@@ -241,7 +241,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
         outcome = promote_and_announce(plan, tracking, mlflow_ui, validations.records(), lambda: stop.requested)
         stop.check()  # a stop asked for while the candidate awaited approval (it was withdrawn)
-        validations.keep_best(served_checkpoints(plan))  # what promotion read is kept; the rest can go now
+        validations.keep_best(served_checkpoints(plan, tracking.tracking_uri))  # what promotion read is kept
     except RunStopped as exc:
         raise _stop_run(plan, tracking, validations, stream, training, exc) from None
     except BaseException as exc:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prefect import flow
+from prefect.states import Cancelled
 
 from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
+from podium.flows.stop import RunStopped, stop_on_signals
 from podium.flows.summary import RunSummary, final_state, summarize_run
 from podium.tasks.approval import await_approval
 from podium.tasks.news import announce_promotion_task
@@ -39,9 +41,17 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
     """Promote the best validated checkpoint of an existing run if it beats the champion."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
-    with prefect_api.watching():  # Prefect mirrors the promotion and is not on its critical path
+    # Prefect mirrors the promotion and is not on its critical path. SIGINT / SIGTERM while a candidate awaits
+    # approval withdraw it (its staged copy, its registry version and the challenger alias): the flow run ends
+    # Cancelled, and the same command asks again
+    with prefect_api.watching(), stop_on_signals() as stop:
         plan = plan_run_task(config)
         tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
-        outcome = promote_and_announce(plan, tracking, mlflow_ui)
+        outcome = None if stop.requested else promote_and_announce(plan, tracking, mlflow_ui,
+                                                                   stop_requested=lambda: stop.requested)
+        if outcome is None or (stop.requested and outcome.promoted is None):  # a promotion that ended stands
+            stopped = RunStopped(stop.signum or 2)
+            return Cancelled(message=f"{stopped}: nothing was promoted; `podium promote --run-name "  # type: ignore[return-value]
+                                     f"{config.run_name}` asks again")
         # a State returned ends the flow run in it: its message says what the promotion did
         return final_state(summarize_run(config, tracking, outcome, mlflow_ui))  # type: ignore[return-value]

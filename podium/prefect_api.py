@@ -432,6 +432,27 @@ def paused_flow_run(run_name: str) -> str:
     raise LookupError(f"no flow run of run {run_name!r} awaits approval on this Prefect server{latest}")
 
 
+def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
+    """The parameters a flow run was started with (as Prefect keeps them: JSON)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return dict(client.read_flow_run(UUID(flow_run_id)).parameters or {})
+
+
+def crash_flow_run(flow_run_id: str, message: str) -> None:
+    """End a flow run whose process is gone as Crashed, saying why (Prefect cannot know: nothing reports for it)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(UUID(flow_run_id), Crashed(message=message), force=True)
+
+
 def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
     """Resume a paused flow run with the input its form asks for (RuntimeError when it cannot be resumed: it is
     no longer paused, its pause timed out, or the input does not fit its form)."""

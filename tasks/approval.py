@@ -18,7 +18,7 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from podium.core.approval import CHALLENGER, Approval, answered, timed_out, unasked, withdrawn
+from podium.core.approval import Approval, answered, challenger_alias, timed_out, unasked, withdrawn
 from podium.core.numbers import format_number
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
@@ -48,7 +48,7 @@ def approval_form(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcom
                 f"{outcome.champion_before_run})" if outcome.champion_before else "none (this is the first promotion)")
     lines = [f"## Promote step {c.step} of run {tracking.run_name}?", "",
              f"- **Candidate**: step {c.step}, {p.metric} = {format_number(c.value)} ({p.mode}), staged as serving "
-             f"{c.version}, MLflow `{p.registered_model}` v{c.mlflow_version} @{CHALLENGER}",
+             f"{c.version}, MLflow `{p.registered_model}` v{c.mlflow_version} @{challenger_alias(p.alias)}",
              f"- **Champion**: {champion}", f"- **Decision so far**: {c.reason}"]
     lines += [f"- {check['text']}" for check in outcome.checks]
     if mlflow_ui:
@@ -69,7 +69,7 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     assert c is not None
     say("awaiting approval: step %d (%s = %s) waits as %s v%s @%s; decide in the Prefect UI or run `podium approve "
         "--run-name %s --reason \"...\"` (or `podium reject`); %s after %g s without a decision", c.step, p.metric,
-        format_number(c.value), p.registered_model, c.mlflow_version, CHALLENGER, tracking.run_name,
+        format_number(c.value), p.registered_model, c.mlflow_version, challenger_alias(p.alias), tracking.run_name,
         "rejected" if p.approval_on_timeout == "reject" else "approved", p.approval_timeout_s)
     form = ApprovalInput.with_initial_data(description=approval_form(plan, tracking, outcome, mlflow_ui))
     answer: dict[str, object] = {}

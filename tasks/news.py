@@ -13,7 +13,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.core.approval import CHALLENGER
+from podium.core.approval import challenger_alias
 from podium.core.records import CheckpointRecord
 from podium.prefect_events import (
     EVENT_APPROVED,
@@ -49,7 +49,7 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     if outcome.awaiting is not None:
         c = outcome.awaiting
         payload.update({"version": c.version, "mlflow_version": c.mlflow_version, "step": c.step, "value": c.value,
-                        "checkpoint_uri": c.checkpoint_uri, "alias": CHALLENGER})
+                        "checkpoint_uri": c.checkpoint_uri, "alias": challenger_alias(cfg.promotion.alias)})
         return [EVENT_AWAITING_APPROVAL], payload
     if outcome.approval is not None:
         return ([EVENT_APPROVED, EVENT_PROMOTED] if p is not None else [EVENT_REJECTED]), payload

@@ -17,11 +17,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from podium.core.approval import CHALLENGER, Approval
+from podium.core.approval import Approval, challenger_alias
 from podium.core.numbers import format_number
 from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
+from podium.serving.staged import this_process, unmark_staged
 from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
@@ -29,6 +30,7 @@ from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import build_served_model, load_hint
 from podium.tasks.plan import RunPlan
 from podium.tasks.policy import policy_checks
+from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
 from podium.tasks.rescore import checks_summary, comparison_summary, decide_on_same_data
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
@@ -215,12 +217,15 @@ def stage(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     with tempfile.TemporaryDirectory(prefix="podium-promote-") as workdir:
         served = build_served_model(plan, tracking, record, workdir)
         prov = provenance(plan, tracking, record, decision)  # datasets, lineage, comparison (podium.tasks.lineage)
-        info: dict[str, Any] = {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
+        uid = uuid.uuid4().hex  # the version's identity: its registered version is tagged with it
+        info: dict[str, Any] = {"version_uid": uid,
+                                "run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "step": record.step,
                                 "metric": p.metric, "mode": p.mode, "value": decision.value,
                                 "metrics": record.metrics, "model_id": record.model_id, "model": plan.config.model,
                                 "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
                                 **served.info, **prov}
-        version = staging.stage_version(plan.serving, served.files_uri, info, served.content)
+        version = staging.stage_version(plan.serving, served.files_uri, info, served.content,
+                                        mark=this_process(tracking.run_name, version_uid=uid, checkpoint=record.uri))
         check_copy(plan, record, version)
         if record.model_id:  # before the switch: a champion is never current without its MLflow model
             still_locked()
@@ -234,13 +239,15 @@ def make_current(plan: RunPlan, version: layout.PromotedVersion, reason: str, st
     still_locked()
     try:
         layout.seal_version(plan.serving, version)
+        unmark_staged(join(normalize_location(plan.serving), "versions", version.version))
         still_locked()
         layout.switch_current(plan.serving, version, reason, origin=started_by)
     except OSError as exc:  # CURRENT is switched last, by a rename: a disk that filled up left it as it was
         pointer = layout.read_pointer(plan.serving) or {}
         if not layout.is_disk_full(exc) or pointer.get("version") == version.version:
             raise
-        layout.discard_version(join(normalize_location(plan.serving), "versions", version.version))
+        layout.discard_version(join(normalize_location(plan.serving), "versions", version.version),
+                               f"the disk filled up as it was made current ({exc})")
         raise layout.full_location_error(plan.serving, version.version, exc) from None
 
 
@@ -256,14 +263,16 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
             **provenance_tags(version.manifest)}
     # the registry's versions table shows the first ~30 characters of the description: the value first
     shown = format_number(value)
-    what = (f"awaiting approval (alias {CHALLENGER}) as serving {version.version}" if challenger
+    challenger_as = challenger_alias(p.alias)
+    what = (f"awaiting approval (alias {challenger_as}) as serving {version.version}" if challenger
             else f"promoted by podium as serving {version.version}")
     description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
                    f"Load: {how}. Checkpoint (to resume): {record.uri}")
     if challenger:
         tags["podium.approval"] = "pending"
-    return register_champion(tracking, record, version.uri, p.registered_model, CHALLENGER if challenger else p.alias,
-                             tags=tags, description=description, promoted=not challenger)
+    return register_champion(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
+                             tags=tags, version_uid=str(version.manifest.get("version_uid") or ""),
+                             description=description, promoted=not challenger)
 
 
 def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
@@ -276,7 +285,8 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
     current = layout.read_current(plan.serving)
     if current is None:
         return None
-    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.uri)
+    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
+                                     current.uri)
     if version is None:
         version = _register(plan, tracking, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
@@ -334,14 +344,19 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
     under the `challenger` alias instead, and the outcome's `awaiting` says so; `settle_candidate` finishes it
     once a person (or the timeout) decided."""
     records = list_records(tracking)
+    p = plan.config.promotion
     with promotion_lock(plan.serving) as still_locked:
+        # what a command cut short left (podium.tasks.reconcile), before anything is decided from the location
+        claim_location(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
+        withdraw_orphans(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
+        sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
         decision, champion = decide(plan, records, tracking)  # against the champion as it is now, inside the lock
         promoted = awaiting = None
         reason = decision.reason
         if decision.promote and approval:
             awaiting = stage_candidate(plan, tracking, decision, still_locked)
             reason = (f"{decision.reason}; awaiting approval as {awaiting.version} (MLflow "
-                      f"{plan.config.promotion.registered_model} v{awaiting.mlflow_version} @{CHALLENGER})")
+                      f"{p.registered_model} v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
         elif decision.promote:
             promoted = promote(plan, tracking, decision, still_locked)
         if not decision.promote and decision.candidate and champion and champion.source == decision.candidate.uri:
@@ -399,10 +414,11 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         else:
             reason = f"{approval.describe()}: step {candidate.step} not promoted"
         if promoted is None:
-            layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version))
+            layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version), reason)
         if candidate.mlflow_version is not None:
             settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
-                              candidate.model_id, promoted is not None, {**approval.tags(), "podium.decision": reason})
+                              challenger_alias(p.alias), candidate.model_id, promoted is not None,
+                              {**approval.tags(), "podium.decision": reason})
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
                                              "approval": decided})
         record_attempt(plan.serving, tracking, settled)

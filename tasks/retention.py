@@ -41,12 +41,22 @@ def keep_best_checkpoints(plan: RunPlan, tracking: TrackingRun, records: list[Ch
     return deleted
 
 
-def served_checkpoints(plan: RunPlan) -> set[str]:
-    """The checkpoint the model's champion was promoted from (its manifest's `checkpoint`), which storage keeps."""
-    from podium.serving.layout import read_current
+def served_checkpoints(plan: RunPlan, tracking_uri: str | None = None) -> set[str]:
+    """Every checkpoint a serving location of the model may serve again, which storage keeps: the source of each
+    version in the history of the run's serving location and of every other location of its registered model
+    (a rollback makes any earlier champion current again, and the gate re-scores the champion from its
+    checkpoint), and the source of a candidate awaiting approval."""
+    from podium.serving.layout import read_history
+    from podium.serving.staged import staged_versions
+    from podium.tracking.registry import location_uris
 
     if plan.config.checkpoints.keep is None:
         return set()
-    current = read_current(plan.config.serving)
-    source = current.manifest.get("checkpoint") if current else None
-    return {source} if source else set()
+    locations = {plan.serving}
+    if tracking_uri:
+        locations |= set(location_uris(tracking_uri, plan.config.promotion.registered_model))
+    kept = set()
+    for serving in locations:
+        kept |= {str(doc["source"]) for doc in read_history(serving) if doc.get("source")}
+        kept |= {str(s.mark["checkpoint"]) for s in staged_versions(serving) if s.mark.get("checkpoint")}
+    return kept

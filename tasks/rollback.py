@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from podium.serving import layout
 from podium.serving.history import HistoryError, rollback_target
 from podium.tasks.promote import origin, promotion_lock
-from podium.tracking.registry import mark_withdrawn, registered_version_for, set_alias
+from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
+from podium.tracking.registry import mark_withdrawn
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
     if layout.read_pointer(serving) is None:  # checked before the lock, which would create the folder
         raise layout.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
     with promotion_lock(serving) as still_locked:
+        claim_location(serving, tracking_uri, registered_model, alias)
+        withdraw_orphans(serving, tracking_uri, registered_model, alias)
         current = layout.read_current(serving)
         assert current is not None  # the pointer exists, and only a promotion or a rollback writes it
         try:
@@ -72,13 +75,9 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
         if withdrawn is None:
             continue
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.at))
-        mark_withdrawn(tracking_uri, registered_model, withdrawn.uri, withdrawn.manifest.get("model_id"),
+        mark_withdrawn(tracking_uri, registered_model, withdrawn.manifest.get("version_uid"), withdrawn.uri,
+                       withdrawn.manifest.get("model_id"),
                        f"withdrawn from {serving} ({name}) on {when}: {switch.reason}")
-    mark_withdrawn(tracking_uri, registered_model, current.uri, current.manifest.get("model_id"), None)
-    version = registered_version_for(tracking_uri, registered_model, current.uri)
-    if version is not None:
-        set_alias(tracking_uri, registered_model, alias, version)
-    else:
-        logger.warning("no MLflow version of %s has source %s: alias %s not moved", registered_model, current.uri,
-                       alias)
-    return version
+    mark_withdrawn(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
+                   current.manifest.get("model_id"), None)
+    return sync_alias(serving, tracking_uri, registered_model, alias)

@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from podium.cli.errors import CliError, ServerUnreachable
+from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import checkpoint_json, print_mlflow_links, print_status
 from podium.settings import PodiumSettings, current_user
@@ -67,8 +67,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
+    problems = _disagreements(config, tracking.tracking_uri)
+    for problem in problems:
+        print(f"podium: check: {problem}", file=sys.stderr)
     if args.json:
-        print(json.dumps({**lineage_json,  # the run's data and origins, its last decision, the champion's lineage
+        # the run's data and origins, its last decision, the champion's lineage, where the stores disagree
+        print(json.dumps({**lineage_json, "disagreements": problems,
             "run_name": config.run_name, "model": config.model, "mlflow_run_id": tracking.run_id,
             "tracking_uri": tracking.tracking_uri,
             "checkpoints": [checkpoint_json(r) for r in records],
@@ -83,6 +87,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     print_status(config, tracking, records, mine, reason, champion)
     print("\n".join(lineage_lines))
     return 0
+
+
+def _disagreements(config: Any, tracking_uri: str) -> list[str]:
+    """Where the registry and the serving location disagree (podium.tasks.reconcile), or why that was not checked."""
+    from podium.serving.layout import ServingError
+    from podium.tasks.reconcile import disagreements
+
+    try:
+        name, alias = location_names(config.serving, None, None, config.promotion.registered_model)
+        return disagreements(config.serving, tracking_uri, name, alias)
+    except ServingError as exc:
+        return [str(exc)]
 
 
 def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
@@ -110,6 +126,9 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
     except LookupError as exc:
         raise CliError(str(exc)) from None
     verb = "approve" if approve else "reject"
+    gone = _awaiting_process_gone(flow_run_id, args.run_name, settings)
+    if gone:
+        raise RunFailed(gone)
     by = signed_by_command(args.by or f"{current_user()}@{socket.gethostname()}", verb)
     try:
         resume_with_input(flow_run_id, {"decision": verb, "reason": args.reason, "by": by})
@@ -117,6 +136,37 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
         raise CliError(f"run {args.run_name!r} could not be answered: {exc}") from None
     print(f"run {args.run_name}: {verb.rstrip('e')}ed by {by}: {args.reason}; the run goes on (flow run {flow_run_id})")
     return 0
+
+
+def _awaiting_process_gone(flow_run_id: str, run_name: str, settings: PodiumSettings) -> str | None:
+    """Why the paused flow run of `run_name` can no longer act on a decision (the command that awaits it is gone:
+    killed, or its machine restarted), after withdrawing its candidate and ending the flow run Crashed; None when
+    its process still runs, or runs on another host (which this one cannot see)."""
+    from podium.prefect_api import crash_flow_run, flow_run_parameters
+    from podium.serving.staged import staged_versions
+    from podium.tasks.promote import promotion_lock
+    from podium.tasks.reconcile import withdraw_orphans
+
+    parameters = flow_run_parameters(flow_run_id)
+    config = parameters.get("config") or {}
+    serving = config.get("serving")
+    promotion = config.get("promotion") or {}
+    if not serving:
+        return None
+    mine = [s for s in staged_versions(serving) if s.mark.get("run_name") == run_name]
+    if any(s.alive is not False for s in mine):
+        return None
+    tracking_uri = parameters.get("tracking_uri") or settings.resolved_tracking_uri()
+    name = promotion.get("registered_model") or config.get("model") or "podium"
+    alias = promotion.get("alias") or "champion"
+    with promotion_lock(serving):
+        withdrawn = withdraw_orphans(serving, tracking_uri, name, alias)
+    what = f"its candidate {', '.join(withdrawn)} was withdrawn" if withdrawn else "no candidate of it is staged"
+    message = (f"run {run_name!r} awaits approval in Prefect, but the command that waits for it is gone (killed, or "
+               f"its machine restarted): {what}, nothing was promoted; `podium promote --run-name {run_name}` asks "
+               "again")
+    crash_flow_run(flow_run_id, message)
+    return message
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -162,13 +212,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from podium.tasks.news import announce_rollback
     from podium.tasks.rollback import roll_back
     from podium.tracking.client import TrackingUnavailable
+    from podium.tracking.registry import AliasTaken
 
     if not MODEL_NAME_RE.match(args.model):
         raise CliError(f"--model = {args.model!r}: expected letters, digits, '_', '.', '-' (it names a folder)")
     serving = args.serving or default_serving(settings, args.model)
     try:
-        out = roll_back(serving, settings.resolved_tracking_uri(), args.registered_model or args.model, args.alias,
-                        args.to, args.reason)
+        registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
+        out = roll_back(serving, settings.resolved_tracking_uri(), registered_model, alias, args.to, args.reason)
+    except AliasTaken as exc:
+        raise Refused(str(exc)) from None
     except ServingError as exc:
         raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
@@ -177,17 +230,34 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                                 f"were not updated. Once the server answers, run `podium rollback --serving "
                                 f"{serving} --to {now}`: it updates them without switching again.") from None
     if out.switched:
-        announce_rollback(args.model, args.registered_model or args.model, out, args.reason)
+        announce_rollback(args.model, registered_model, out, args.reason)
     if args.json:
         print(json.dumps(out.model_dump()))
         return 0
-    alias = f"alias {args.alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved")
+    alias = f"alias {alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved")
     if not out.switched:
         print(f"serving {serving}: {out.to_version} is already current; {alias}")
     else:
         withdrawn = f" ({out.withdrawn} withdrawn)" if out.withdrawn else ""
         print(f"serving {serving}: {out.from_version} -> {out.to_version}{withdrawn}; {alias}")
     return 0
+
+
+def location_names(serving: str, registered_model: str | None, alias: str | None, model: str) -> tuple[str, str]:
+    """The registered model and alias a command acts on at `serving`: the location's own (its LOCATION.json), or
+    those given, or the model's name and `champion` before its first promotion. Given ones that differ from the
+    location's are refused (ServingError): they would move another location's alias."""
+    from podium.serving.location import mismatch, read_location
+
+    location = read_location(serving)
+    if location is None:
+        return registered_model or model, alias or "champion"
+    why = mismatch(location, registered_model or location.registered_model, alias or location.alias)
+    if why:
+        from podium.serving.layout import ServingError
+
+        raise ServingError(why)
+    return location.registered_model, location.alias
 
 
 def cmd_history(args: argparse.Namespace) -> int:

@@ -70,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_argument("--to", help="Version to restore, e.g. v000002 (default: the previous champion); a "
                                        "withdrawn version named here is served again.")
     rollback.add_argument("--reason", help="Why, in words: kept in the serving history and on the MLflow records.")
-    rollback.add_argument("--registered-model", help="MLflow registered model (default: the model name).")
-    rollback.add_argument("--alias", default=config_default("promotion.alias"),
-                          help=option_help("promotion.alias", "Alias to move."))
+    rollback.add_argument("--registered-model", help="MLflow registered model (default: the serving location's, as its "
+                                                     "first promotion recorded it; else the model name).")
+    rollback.add_argument("--alias", help="Alias to move (default: the serving location's own, as its first promotion "
+                                          f"recorded it; else {config_default('promotion.alias')!r}).")
     rollback.add_argument("--json", action="store_true", help="Print the outcome as JSON.")
     rollback.set_defaults(func=commands.cmd_rollback)
     for verb, what in (("approve", "becomes the champion"), ("reject", "is not promoted")):

@@ -174,6 +174,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     except services.ServiceError as exc:
         raise Refused(str(exc)) from None
     clock.record("mlflow_check", began)
+    _check_serving_location(config, tracking_uri)
     if servers.ray is not None:
         began = time.monotonic()
         import torch  # noqa: F401  (TorchTrainer loads it when training starts; now it overlaps Ray's start)
@@ -188,6 +189,23 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
         raise Refused(str(exc)) from None
     clock.record("prefect_server", servers.prefect.started, servers.prefect.ended)
     return tracking_uri, api_url
+
+
+def _check_serving_location(config: Any, tracking_uri: str) -> None:
+    """Refuse, before anything runs, a promotion to a serving location that belongs to another registered model or
+    alias, or under an alias another location of the model owns (podium.tasks.reconcile)."""
+    from podium.serving.layout import ServingError
+    from podium.tasks.reconcile import check_location
+    from podium.tracking.client import TrackingUnavailable
+    from podium.tracking.registry import AliasTaken
+
+    p = config.promotion
+    try:
+        check_location(config.serving, tracking_uri, p.registered_model, p.alias)
+    except (AliasTaken, ServingError) as exc:
+        raise Refused(str(exc)) from None
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(str(exc)) from None
 
 
 def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
@@ -267,6 +285,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
     from podium.tasks.plan import RunInProgress
     from podium.tasks.train import NoCheckpointReported
     from podium.tracking.client import TrackingUnavailable
+    from podium.tracking.registry import AliasTaken
 
     began = time.monotonic()
     from prefect.exceptions import CancelledRun
@@ -309,7 +328,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                     flow_end_recorded = False
         except TrackingUnavailable as exc:
             raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
-        except (RunInProgress, ConfigError) as exc:
+        except (RunInProgress, ConfigError, AliasTaken) as exc:
             # refused by the flow's preflight: a bad input, a run in progress, a resume that changes the model
             raise Refused(str(exc)) from None
         except (ServingError, LookupError) as exc:

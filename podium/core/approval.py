@@ -14,10 +14,16 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-CHALLENGER = "challenger"  # the registry alias of a candidate awaiting a decision
+CHALLENGER = "challenger"  # the registry alias of a candidate awaiting a decision, beside the alias `champion`
 APPROVE, REJECT = "approve", "reject"
 VIA_UI, VIA_TIMEOUT, VIA_STOP = "the Prefect UI", "timeout", "stop"
 VIA_UNASKED = "not asked"  # the decision could not be asked for: no one decided (see `unasked`)
+
+
+def challenger_alias(alias: str) -> str:
+    """The registry alias of a candidate awaiting a decision at the serving location whose alias is `alias`:
+    `challenger` beside `champion`, `<alias>-challenger` beside any other (each location has aliases of its own)."""
+    return CHALLENGER if alias == "champion" else f"{alias}-{CHALLENGER}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class Approval:
         """The decision in one phrase: `approved by ana (podium approve): beats last week's on every slice`."""
         if self.via == VIA_UNASKED:
             return f"undecided: {self.reason}"
+        if self.via == VIA_STOP:
+            return f"withdrawn: {self.reason}"
         verdict = "approved" if self.approved else "rejected"
         if self.via == VIA_TIMEOUT:
             return f"{verdict} on timeout: {self.reason}"
@@ -46,7 +54,8 @@ class Approval:
     def tags(self) -> dict[str, str]:
         """The decision as registry tags (`podium.approval`, `.by`, `.reason`, `.at`, `.via`)."""
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
-        verdict = "undecided" if self.via == VIA_UNASKED else "approved" if self.approved else "rejected"
+        verdict = ("undecided" if self.via == VIA_UNASKED else "withdrawn" if self.via == VIA_STOP
+                   else "approved" if self.approved else "rejected")
         return {"podium.approval": verdict, "podium.approval.by": self.by,
                 "podium.approval.reason": self.reason[:5000], "podium.approval.at": when,
                 "podium.approval.via": self.via}

@@ -7,7 +7,16 @@ Layout (local path or URI):
     <serving>/versions/v000003/model/...       the served model (an MLflow model folder), or
     <serving>/versions/v000003/checkpoint/...  the promoted checkpoint's files, where podium cannot build one
     <serving>/versions/v000003/CLAIM           object stores only: who took the number (conditional PUT)
+    <serving>/versions/v000004/STAGED.json     a version being staged or awaiting approval: who stages it
+    <serving>/versions/v000005/DISCARDED.json  a version that never became complete (rejected, withdrawn, a
+                                               failed copy): its number stays taken, its files are gone
     <serving>/history/<time>-v000003.json      one record per promotion or rollback
+    <serving>/LOCATION.json                    the location's identity: its id, registered model and alias
+
+A version number is never reused, so a number names one model for good: a candidate that is rejected
+keeps its folder as a tombstone. Each version's manifest carries a `version_uid`, which the registry's
+version is tagged with (`podium.version_uid`): the registry and the serving location are matched by
+that identity, never by path.
 
 A version is complete once its MANIFEST.json exists (written after every file
 was copied and checked); CURRENT only ever names complete versions. A reader
@@ -53,6 +62,15 @@ MANIFEST = "MANIFEST.json"
 
 
 CLAIM = "CLAIM"
+
+
+STAGED = "STAGED.json"
+
+
+DISCARDED = "DISCARDED.json"
+
+
+LOCATION = "LOCATION.json"
 
 
 VERSION_RE = re.compile(r"^v(\d{6,})$")
@@ -148,7 +166,8 @@ def read_json(uri: str) -> dict[str, Any] | None:
     return doc
 
 
-def _versions(serving: str) -> list[str]:
+def version_names(serving: str) -> list[str]:
+    """Every version number taken at the location (complete, staged or discarded), in order."""
     fs, root = fsspec_filesystem(join(serving, "versions"))
     try:
         names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
@@ -158,7 +177,7 @@ def _versions(serving: str) -> list[str]:
 
 
 def _new_version(serving: str) -> str:
-    existing = [int(v[1:]) for v in _versions(serving)]  # names matched VERSION_RE
+    existing = [int(v[1:]) for v in version_names(serving)]  # names matched VERSION_RE
     return f"v{(max(existing) + 1) if existing else 1:06d}"
 
 
@@ -205,13 +224,24 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def discard_version(version_dir: str) -> None:
-    """Remove a version that never became current (a copy that failed half way): its files and its claim.
-    Best effort: what remains of it is unreferenced (no manifest, not in CURRENT)."""
+def discard_version(version_dir: str, why: str = "its copy did not complete") -> None:
+    """Remove a version that never became current (a copy that failed half way, a rejected or withdrawn
+    candidate): its files go, its number stays taken by a tombstone (`DISCARDED.json`, written first, so that
+    no other promoter can claim the number between the two). Best effort: what remains of it is
+    unreferenced (no manifest, not in CURRENT)."""
     fs, root = fsspec_filesystem(version_dir)
+    root = root.rstrip("/")
     try:
-        if fs.exists(root):
-            fs.rm(root, recursive=True)
+        staged = read_json(join(version_dir, STAGED)) or {}
+    except ServingError:
+        staged = {}
+    try:
+        fs.pipe_file(posixpath.join(root, DISCARDED), json.dumps(
+            {"version": posixpath.basename(root), "version_uid": staged.get("version_uid"), "why": why,
+             "at": time.time(), "staged_by": staged}, indent=2, sort_keys=True).encode())
+        for path in fs.ls(root, detail=False):
+            if posixpath.basename(path.rstrip("/")) not in (DISCARDED, CLAIM):
+                fs.rm(path, recursive=True)
     except OSError:
         pass
 
@@ -261,7 +291,7 @@ def content_of(manifest: dict[str, Any]) -> str:
 
 def promoted_by(serving: str, mlflow_run_id: str) -> PromotedVersion | None:
     """The newest complete version a given run promoted (its manifest names the MLflow run), or None."""
-    for name in reversed(_versions(normalize_location(serving))):
+    for name in reversed(version_names(normalize_location(serving))):
         version = read_version(serving, name)
         if version is not None and version.manifest.get("mlflow_run_id") == mlflow_run_id:
             return version

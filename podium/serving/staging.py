@@ -25,6 +25,7 @@ import fsspec
 
 from podium.serving.layout import (
     CHUNK,
+    STAGED,
     PromotedVersion,
     ServingError,
     claim_version,
@@ -34,6 +35,7 @@ from podium.serving.layout import (
     is_disk_full,
     parallel,
     safe_relpath,
+    write_json,
 )
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
 from podium.storage.s3 import (
@@ -258,13 +260,15 @@ def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str
     parallel(check, names)
 
 
-def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: str = "checkpoint") -> PromotedVersion:
+def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: str = "checkpoint",
+                  mark: dict[str, Any] | None = None) -> PromotedVersion:
     """Copy the folder `files_uri` (a checkpoint, or the served model built from one) into a new
     version's `content` folder and check every file's sha256 against the source.
 
     `info` lands in the manifest (its `source` names the checkpoint, wherever the files came from).
     The version is not complete until `seal_version` writes its manifest; nothing
-    that reads CURRENT sees it before `switch_current`.
+    that reads CURRENT sees it before `switch_current`. `mark` (podium.serving.staged) says who stages it,
+    written as soon as the number is claimed.
     """
     serving = normalize_location(serving)
     objects = list_objects(files_uri)
@@ -275,6 +279,8 @@ def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: s
         if not is_disk_full(exc):
             raise
         raise full_location_error(serving, "a new version", exc) from None
+    if mark is not None:
+        write_json(join(version_dir, STAGED), mark)
     manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
     target = join(version_dir, content_of(manifest))
     try:
@@ -282,7 +288,7 @@ def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: s
     except Exception as exc:
         if not is_disk_full(exc):
             raise
-        discard_version(version_dir)
+        discard_version(version_dir, f"the disk filled up while it was copied ({exc})")
         raise full_location_error(serving, version, exc) from None
     verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
     return PromotedVersion(version=version, uri=target, manifest=manifest)

@@ -6,7 +6,6 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from podium.core.approval import CHALLENGER
 from podium.core.records import CheckpointRecord
 from podium.tracking.client import (
     TAG_SERVED_URI,
@@ -21,6 +20,13 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 logger = logging.getLogger(__name__)
+
+TAG_VERSION_UID = "podium.version_uid"  # a registered version's serving version, by the manifest's identity
+TAG_LOCATION_OF = "podium.location."  # + alias: on the registered model, the serving location that owns the alias
+
+
+class AliasTaken(ValueError):
+    """An alias of the registered model belongs to another serving location."""
 
 
 def version_source(tr: TrackingRun, model_id: str) -> str:
@@ -37,19 +43,13 @@ def version_source(tr: TrackingRun, model_id: str) -> str:
 
 @tracking_call("registering the champion")
 def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: str, alias: str,
-                      tags: dict[str, str], description: str = "", promoted: bool = True) -> str:
+                      tags: dict[str, str], version_uid: str, description: str = "", promoted: bool = True) -> str:
     """Register the champion's LoggedModel (its artifacts are the served model) as a new version of
-    `name`, and move `alias` to it; returns the version. `promoted` False: a candidate awaiting a decision
-    (its LoggedModel is not tagged promoted yet)."""
-    from mlflow.exceptions import MlflowException
-
+    `name`, tagged with its serving version's identity (`version_uid`), and move `alias` to it; returns the
+    version. `promoted` False: a candidate awaiting a decision (its LoggedModel is not tagged promoted yet)."""
     client = tr.client()
-    try:
-        client.create_registered_model(name, description="Champions promoted by podium.")
-    except MlflowException as exc:
-        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
-            raise
-    tags = {**tags, TAG_SERVED_URI: served_uri}
+    _ensure_registered_model(client, name)
+    tags = {**tags, TAG_SERVED_URI: served_uri, TAG_VERSION_UID: version_uid}
     description = description or f"{tr.run_name} step {record.step}"
     if record.model_id:
         mv = client.create_model_version(name, source=version_source(tr, record.model_id), run_id=tr.run_id,
@@ -57,7 +57,7 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
     else:
         mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
                                          description=description)
-    version = _one_version(client, name, served_uri, str(mv.version))
+    version = _one_version(client, name, version_uid, str(mv.version))
     client.set_registered_model_alias(name, alias, version)
     if record.model_id:
         # the LoggedModel lists the versions made from it (as mlflow.register_model does): appended
@@ -70,10 +70,11 @@ def register_champion(tr: TrackingRun, record: CheckpointRecord, served_uri: str
 
 
 @tracking_call("recording the decision on the challenger")
-def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, model_id: str | None, approved: bool,
-                      tags: dict[str, str]) -> None:
-    """A decision on the version under the `challenger` alias: its tags (who, when, why), the promotion's `alias`
-    moved to it if `approved` (its LoggedModel tagged promoted), and `challenger` removed if it still names it."""
+def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, challenger: str, model_id: str | None,
+                      approved: bool, tags: dict[str, str]) -> None:
+    """A decision on the version under the location's `challenger` alias: its tags (who, when, why), the
+    promotion's `alias` moved to it if `approved` (its LoggedModel tagged promoted), and `challenger` removed if it
+    still names it."""
     client = tracking_client(tracking_uri)
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -82,48 +83,156 @@ def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, mo
         if model_id:
             client.set_logged_model_tags(model_id, {"podium.promoted": "true"})
     mv = client.get_model_version(name, version)
+    verdict = "approved, promoted by podium" if approved else tags.get("podium.approval", "rejected")
     client.update_model_version(name, version, description=(mv.description or "").replace(
-        f"awaiting approval (alias {CHALLENGER})", "approved, promoted by podium" if approved else "rejected"))
-    if alias_target(tracking_uri, name, CHALLENGER) == version:
-        client.delete_registered_model_alias(name, CHALLENGER)
+        f"awaiting approval (alias {challenger})", verdict))
+    if alias_target(tracking_uri, name, challenger) == version:
+        client.delete_registered_model_alias(name, challenger)
 
 
-def _served_by(name: str, served_uri: str) -> str:
-    """A search for the versions of `name` made for one served copy (not all versions: a nightly model has
-    many). MLflow's filter strings take no escapes: a value with a single quote goes in double quotes."""
-    if "'" not in served_uri:
-        return f"name = '{name}' AND tags.`{TAG_SERVED_URI}` = '{served_uri}'"
-    if '"' not in served_uri:
-        return f"name = '{name}' AND tags.`{TAG_SERVED_URI}` = \"{served_uri}\""
-    return f"name = '{name}'"  # both quotes: every version of the model, compared below
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description="Champions promoted by podium.")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
 
 
-def _one_version(client: MlflowClient, name: str, served_uri: str, created: str) -> str:
-    """The one version of `name` for this served copy: the first. Others, left by a create the HTTP client
+def _with_uid(name: str, version_uid: str) -> str:
+    """A search for the versions of `name` made for one serving version (a uid is hex: no quoting to do)."""
+    return f"name = '{name}' AND tags.`{TAG_VERSION_UID}` = '{version_uid}'"
+
+
+def _one_version(client: MlflowClient, name: str, version_uid: str, created: str) -> str:
+    """The one version of `name` for this serving version: the first. Others, left by a create the HTTP client
     retried after a timeout although the server had taken it, are deleted."""
-    same = sorted(int(v.version) for v in client.search_model_versions(_served_by(name, served_uri))
-                  if (v.tags or {}).get(TAG_SERVED_URI) == served_uri)
+    same = sorted(int(v.version) for v in client.search_model_versions(_with_uid(name, version_uid))
+                  if (v.tags or {}).get(TAG_VERSION_UID) == version_uid)
     for extra in same[1:]:
-        logger.warning("%s: deleting duplicate model version %s of %s (a retried create)", name, extra, served_uri)
+        logger.warning("%s: deleting duplicate model version %s of serving version %s (a retried create)", name,
+                       extra, version_uid)
         client.delete_model_version(name, str(extra))
     return str(same[0]) if same else created
 
 
 @tracking_call("reading the model registry")
-def registered_version_for(tracking_uri: str, name: str, served_uri: str) -> str | None:
-    """The registered model version whose source is this served copy, if it was registered."""
+def registered_version_for(tracking_uri: str, name: str, version_uid: str | None, served_uri: str) -> str | None:
+    """The registered model version made for one serving version: the one tagged with its `version_uid`. A
+    serving version of podium <= 0.3 has none: then the version whose source is its served copy (those versions
+    were registered once per number, which podium <= 0.3 could reuse: the newest)."""
     from mlflow.exceptions import MlflowException
 
     client = tracking_client(tracking_uri)
     try:
-        versions = client.search_model_versions(f"name = '{name}'")
+        if version_uid:
+            versions = client.search_model_versions(_with_uid(name, version_uid))
+        else:
+            versions = client.search_model_versions(f"name = '{name}'")
     except MlflowException as exc:
         if is_unreachable(exc):  # "not registered" must not be concluded from a server that did not answer
             raise
         return None
-    matches = sorted((int(v.version) for v in versions
-                      if v.source == served_uri or (v.tags or {}).get(TAG_SERVED_URI) == served_uri), reverse=True)
+    if version_uid:
+        matches = sorted(int(v.version) for v in versions if (v.tags or {}).get(TAG_VERSION_UID) == version_uid)
+        return str(matches[0]) if matches else None
+    matches = sorted((int(v.version) for v in versions if not (v.tags or {}).get(TAG_VERSION_UID) and (
+        v.source == served_uri or (v.tags or {}).get(TAG_SERVED_URI) == served_uri)), reverse=True)
     return str(matches[0]) if matches else None
+
+
+@tracking_call("reading the model registry")
+def version_tags(tracking_uri: str, name: str, version: str) -> dict[str, str]:
+    """The tags of one registered version ({} if it is not there)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return dict(tracking_client(tracking_uri).get_model_version(name, version).tags or {})
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return {}
+
+
+@tracking_call("reading the model registry")
+def versions_tagged(tracking_uri: str, name: str, key: str, value: str) -> list[str]:
+    """The registered versions of `name` with tag `key` = `value` (value: letters, digits, '_', '-')."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = tracking_client(tracking_uri).search_model_versions(f"name = '{name}' AND tags.`{key}` = '{value}'")
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return []
+    return [str(v.version) for v in found if (v.tags or {}).get(key) == value]
+
+
+def alias_taken(name: str, alias: str, location_uri: str, owner_uri: str | None) -> str:
+    """The sentence that refuses a second serving location the alias of another."""
+    owner = f"follows serving location {owner_uri}" if owner_uri else "names a version served from another location"
+    return (f"alias @{alias} of registered model {name!r} {owner}; serving location {location_uri} needs an alias "
+            "of its own (--alias NAME, or promotion.alias), so that neither moves the other's")
+
+
+@tracking_call("claiming the registry alias for the serving location")
+def claim_alias(tracking_uri: str, name: str, alias: str, location_id: str, location_uri: str,
+                legacy_owner: bool | None = None) -> None:
+    """Make `alias` of `name` belong to one serving location (the registered model's tag
+    `podium.location.<alias>`); AliasTaken, saying which location has it, if another one does. An alias a podium
+    <= 0.3 moved carries no such tag: `legacy_owner` says whether the version it names was served from this
+    location (None: it names none, or no version)."""
+    client = tracking_client(tracking_uri)
+    _ensure_registered_model(client, name)
+    tags = dict(client.get_registered_model(name).tags or {})
+    owner = _owner(tags.get(TAG_LOCATION_OF + alias))
+    if owner is not None and owner.get("id") != location_id and owner.get("uri") != location_uri:
+        raise AliasTaken(alias_taken(name, alias, location_uri, owner.get("uri")))
+    if owner is None and legacy_owner is False:
+        raise AliasTaken(alias_taken(name, alias, location_uri, None))
+    if owner is None or owner.get("id") != location_id:  # (a location made anew where the owner was: its own)
+        client.set_registered_model_tag(name, TAG_LOCATION_OF + alias,
+                                        json.dumps({"id": location_id, "uri": location_uri}, sort_keys=True))
+
+
+@tracking_call("reading the model registry")
+def alias_owner(tracking_uri: str, name: str, alias: str) -> dict[str, str] | None:
+    """The serving location that owns `alias` of `name` ({"id", "uri"}), or None (no owner recorded, or no model)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = dict(tracking_client(tracking_uri).get_registered_model(name).tags or {})
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return None
+    return _owner(tags.get(TAG_LOCATION_OF + alias))
+
+
+@tracking_call("reading the model registry")
+def location_uris(tracking_uri: str, name: str) -> list[str]:
+    """Where the serving locations of `name` are (every alias's owner), as recorded in the registry."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = dict(tracking_client(tracking_uri).get_registered_model(name).tags or {})
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+        return []
+    owners = (_owner(value) for key, value in sorted(tags.items()) if key.startswith(TAG_LOCATION_OF))
+    return [str(o["uri"]) for o in owners if o and o.get("uri")]
+
+
+def _owner(value: str | None) -> dict[str, str] | None:
+    if not value:
+        return None
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 @tracking_call("reading the model registry")
@@ -146,8 +255,38 @@ def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
     tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)
 
 
+@tracking_call("removing a registry alias")
+def remove_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> None:
+    """Remove `alias` of `name` (only if it names `version`, when given)."""
+    if version is not None and alias_target(tracking_uri, name, alias) != version:
+        return
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracking_client(tracking_uri).delete_registered_model_alias(name, alias)
+    except MlflowException as exc:
+        if is_unreachable(exc):
+            raise
+
+
+@tracking_call("tagging a registered version")
+def tag_version(tracking_uri: str, name: str, version: str, tags: dict[str, str], description_note: str = "") -> None:
+    """Set tags on a registered version (and replace its 'awaiting approval' note with `description_note`)."""
+    client = tracking_client(tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    if description_note:
+        mv = client.get_model_version(name, version)
+        text = mv.description or ""
+        if "awaiting approval (alias " in text:
+            head, _, rest = text.partition("awaiting approval (alias ")
+            text = head + description_note + rest.partition(")")[2]
+            client.update_model_version(name, version, description=text)
+
+
 @tracking_call("marking a withdrawn champion")
-def mark_withdrawn(tracking_uri: str, name: str, served_uri: str, model_id: str | None, note: str | None) -> None:
+def mark_withdrawn(tracking_uri: str, name: str, version_uid: str | None, served_uri: str, model_id: str | None,
+                   note: str | None) -> None:
     """Tag a served version's registered model version and its checkpoint's LoggedModel `podium.withdrawn`
     with `note` (a rollback withdrew it), or remove the tags (`note` None: it is served again).
 
@@ -156,7 +295,7 @@ def mark_withdrawn(tracking_uri: str, name: str, served_uri: str, model_id: str 
     from mlflow.exceptions import MlflowException
 
     client = tracking_client(tracking_uri)
-    version = registered_version_for(tracking_uri, name, served_uri)
+    version = registered_version_for(tracking_uri, name, version_uid, served_uri)
     if version is not None:
         if note is None:
             client.delete_model_version_tag(name, version, TAG_WITHDRAWN)

@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException
 from podium.core.records import CheckpointRecord
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.records import list_as_output
-from podium.tracking.registry import register_champion
+from podium.tracking.registry import TAG_VERSION_UID, register_champion
 from podium.tracking.runs import open_tracking_run
 
 
@@ -36,22 +36,42 @@ def test_an_output_listed_twice_is_listed_once(tr):
     assert {o.model_id for o in client.get_run(tr.run_id).outputs.model_outputs} == {model.model_id, other.model_id}
 
 
-@pytest.mark.parametrize("served", ["/srv/podium/versions/v000001/model", "/srv/o'brien/versions/v000001/model"])
-def test_a_version_created_twice_for_one_served_copy_is_registered_once(tr, served):
+def test_a_version_created_twice_for_one_serving_version_is_registered_once(tr):
     client = tr.client()
     model = client.create_logged_model(tr.experiment_id, source_run_id=tr.run_id)
     record = CheckpointRecord(step=3, uri="/ckpt/3", status="validated", metrics={}, model_id=model.model_id)
+    served = "/srv/podium/versions/v000001/model"
     client.create_registered_model("podium")
     # the first delivery of the create, which the client never heard back from
-    first = client.create_model_version("podium", source="/elsewhere", run_id=tr.run_id, tags={TAG_SERVED_URI: served})
-    version = register_champion(tr, record, served, "podium", "champion", tags={})
+    first = client.create_model_version("podium", source="/elsewhere", run_id=tr.run_id,
+                                        tags={TAG_SERVED_URI: served, TAG_VERSION_UID: "a1"})
+    version = register_champion(tr, record, served, "podium", "champion", tags={}, version_uid="a1")
     assert version == str(first.version)
     versions = client.search_model_versions("name = 'podium'")
     assert [v.version for v in versions] == [first.version], "the second delivery's version is deleted"
     assert client.get_model_version_by_alias("podium", "champion").version == first.version
-    # another served copy is another version (numbers are not reused: the deleted 2 stays unused)
-    second = register_champion(tr, record, served.replace("v000001", "v000002"), "podium", "champion", tags={})
+    # another serving version is another registered version (numbers are not reused: the deleted 2 stays unused)
+    second = register_champion(tr, record, served.replace("v000001", "v000002"), "podium", "champion", tags={},
+                               version_uid="b2")
     assert second == "3" and [v.version for v in client.search_model_versions("name = 'podium'")] == [3, 1]
+
+
+def test_a_served_copy_at_the_path_of_another_is_never_taken_for_it(tr):
+    """The registry matches a serving version by its identity, not its path: a candidate staged where a rejected one
+    was (podium <= 0.3 reused the number) is registered as itself, and the alias names it, not the rejected one."""
+    from podium.tracking.registry import registered_version_for
+
+    client = tr.client()
+    model = client.create_logged_model(tr.experiment_id, source_run_id=tr.run_id)
+    record = CheckpointRecord(step=3, uri="/ckpt/3", status="validated", metrics={}, model_id=model.model_id)
+    served = "/srv/podium/versions/v000003/model"
+    rejected = register_champion(tr, record, served, "podium", "challenger", tags={}, version_uid="old",
+                                 promoted=False)
+    approved = register_champion(tr, record, served, "podium", "champion", tags={}, version_uid="new")
+    assert approved != rejected
+    assert str(client.get_model_version_by_alias("podium", "champion").version) == approved
+    assert registered_version_for(tr.tracking_uri, "podium", "new", served) == approved
+    assert registered_version_for(tr.tracking_uri, "podium", "old", served) == rejected
 
 
 def test_a_record_whose_writer_was_killed_after_its_create_is_completed_when_found(tr):

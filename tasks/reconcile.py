@@ -1,0 +1,161 @@
+"""One truth for what is served: the serving location's history is the record of decisions; the registry's
+aliases and tags are derived from it, checked against it and repaired where a command was cut short.
+
+Every command that changes what a location serves (`podium run`, `promote`, `rollback`, the decisions on a
+candidate) starts here, under the location's promotion lock:
+
+- `claim_location`: the location's identity (`LOCATION.json`: its registered model and alias) and the
+  registry's record that the alias belongs to it; a second location of a model asking for the same alias is
+  refused, so that neither moves the other's.
+- `withdraw_orphans`: a version staged by a process that is gone (a promoter or a candidate awaiting approval
+  killed with SIGKILL) is withdrawn: its files go (its number stays taken), its registered version is tagged
+  `podium.approval = withdrawn` and the challenger alias leaves it.
+- `sync_alias`: the alias names the registered version made for the current serving version (matched by the
+  manifest's `version_uid`), moved there if a command stopped between the switch and the alias.
+
+`disagreements` is the read-only check `podium status` reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from podium.core.approval import challenger_alias
+from podium.serving import layout
+from podium.serving.location import Location, ensure_location, read_location
+from podium.serving.staged import staged_versions
+from podium.storage.locations import join, normalize_location
+from podium.tracking.client import TAG_SERVED_URI
+from podium.tracking.registry import (
+    TAG_VERSION_UID,
+    AliasTaken,
+    alias_owner,
+    alias_taken,
+    alias_target,
+    claim_alias,
+    registered_version_for,
+    remove_alias,
+    set_alias,
+    tag_version,
+    version_tags,
+    versions_tagged,
+)
+
+logger = logging.getLogger(__name__)
+say = logging.getLogger("podium.progress").info  # the progress lines (podium.tasks.report.say: it imports promotion)
+
+
+def claim_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> Location:
+    """The serving location's identity, and the registry's alias claimed for it (AliasTaken if another location of
+    the model owns it; ServingError if the location belongs to another model or alias)."""
+    found = read_location(serving)
+    if found is not None:  # refused before anything is written when the location is someone else's
+        from podium.serving.location import mismatch
+
+        why = mismatch(found, registered_model, alias)
+        if why:
+            raise layout.ServingError(why)
+    legacy = _legacy_owner(serving, tracking_uri, registered_model, alias) if found is None else None
+    location = found or ensure_location(serving, registered_model, alias)
+    claim_alias(tracking_uri, registered_model, alias, location.id, location.uri, legacy)
+    return location
+
+
+def check_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
+    """`claim_location`'s refusals, read-only, for a command to say before it starts anything (the flow claims under
+    the promotion lock again, for a run that no command started)."""
+    found = read_location(serving)
+    if found is not None:
+        from podium.serving.location import mismatch
+
+        why = mismatch(found, registered_model, alias)
+        if why:
+            raise layout.ServingError(why)
+    owner = alias_owner(tracking_uri, registered_model, alias)
+    here = normalize_location(serving)
+    if owner is not None and owner.get("uri") != here and (found is None or owner.get("id") != found.id):
+        raise AliasTaken(alias_taken(registered_model, alias, here, owner.get("uri")))
+    if owner is None and found is None and _legacy_owner(serving, tracking_uri, registered_model, alias) is False:
+        raise AliasTaken(alias_taken(registered_model, alias, here, None))
+
+
+def _legacy_owner(serving: str, tracking_uri: str, name: str, alias: str) -> bool | None:
+    """Whether the version `alias` names (moved by podium <= 0.3, which recorded no owner) was served from here."""
+    version = alias_target(tracking_uri, name, alias)
+    if version is None:
+        return None
+    served = version_tags(tracking_uri, name, version).get(TAG_SERVED_URI, "")
+    return served.startswith(normalize_location(serving).rstrip("/") + "/")
+
+
+def withdraw_candidate(serving: str, tracking_uri: str, name: str, alias: str, version: str, version_uid: str | None,
+                       why: str) -> None:
+    """Withdraw a staged version: its files (a tombstone keeps its number), then its registry version's tags and the
+    challenger alias. In that order: a registry that did not answer leaves nothing served, and the next command
+    finishes it."""
+    layout.discard_version(join(normalize_location(serving), "versions", version), why)
+    if not version_uid:
+        return
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for registered in versions_tagged(tracking_uri, name, TAG_VERSION_UID, version_uid):
+        if version_tags(tracking_uri, name, registered).get("podium.approval") == "pending":
+            tag_version(tracking_uri, name, registered, {"podium.approval": "withdrawn", "podium.approval.by": "podium",
+                                                         "podium.approval.reason": why[:5000],
+                                                         "podium.approval.at": when, "podium.approval.via": "stop"},
+                        "withdrawn")
+        remove_alias(tracking_uri, name, challenger_alias(alias), registered)
+
+
+def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> list[str]:
+    """Withdraw every version staged by a process of this host that is gone; returns their numbers. Call it under
+    the promotion lock: a version being staged right now is marked before its files are copied."""
+    withdrawn = []
+    for staged in staged_versions(serving):
+        if staged.alive is not False:
+            continue
+        who = staged.mark
+        why = (f"its command (run {who.get('run_name')}, process {who.get('pid')} on {who.get('host')}) ended without "
+               "finishing it" if who else "left incomplete by a promoter that stopped")
+        withdraw_candidate(serving, tracking_uri, name, alias, staged.version, who.get("version_uid"), why)
+        say("serving %s: withdrew %s: %s", serving, staged.version, why)
+        withdrawn.append(staged.version)
+    return withdrawn
+
+
+def sync_alias(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:
+    """Move `alias` to the registered version of the current serving version if it names another; returns that
+    version (None: nothing current, or the current version was never registered)."""
+    current = layout.read_current(serving)
+    if current is None:
+        return None
+    version = registered_version_for(tracking_uri, name, current.manifest.get("version_uid"), current.uri)
+    if version is None:
+        logger.warning("no registered version of %s is serving version %s: alias %s not moved", name,
+                       current.version, alias)
+        return None
+    if alias_target(tracking_uri, name, alias) != version:
+        set_alias(tracking_uri, name, alias, version)
+        say("registry: moved @%s of %s to version %s (serving %s at %s)", alias, name, version, current.version,
+            serving)
+    return version
+
+
+def disagreements(serving: str, tracking_uri: str, name: str, alias: str) -> list[str]:
+    """What the registry says that the serving location does not (read-only; empty when they agree)."""
+    out = []
+    current = layout.read_current(serving)
+    target = alias_target(tracking_uri, name, alias)
+    if current is not None:
+        version = registered_version_for(tracking_uri, name, current.manifest.get("version_uid"), current.uri)
+        if version is None:
+            out.append(f"serving {current.version} has no registered version of {name!r}")
+        elif target != version:
+            out.append(f"@{alias} names version {target} of {name!r}, but serving {current.version} is version "
+                       f"{version}; the next promote or rollback moves it")
+    elif target is not None:
+        out.append(f"@{alias} names version {target} of {name!r}, but nothing is served at {serving}")
+    stale = [s.version for s in staged_versions(serving) if s.alive is False]
+    if stale:
+        out.append(f"{', '.join(stale)} staged by a command that is gone; the next promote or rollback withdraws it")
+    return out
