@@ -442,6 +442,16 @@ def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
         return dict(client.read_flow_run(UUID(flow_run_id)).parameters or {})
 
 
+def flow_run_state(flow_run_id: str) -> str | None:
+    """The name of a flow run's state (Paused, Running, ...)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(UUID(flow_run_id)).state_name
+
+
 def crash_flow_run(flow_run_id: str, message: str) -> None:
     """End a flow run whose process is gone as Crashed, saying why (Prefect cannot know: nothing reports for it)."""
     from uuid import UUID

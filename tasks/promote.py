@@ -147,6 +147,12 @@ def decide(plan: RunPlan, records: list[CheckpointRecord],
     return decision, champion
 
 
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
 def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
     """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
 
@@ -225,7 +231,8 @@ def stage(plan: RunPlan, tracking: TrackingRun, decision: Decision,
                                 "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
                                 **served.info, **prov}
         version = staging.stage_version(plan.serving, served.files_uri, info, served.content,
-                                        mark=this_process(tracking.run_name, version_uid=uid, checkpoint=record.uri))
+                                        mark=this_process(tracking.run_name, version_uid=uid, checkpoint=record.uri,
+                                                          flow_run_id=_flow_run_id()))
         check_copy(plan, record, version)
         if record.model_id:  # before the switch: a champion is never current without its MLflow model
             still_locked()

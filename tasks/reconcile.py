@@ -119,8 +119,30 @@ def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> 
                "finishing it" if who else "left incomplete by a promoter that stopped")
         withdraw_candidate(serving, tracking_uri, name, alias, staged.version, who.get("version_uid"), why)
         say("serving %s: withdrew %s: %s", serving, staged.version, why)
+        if who.get("flow_run_id"):
+            _end_flow_run(str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
         withdrawn.append(staged.version)
     return withdrawn
+
+
+def _end_flow_run(flow_run_id: str, message: str) -> None:
+    """End the flow run of a command that is gone as Crashed, if Prefect still shows it paused or running (nothing
+    else would: no process reports for it). Best effort: Prefect mirrors, the serving location decides."""
+    from prefect.settings import PREFECT_API_URL
+
+    from podium import prefect_api
+
+    if not PREFECT_API_URL.value():  # no server to tell (Prefect's client would start a temporary one of its own)
+        return
+
+    def crash() -> None:
+        if prefect_api.flow_run_state(flow_run_id) in ("Paused", "Running", "Suspended"):
+            prefect_api.crash_flow_run(flow_run_id, message)
+
+    try:
+        crash()
+    except Exception as exc:
+        logger.warning("flow run %s not ended in Prefect: %s: %s", flow_run_id, type(exc).__name__, exc)
 
 
 def sync_alias(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:

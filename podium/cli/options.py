@@ -105,6 +105,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "How the promoted copy is checked: hashes, load or revalidate (runs the validation again)."),
     ("--no-verify", "promotion.verify", None, "Check only the copy's sha256 hashes (same as --verify hashes)."),
     ("--registered-model", "promotion.registered_model", str, "MLflow registered model name (default: the model name)."),
+    ("--alias", "promotion.alias", str,
+     "MLflow alias the serving location's champion carries (default: champion); each serving location of a model "
+     "has one of its own."),
     ("--model-loader", "promotion.model_loader", str,
      "For checkpoints not in podium's format: 'package.module:function' from the checkpoint folder to a torch "
      "module or an object with predict(DataFrame); podium serves and registers the MLflow model built from it."),

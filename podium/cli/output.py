@@ -14,16 +14,19 @@ from podium.serving.history import parse_switch
 def champion_json(config: Any) -> dict[str, Any] | None:
     """The model's champion (the serving location's current version), as `--json` names it."""
     from podium.serving.layout import read_current
+    from podium.serving.location import read_location
 
     current = read_current(config.serving)
     if current is None:
         return None
-    m, p = current.manifest, config.promotion
+    m, location = current.manifest, read_location(config.serving)
+    name, alias = ((location.registered_model, location.alias) if location
+                   else (config.promotion.registered_model, config.promotion.alias))
     return {"model": m.get("model", config.model), "version": current.version, "uri": current.uri,
             "step": m.get("step"), "metric": m.get("metric"), "mode": m.get("mode"), "value": m.get("value"),
             "run_name": m.get("run_name"), "mlflow_run_id": m.get("mlflow_run_id"),
             "checkpoint": m.get("checkpoint", m.get("source")), "served_as": m.get("served_as", "files"),
-            "mlflow_model": f"models:/{p.registered_model}@{p.alias}", "load": m.get("load")}
+            "mlflow_model": f"models:/{name}@{alias}", "load": m.get("load")}
 
 
 def checkpoint_json(r: Any) -> dict[str, Any]:
