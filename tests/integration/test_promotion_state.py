@@ -113,16 +113,22 @@ def _sha256_tree(folder: Path) -> dict[str, str]:
             for p in folder.rglob("*") if p.is_file()}
 
 
+def _client(world):
+    """The module's MLflow store, its registry included (MlflowClient alone looks for the registry elsewhere)."""
+    from podium.tracking.client import tracking_client
+
+    return tracking_client(world[1]["MLFLOW_TRACKING_URI"])
+
+
 def assert_state_agrees(world, serving: str, name: str, alias: str = "champion") -> None:
     """The serving location, the registry and `podium history` say the same thing, and nothing is left half-done."""
     import mlflow.artifacts
-    from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_current, read_history
 
     root, env = world
     location = root / serving
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    client = _client(world)
     versions = client.search_model_versions(f"name = '{name}'")
     assert not [v.version for v in versions if (v.tags or {}).get("podium.approval") == "pending"], "left pending"
     aliases = client.get_registered_model(name).aliases
@@ -141,8 +147,9 @@ def assert_state_agrees(world, serving: str, name: str, alias: str = "champion")
     assert registered.tags["podium.version_uid"] == current.manifest["version_uid"], (
         f"@{alias} is version {registered.version} ({registered.tags.get('podium.serving_version')}), "
         f"serving is {current.version}")
-    loaded = Path(mlflow.artifacts.download_artifacts(f"models:/{name}@{alias}", tracking_uri=env["MLFLOW_TRACKING_URI"],
-                                                      dst_path=str(root / "downloads" / f"{name}-{time.time_ns()}")))
+    loaded = Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=client.get_model_version_download_uri(name, registered.version),
+        dst_path=str(root / "downloads" / f"{name}-{time.time_ns()}")))
     served = {rel: f["sha256"] for rel, f in current.manifest["files"].items()}
     got = _sha256_tree(loaded)
     assert {rel: got.get(rel) for rel in served} == served, "the bytes the alias loads are not the bytes served"
@@ -164,17 +171,13 @@ def test_a_rejected_candidate_keeps_its_number_and_the_approved_one_after_it_is_
     out = json.loads(_ended(proc)[0].strip().splitlines()[-1])
     assert out["promoted"]["version"] == "v000002" and out["promoted"]["step"] == 1, out["promotion_reason"]
     assert_state_agrees(world, "s1", "case1")
-    from mlflow.tracking import MlflowClient
-
-    champion = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_model_version_by_alias("case1", "champion")
+    champion = _client(world).get_model_version_by_alias("case1", "champion")
     assert champion.tags["podium.approval"] == "approved" and champion.tags["podium.step"] == "1"
 
 
 def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world):
-    from mlflow.tracking import MlflowClient
-
     root, env = world
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    client = _client(world)
     _ended(_promote(world, "a", "case2"))
     a1 = client.get_model_version_by_alias("case2", "champion").version
     # the second location may not take the first's alias: refused before anything is written there
@@ -186,7 +189,7 @@ def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world
     # with an alias of its own it promotes, and a rollback at the first location leaves it where it is
     _ended(_promote(world, "b", "case2", "--alias", "staging"))
     b1 = client.get_model_version_by_alias("case2", "staging").version
-    _ended(_promote(world, "a", "case2", "--always-promote"))
+    _ended(_promote(world, "a", "case2", "--always-promote", mode="min"))  # the other checkpoint, as v000002
     assert client.get_model_version_by_alias("case2", "staging").version == b1
     rolled = json.loads(podium(["rollback", "--json", "--serving", str(root / "a"), "--model", "state"], env).stdout)
     assert rolled["to_version"] == "v000001" and rolled["mlflow_version"] == str(a1)
@@ -201,8 +204,6 @@ def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_candidate_awaits_approval_withdraws_it(world, signum):
-    from mlflow.tracking import MlflowClient
-
     root, env = world
     serving, name = f"s3-{signum.name}", f"case3-{signum.name.lower()}"
     proc = _promote(world, serving, name, approval="required")
@@ -211,7 +212,7 @@ def test_a_stop_while_the_candidate_awaits_approval_withdraws_it(world, signum):
     _, err = _ended(proc, 128 + signum)
     assert "nothing was promoted" in err and f"podium promote --run-name {RUN}` asks again" in err, err
     assert _flow_run_state(flow_run_id) == "Cancelled"
-    [version] = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(f"name = '{name}'")
+    [version] = _client(world).search_model_versions(f"name = '{name}'")
     assert version.tags["podium.approval"] == "withdrawn", version.tags
     assert (root / serving / "versions" / "v000001" / "DISCARDED.json").exists()
     assert_state_agrees(world, serving, name)
