@@ -265,8 +265,12 @@ class PromotionConfig(_Strict):
     confidence: float | None = Field(
         None, gt=0, lt=1, description="Promote only when the lower bound of a paired bootstrap interval at this "
         "level (e.g. 0.95) of the candidate's gain over the champion, row by row on the same validation rows, is "
-        "above min_delta. Needs per-row values from the validation function (the built-in gives them); without "
-        "them the decision says it compared point values.")
+        "above min_delta. Needs per-row values from the validation function (the built-in gives them): see "
+        "confidence_without_rows.")
+    confidence_without_rows: Literal["refuse", "point"] = Field(
+        "refuse", description="What promotion.confidence does when the validation function gives no per-row values "
+        "for the promotion metric: 'refuse' to promote (a validation function that takes no per_row argument is "
+        "refused before training), or compare the 'point' values, saying so in the decision.")
     approval: Literal["none", "required"] = Field(
         "none", description="'required': a candidate that passes every check waits for a person's decision under "
         "the MLflow alias 'challenger'; the flow run pauses with a form in the Prefect UI, and `podium approve` / "
