@@ -123,7 +123,6 @@ class ValidationQueue:
                     self.done[key] = future.result()
                     if self.done[key].status == FAILED:  # the function raised, or returned no metrics
                         announce_failed_validation(self.plan, self.done[key])
-                    self._check_policy_on_first_result(record, self.done[key])
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries, or was stopped
@@ -141,6 +140,8 @@ class ValidationQueue:
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
                 self.unrecorded[key] = record
+            if key in self.done:
+                self._check_policy_on_first_result(record, self.done[key])
         if unreachable is not None:
             logger.warning("%s; %d checkpoint(s) stay pending: %s", unreachable, len(self.unrecorded),
                            sorted(r.step for r in self.unrecorded.values()))
@@ -162,7 +163,7 @@ class ValidationQueue:
         self.policy_checked = True
         p, fn = self.plan.config.promotion, self.plan.config.validation.fn
         training = sorted(set(announced.metrics) - set(returned))
-        reported = f"validation.fn {fn!r} returns" + (f" (training reports {training} too)" if training else "")
+        reported = f"validation.fn {fn!r} returns {returned}" + (f", and training reports {training}" if training else "")
         errors = unknown_policy_metrics(p.metric, p.thresholds, p.guards, {*returned, *training}, reported)
         if errors:
             raise PolicyCannotBeMet(

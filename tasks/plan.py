@@ -180,7 +180,7 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if builtin_loop and builtin_fn:  # a function of your own: checked on its first result (flows.validation)
         p = cfg.promotion
         errors += unknown_policy_metrics(p.metric, p.thresholds, p.guards, BUILTIN_METRICS,
-                                         "the built-in loop and validation report")
+                                         f"the built-in loop and validation report {sorted(BUILTIN_METRICS)}")
     feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
     facts = validation_facts(cfg, feature_columns)
     if not builtin_fn:  # podium's own takes what podium gives it

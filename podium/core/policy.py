@@ -75,13 +75,13 @@ class Check:
 def unknown_policy_metrics(metric: str, thresholds: Iterable[str], guards: Iterable[str], known: Collection[str],
                            reported: str) -> list[str]:
     """Each metric the promotion policy names (promotion.metric, a threshold's, a guard's) that is not among
-    the metrics `known` to be reported (`reported` says by what, in words: 'the built-in loop and validation
-    report'), one line each naming the field. A policy on a metric nothing reports cannot be met: every candidate would fail
-    it (a typo, `val_acuracy`, would refuse every night), so it is refused before it is applied."""
-    listed = sorted(known)
+    the metrics `known` to be reported (`reported` says which, and by what, in words: "the built-in loop and
+    validation report ['loss', ...]"), one line each naming the field. A policy on a metric nothing reports
+    cannot be met: every candidate would fail it (a typo, `val_acuracy`, would refuse every night), so it is
+    refused before it is applied."""
     named = [(f"promotion.metric = {metric!r}", metric)] + [(f"promotion.thresholds.{m}", m) for m in sorted(thresholds)]
     named += [(f"promotion.guards.{m}", m) for m in sorted(guards)]
-    return [f"{field}: no such metric; {reported} {listed}" for field, name in named if name not in known]
+    return [f"{field}: no such metric; {reported}" for field, name in named if name not in known]
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:

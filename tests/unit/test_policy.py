@@ -123,9 +123,9 @@ def test_confidence_without_per_row_values_refuses_unless_point_values_are_accep
 
 
 def test_a_policy_on_a_metric_nothing_reports_is_named_with_the_metrics_that_exist():
-    known = {"val_loss", "val_accuracy"}
-    assert unknown_policy_metrics("val_loss", {"val_accuracy"}, {"val_loss"}, known, "the validation reports") == []
-    assert unknown_policy_metrics("val_loss", {"val_acuracy": {}}, {"loss": {}}, known, "the validation reports") == [
+    known, says = {"val_loss", "val_accuracy"}, "the validation reports ['val_accuracy', 'val_loss']"
+    assert unknown_policy_metrics("val_loss", {"val_accuracy"}, {"val_loss"}, known, says) == []
+    assert unknown_policy_metrics("val_loss", {"val_acuracy": {}}, {"loss": {}}, known, says) == [
         "promotion.thresholds.val_acuracy: no such metric; the validation reports "
         "['val_accuracy', 'val_loss']",
         "promotion.guards.loss: no such metric; the validation reports ['val_accuracy', 'val_loss']"]
