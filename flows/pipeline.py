@@ -24,16 +24,21 @@ from podium.flows.promote import promote_and_announce
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, final_state, summarize_run
-from podium.flows.validation import ValidationQueue
+from podium.flows.validation import PolicyCannotBeMet, ValidationQueue
 from podium.tasks.lineage import record_lineage_task
 from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.report import Progress, say
 from podium.tasks.rescore import promotion_needs_ray
-from podium.tasks.resume import Resume, check_resume_task, mark_abandoned_flow_run_task
+from podium.tasks.resume import (
+    Resume,
+    check_resume_task,
+    mark_abandoned_flow_run_task,
+    remove_unregistered_checkpoints,
+)
 from podium.tasks.retention import served_checkpoints
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
-from podium.tasks.train import connect_ray_task, require_checkpoints, train_model
+from podium.tasks.train import EarlyStopSwitch, connect_ray_task, require_checkpoints, train_model
 from podium.tracking.client import TrackingRun, TrackingUnavailable
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run, tag_stopped_early
@@ -70,7 +75,8 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
         try:
             # a State returned ends the flow run in it: its message says what the run did
             return final_state(  # type: ignore[return-value]
-                _train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None))
+                _train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None,
+                                        resumed_after=resume.from_step if resume else None))
         except RunStopped as exc:
             return Cancelled(message=str(exc))  # type: ignore[return-value]
 
@@ -127,6 +133,9 @@ def say_resume(plan: RunPlan, resume: Resume | None) -> None:
         f" (epoch {resume.from_epoch})" if resume.from_epoch is not None else "")
     for key, (was, now) in sorted(resume.changes.items()):
         say("  %s = %s (was %s): takes effect", key, now, was)
+    if plan.config.training.early_stop_patience is not None:
+        say("  early stopping: the best so far stands; patience (%d) counts this start's checkpoints",
+            plan.config.training.early_stop_patience)
     if resume.from_epoch is not None and plan.config.training.epochs <= resume.from_epoch:
         say("  training.epochs = %d: the run is already at epoch %d, nothing more to train",
             plan.config.training.epochs, resume.from_epoch)
@@ -153,29 +162,35 @@ def _open_tracking(plan: RunPlan, tracking_uri: str | None, stream: CheckpointSt
 
 
 def _stop_early_if_plateaued(plan: RunPlan, validations: ValidationQueue, stream: CheckpointStream,
-                             training: PrefectConcurrentFuture | None, stopping: threading.Event) -> EarlyStop | None:
+                             training: PrefectConcurrentFuture | None, stopping: EarlyStopSwitch,
+                             resumed_after: int | None) -> EarlyStop | None:
     """With training.early_stop_patience set: once that many verdicts in a row, in step order, did not improve on
-    the best, stop Ray Train (its persisted checkpoints stay and are validated) and say so. Returns the stop."""
+    the best, stop Ray Train (its persisted checkpoints stay and are validated) and say so. Returns the stop; None
+    when training ended on its own first (every epoch trained: not an early stop). A resume (`resumed_after`, the
+    step it continues from) counts patience from its own checkpoints."""
     t, p = plan.config.training, plan.config.promotion
-    if t.early_stop_patience is None or training is None or stopping.is_set():
+    if t.early_stop_patience is None or training is None or stopping.asked:
         return None
-    verdict = early_stop(validations.records(), p.metric, p.mode, t.early_stop_patience, t.early_stop_min_delta)
-    if verdict is None:
+    verdict = early_stop(validations.records(), p.metric, p.mode, t.early_stop_patience, t.early_stop_min_delta,
+                         resumed_after)
+    if verdict is None or not stopping.ask():  # before the abort: the training task takes Ray Train's error for it
         return None
     say("stopping training early at step %d: %s", verdict.step, verdict.reason)
-    stopping.set()  # before the abort: the training task takes Ray Train's error for it as its end
     if not stream.stop_training(training):
         logger.warning("training did not stop in time; Ray stops with this process")
+    if stopping.too_late:
+        say("training had trained every epoch before it could be stopped: not stopped early")
+        return None
     return verdict
 
 
 def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
-                            stop: StopRequest, fresh: bool) -> RunSummary:
+                            stop: StopRequest, fresh: bool, resumed_after: int | None = None) -> RunSummary:
     config = plan.config
     connect_ray_task(plan)
     stream = CheckpointStream()
     training: PrefectConcurrentFuture | None = None
-    stopping_early = threading.Event()
+    stopping_early = EarlyStopSwitch()
     stopped_early: EarlyStop | None = None
     if fresh:  # nothing persisted, nothing to catch up: training starts now, and the MLflow run opens meanwhile
         fitting = threading.Event()
@@ -221,12 +236,17 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 validations.add(record_checkpoint_task(tracking, event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()
-            stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training, stopping_early)
+            stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training,
+                                                                      stopping_early, resumed_after)
             validations.keep_best(served)
             progress.update(validated=validations.validated)
             stop.check()  # a stop asked for: here, with every announced checkpoint recorded
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)
         training_ended_at = training.result()  # failures surface here, after persisted checkpoints were queued
+        if stopped_early is not None:  # the checkpoint being uploaded when training was aborted: never registered
+            for name in remove_unregistered_checkpoints(plan, seen):
+                say("storage: removed %s: saved as training was stopped early, never registered by Ray Train "
+                    "(no record; a resume would not continue from it)", name)
         records = validations.finish()
         watch.close()  # promotion needs no Ray
         if not promotion_needs_ray(plan, records):  # a re-score or a revalidation keeps Ray up
@@ -254,7 +274,11 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         tracking_down = isinstance(exc, TrackingUnavailable)
         if tracking_down:  # nothing more can be recorded: verdicts not written stay pending for a resume
             say("%s; stopping (run it again once the server answers: it resumes)", exc)
-        validations.wind_down(validate_queued=not tracking_down)
+        unmet = isinstance(exc, PolicyCannotBeMet)
+        if unmet and training is not None and stopping_early.ask():  # no candidate could pass: stop training
+            if not stream.stop_training(training):
+                logger.warning("training did not stop in time; Ray stops with this process")
+        validations.wind_down(validate_queued=not (tracking_down or unmet))
         if not tracking_down:
             try:
                 close_tracking_run(tracking, failed=True)

@@ -11,8 +11,10 @@ from typing import cast
 
 from prefect.futures import PrefectConcurrentFuture
 
+from podium.config import ConfigError
 from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
+from podium.core.policy import unknown_policy_metrics
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.core.verdict import ValidationOutcome
 from podium.tasks.news import announce_failed_validation
@@ -38,6 +40,11 @@ from podium.training.validation_call import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class PolicyCannotBeMet(ConfigError):
+    """The promotion policy names a metric the validation function does not return: known at its first result."""
+
 
 class ValidationQueue:
     """Validation task runs for announced checkpoints, at most `concurrency` at once.
@@ -67,6 +74,7 @@ class ValidationQueue:
         self.check_stop: Callable[[], None] = lambda: None  # raises where the run is asked to stop (flows.stop)
         self.failure_shown = False  # the user's traceback of a failed validation is shown once
         self.stopping: Callable[[], bool] = lambda: False  # a stop was asked for: a failure now is no verdict
+        self.policy_checked = False  # the policy's metric names were checked on the function's first result
         accept_validations()  # an earlier run in this process may have stopped
 
     def add(self, record: CheckpointRecord, request: ValidationRequest | None = None) -> None:
@@ -132,6 +140,8 @@ class ValidationQueue:
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
                 self.unrecorded[key] = record
+            if key in self.done:
+                self._check_policy_on_first_result(record, self.done[key])
         if unreachable is not None:
             logger.warning("%s; %d checkpoint(s) stay pending: %s", unreachable, len(self.unrecorded),
                            sorted(r.step for r in self.unrecorded.values()))
@@ -140,6 +150,26 @@ class ValidationQueue:
             record, arguments = self.pending.popleft()
             future = validation_task(self.plan, record).submit(self.plan, self.tracking, record, arguments)
             self.running[record.uri] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
+
+    def _check_policy_on_first_result(self, announced: CheckpointRecord, done: CheckpointRecord) -> None:
+        """On the first result of the validation function (metrics it returned): every metric the promotion policy
+        names (promotion.metric, thresholds, guards) must be among them or the checkpoint's training metrics, or
+        the policy can never be met. Raises PolicyCannotBeMet, naming the missing ones and what the function
+        returns; the flow stops the run (`podium run` exits 2). The built-in validation's names were checked
+        before training (podium.tasks.plan); this is the same rule on what a function of your own returns."""
+        returned = sorted(k for k, v in done.metrics.items() if k not in announced.metrics or announced.metrics[k] != v)
+        if self.policy_checked or not returned:  # checked already; or the function raised: no result yet
+            return
+        self.policy_checked = True
+        p, fn = self.plan.config.promotion, self.plan.config.validation.fn
+        training = sorted(set(announced.metrics) - set(returned))
+        reported = f"validation.fn {fn!r} returns {returned}" + (f", and training reports {training}" if training else "")
+        errors = unknown_policy_metrics(p.metric, p.thresholds, p.guards, {*returned, *training}, reported)
+        if errors:
+            raise PolicyCannotBeMet(
+                f"the promotion policy names metric(s) the validation does not return (its first result, step "
+                f"{done.step}): training stopped; correct the names and run the same command again (it resumes):\n  "
+                + "\n  ".join(errors))
 
     def _say_failure(self, record: CheckpointRecord, exc: BaseException, reason: str) -> None:
         """On the terminal: the first failure of the validation function with the user's own frames, the

@@ -55,7 +55,9 @@ def expand_run_name(template: str, when: datetime) -> str:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: a value of another type is refused, never coerced (TOML's `keep = true` would be 1, `keep = "2"` 2);
+    # a whole number is still a number where one is expected (`learning_rate = 1`)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 def _check_location(value: str) -> str:
@@ -263,8 +265,12 @@ class PromotionConfig(_Strict):
     confidence: float | None = Field(
         None, gt=0, lt=1, description="Promote only when the lower bound of a paired bootstrap interval at this "
         "level (e.g. 0.95) of the candidate's gain over the champion, row by row on the same validation rows, is "
-        "above min_delta. Needs per-row values from the validation function (the built-in gives them); without "
-        "them the decision says it compared point values.")
+        "above min_delta. Needs per-row values from the validation function (the built-in gives them): see "
+        "confidence_without_rows.")
+    confidence_without_rows: Literal["refuse", "point"] = Field(
+        "refuse", description="What promotion.confidence does when the validation function gives no per-row values "
+        "for the promotion metric: 'refuse' to promote (a validation function that takes no per_row argument is "
+        "refused before training), or compare the 'point' values, saying so in the decision.")
     approval: Literal["none", "required"] = Field(
         "none", description="'required': a candidate that passes every check waits for a person's decision under "
         "the MLflow alias 'challenger'; the flow run pauses with a form in the Prefect UI, and `podium approve` / "
@@ -374,6 +380,18 @@ class ConfigError(ValueError):
     """Invalid configuration: names the field, the value and what was expected."""
 
 
+# what a strict field expected, in words (pydantic's error types of a value of another type)
+TYPE_EXPECTED = {"int_type": "expected a whole number", "float_type": "expected a number",
+                 "bool_type": "expected true or false", "string_type": "expected a string"}
+
+
+def type_name(value: Any) -> str:
+    """What a configuration value is, in the words of TOML and JSON: 'a boolean', 'a string', 'a decimal number'."""
+    names = {bool: "a boolean", str: "a string", int: "a whole number", float: "a decimal number", list: "a list",
+             dict: "a table", type(None): "nothing (null)"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     """Render a pydantic error as one line per field: 'field = value: expected ...'."""
     lines = []
@@ -383,7 +401,9 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         value = e.get("input")
         shown = repr(value) if not isinstance(value, dict) else "{...}"
         shown = redact_uri(shown)  # never echo credentials
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = TYPE_EXPECTED.get(e["type"]) or e["msg"].removeprefix("Value error, ")
+        if e["type"] in TYPE_EXPECTED:
+            msg = f"{msg}, got {type_name(value)}"
         lines.append(f"{field} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 

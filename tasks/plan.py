@@ -23,6 +23,7 @@ from podium.config import (
     PipelineConfig,
     field_default,
 )
+from podium.core.policy import unknown_policy_metrics
 from podium.core.redaction import redact_uri
 from podium.imports import ImportPathError, resolve_callable
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
@@ -176,13 +177,15 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if train_info is not None and train_info.num_rows < cfg.scaling.num_workers:  # Ray Train splits it equally
         errors.append(f"data.train = {cfg.data.train!r}: {train_info.num_rows} rows for scaling.num_workers = "
                       f"{cfg.scaling.num_workers}: expected at least one row per worker")
-    if builtin_loop and builtin_fn and cfg.promotion.metric not in BUILTIN_METRICS:
-        errors.append(f"promotion.metric = {cfg.promotion.metric!r}: the built-in loop and validation report "
-                      f"{sorted(BUILTIN_METRICS)}")
+    if builtin_loop and builtin_fn:  # a function of your own: checked on its first result (flows.validation)
+        p = cfg.promotion
+        errors += unknown_policy_metrics(p.metric, p.thresholds, p.guards, BUILTIN_METRICS,
+                                         f"the built-in loop and validation report {sorted(BUILTIN_METRICS)}")
     feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
     facts = validation_facts(cfg, feature_columns)
     if not builtin_fn:  # podium's own takes what podium gives it
         errors += validation_fn_errors(cfg, functions["validation.fn"], functions.get("training.train_loop"), facts)
+        errors += confidence_errors(cfg, functions["validation.fn"])
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     storage = check_writable(cfg.storage, "storage")
@@ -282,6 +285,23 @@ def validation_fn_errors(cfg: PipelineConfig, fn: Callable[..., Any], train_loop
     return [f"{field} requires {', '.join(missing)}, which nothing fills: give them in validation.kwargs "
             "(--validate-kwargs), or send them from your loop with each report: ray.train.report(..., "
             "validation=ray.train.ValidationTaskConfig(fn_kwargs={...}))"]
+
+
+def confidence_errors(cfg: PipelineConfig, fn: Callable[..., Any]) -> list[str]:
+    """promotion.confidence with a validation function that cannot give per-row values (it takes no `per_row`
+    argument), where the config does not accept point values instead (promotion.confidence_without_rows)."""
+    p = cfg.promotion
+    if p.confidence is None or p.confidence_without_rows == "point":
+        return []
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: its first per-row validation says
+        return []
+    if any(q.name == "per_row" or q.kind == q.VAR_KEYWORD for q in parameters):
+        return []
+    return [f"promotion.confidence = {p.confidence:g} needs per-row values, and validation.fn = {cfg.validation.fn!r} "
+            "takes no per_row argument: give it one (podium passes per_row=True and reads the values under "
+            "'podium.per_row'), or set promotion.confidence_without_rows = 'point' to compare point values"]
 
 
 def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str],

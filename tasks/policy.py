@@ -73,7 +73,8 @@ def confidence_check(plan: RunPlan, best: CheckpointRecord, rows_from: tuple[str
     mine, why = per_row_values(plan, best.uri, best.step)
     theirs, why_theirs = per_row_values(plan, *rows_from) if mine is not None else (None, "")
     why_not = f"step {best.step}: {why}" if mine is None else f"the champion: {why_theirs}"
-    return check_confidence(p.metric, p.mode, p.confidence, p.min_delta, mine, theirs, why_not)
+    return check_confidence(p.metric, p.mode, p.confidence, p.min_delta, mine, theirs, why_not,
+                            p.confidence_without_rows)
 
 
 def policy_checks(plan: RunPlan, best: CheckpointRecord, candidate: Mapping[str, float],

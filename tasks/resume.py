@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,14 @@ def check_resume(plan: RunPlan) -> Resume | None:
             f"  A checkpoint cannot load into a model of another shape: start a new run (--run-name "
             f"{plan.run_name}-2), or keep these settings as they were.")
     return Resume(latest.step, latest.epoch, changes)
+
+
+def remove_unregistered_checkpoints(plan: RunPlan, announced: Collection[str]) -> list[str]:
+    """Once training was aborted (an early stop): remove the run's checkpoint folders that Ray Train never
+    registered (the one being uploaded as the abort came: no record names it, Ray Train's snapshot does not, a
+    resume never continues from it, and its files may be partial); never one of `announced` (the folder names
+    this run recorded). Returns their folder names."""
+    return raytrain.remove_unregistered_checkpoints(plan.storage, plan.run_name, announced)
 
 
 def record_run_settings(plan: RunPlan) -> None:

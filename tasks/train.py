@@ -103,8 +103,36 @@ def trainer_datasets(plan: RunPlan, loop_config: dict[str, Any]) -> dict[str, An
     return None
 
 
+class EarlyStopSwitch:
+    """Between the flow, which asks training to stop early, and the training task, which ends: whether the stop
+    took effect. Training that ended on its own first (its last epoch done) was not stopped early, whatever the
+    flow asked, and the run must not say it was."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked = self._ended = self.too_late = False
+
+    def ask(self) -> bool:
+        """The flow stops training early: False if training has already ended on its own (nothing to stop)."""
+        with self._lock:
+            if self._ended:
+                return False
+            self._asked = True
+            return True
+
+    @property
+    def asked(self) -> bool:
+        """The flow asked training to stop early (Ray Train's error for the abort is the end it asked for)."""
+        return self._asked
+
+    def ended_on_its_own(self) -> None:
+        """Training trained every epoch: a stop asked for before it ended came too late (`too_late`)."""
+        with self._lock:
+            self._ended, self.too_late = True, self._asked
+
+
 def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None,
-          stopped_early: threading.Event | None = None) -> float:
+          stopped_early: EarlyStopSwitch | None = None) -> float:
     """Train to completion (or resume the run of the same name), announcing each report to `sink`;
     `step_base` is the run's last recorded step (see raytrain.CheckpointAnnouncer). `fitting` is set once
     this process's own part of the start is done (the data's statistics, the datasets' plan) and Ray Train
@@ -124,7 +152,7 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading
     try:
         _fit(plan, sink, step_base, loop_config, datasets)
     except Exception as exc:
-        if stopped_early is not None and stopped_early.is_set():
+        if stopped_early is not None and stopped_early.asked:
             logger.info("run %s: training stopped early (Ray Train aborted: %s)", cfg.run_name, type(exc).__name__)
             return time.time()
         failures = raytrain.user_failures(exc)
@@ -135,6 +163,8 @@ def train(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading
         rank, _, text = failures[0]
         others = f"; {len(failures) - 1} other rank(s) failed too" if len(failures) > 1 else ""
         raise UserCodeError(f"the training loop {plan.train_loop} (rank {rank}{others})", user_frames(text)) from None
+    if stopped_early is not None:
+        stopped_early.ended_on_its_own()
     return time.time()
 
 
@@ -163,7 +193,7 @@ def _fit(plan: RunPlan, sink: EventSink, step_base: int, loop_config: dict[str, 
 
 @task(name="train-model", cache_policy=NO_CACHE)
 def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: threading.Event | None = None,
-                stopped_early: threading.Event | None = None) -> float:
+                stopped_early: EarlyStopSwitch | None = None) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
     return train(plan, sink, step_base, fitting, stopped_early)
 

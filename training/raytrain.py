@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, cast
 
 import pyarrow.fs as pafs
@@ -427,6 +427,29 @@ def forget_deleted_checkpoints(storage: str, run_name: str) -> list[str]:
     fs.move(staged, f"{path}/{SNAPSHOT}")
     logger.info("run %s: Ray Train's snapshot forgets %d deleted checkpoint(s) (checkpoints.keep)", run_name, len(gone))
     return gone
+
+
+def remove_unregistered_checkpoints(storage: str, run_name: str, announced: Collection[str] = ()) -> list[str]:
+    """After training was aborted: delete the run's `checkpoint_*` folders that Ray Train's run snapshot does not
+    name (registered or pending), nor `announced` (folder names the run has records of). An abort lands while a
+    checkpoint is uploaded: its folder is written but never registered, announced or recorded. Returns their
+    names; nothing is removed without a snapshot to compare."""
+    fs, path = arrow_filesystem(join(storage, run_name))
+    try:
+        with fs.open_input_stream(f"{path}/{SNAPSHOT}") as f:
+            snapshot = json.loads(f.read().decode())
+    except (FileNotFoundError, OSError):
+        return []
+    named = {r["checkpoint_dir_name"] for key in ("checkpoint_results", "pending_training_results")
+             for r in snapshot.get(key) or []} | set(announced)
+    found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    orphans = sorted(info.base_name for info in found if info.type == pafs.FileType.Directory
+                     and info.base_name.startswith("checkpoint_") and info.base_name not in named)
+    for name in orphans:
+        fs.delete_dir(f"{path}/{name}")
+        logger.info("run %s: removed %s, a checkpoint folder Ray Train never registered (training aborted)",
+                    run_name, name)
+    return orphans
 
 
 def persisted_checkpoints(storage: str, run_name: str) -> list[CheckpointEvent]:

@@ -15,7 +15,15 @@ import signal
 import sys
 
 from podium.cli.errors import CliError
-from podium.cli.options import add_ray_address, add_run_options, at_least, config_default, option_help
+from podium.cli.options import (
+    Parser,
+    add_ray_address,
+    add_run_options,
+    at_least,
+    config_default,
+    option_help,
+    whole_number,
+)
 
 
 def use_current_directory() -> None:
@@ -31,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     from podium.cli import commands
     from podium.cli import run as run_command
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="podium",
         description="Train on Ray Train, validate every checkpoint as it lands, record in MLflow, promote the best. "
                     "Embedded defaults keep everything under ./.podium; MLFLOW_TRACKING_URI, PREFECT_API_URL and "
@@ -108,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--val-rows", type=at_least(1), default=6000, help="Validation rows (default: 6000).")
     make.add_argument("--features", type=at_least(1), default=16, help="Feature columns (default: 16).")
     make.add_argument("--classes", type=at_least(2), default=4, help="Classes (default: 4).")
-    make.add_argument("--seed", type=int, default=0, help="Random seed.")
+    make.add_argument("--seed", type=whole_number, default=0, help="Random seed.")
     make.set_defaults(func=commands.cmd_make_data)
     worker = sub.add_parser("worker", help="Run a Prefect process worker for podium's deployments.",
                             description="Run `prefect worker start --type process` for podium's work pool, with "
@@ -116,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "and the other variables of this environment pass through.")
     worker.add_argument("--pool", default="podium", help="Work pool (default: podium; created if missing).")
     worker.add_argument("--ray-address", help="Ray cluster the flow runs use (sets RAY_ADDRESS).")
-    worker.add_argument("--limit", type=int, help="Flow runs at once on this worker (default: no limit).")
+    worker.add_argument("--limit", type=whole_number, help="Flow runs at once on this worker (default: no limit).")
     worker.set_defaults(func=commands.cmd_worker)
     server = sub.add_parser("server", help="Start or stop the local Prefect server of the embedded defaults.")
     server.add_argument("action", choices=["start", "stop"])

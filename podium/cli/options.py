@@ -12,13 +12,42 @@ import argparse
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from podium.cli.errors import CliError
 from podium.settings import PodiumSettings
 
 if TYPE_CHECKING:
     from podium.config import PipelineConfig
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one sentence (`podium: --epochs = 'x': expected a whole number`,
+    exit code 2) instead of the usage block: `--help` prints that."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage error as one line and exit with code 2."""
+        flag, sep, what = message.removeprefix("argument ").partition(": ")
+        if message.startswith("argument ") and sep:
+            # a type's own message starts with the value it refused ('x': expected ...)
+            message = f"{flag} = {what}" if what.startswith("'") else f"{flag}: {what}"
+        self.exit(2, f"podium: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def whole_number(text: str) -> int:
+    """An argparse type: an integer (a bad one is a usage error, exit code 2, saying what was expected)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from None
+
+
+def number(text: str) -> float:
+    """An argparse type: a number, e.g. 0.01 or 1e-3 (a bad one is a usage error, exit code 2)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
 
 
 def comma_list(text: str) -> list[str]:
@@ -60,19 +89,19 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "schema_mismatch."),
     ("--ray-datasets", "data.ray_datasets", None,
      "Hand your own loop Ray Datasets of --train-data/--val-data: ray.train.get_dataset_shard('train') / ('val')."),
-    ("--epochs", "training.epochs", int, "Epochs to train."),
-    ("--batch-size", "training.batch_size", int, "Per-worker batch size."),
-    ("--learning-rate", "training.learning_rate", float, "Adam learning rate."),
+    ("--epochs", "training.epochs", whole_number, "Epochs to train."),
+    ("--batch-size", "training.batch_size", whole_number, "Per-worker batch size."),
+    ("--learning-rate", "training.learning_rate", number, "Adam learning rate."),
     ("--no-standardize", "training.standardize", None,
      "Feed the built-in model raw features (default: standardised with the training data's statistics)."),
-    ("--checkpoint-every-steps", "training.checkpoint_every_steps", int,
+    ("--checkpoint-every-steps", "training.checkpoint_every_steps", whole_number,
      "Checkpoint every N steps instead of every epoch."),
-    ("--early-stop-patience", "training.early_stop_patience", int,
+    ("--early-stop-patience", "training.early_stop_patience", whole_number,
      "Stop training once this many validations in a row (in step order) did not improve the promotion metric on "
      "the best so far by more than --early-stop-min-delta; the saved checkpoints are validated and promoted as usual."),
-    ("--early-stop-min-delta", "training.early_stop_min_delta", float,
+    ("--early-stop-min-delta", "training.early_stop_min_delta", number,
      "How much a validation must improve on the best so far to count as an improvement (early stopping)."),
-    ("--keep-checkpoints", "checkpoints.keep", int,
+    ("--keep-checkpoints", "checkpoints.keep", whole_number,
      "Keep only the K best validated checkpoints in storage (and the newest, and those awaiting a verdict); the "
      "others are deleted as verdicts arrive, their MLflow records kept (default: keep all)."),
     ("--shuffle", "training.shuffle", str, "Shuffling each epoch (built-in loop): local, global or none."),
@@ -84,22 +113,22 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "KEY=VALUE in your loop's train_loop_config (repeatable; VALUE is read as JSON, else a string)."),
     ("--loop-dataset", "training.loop_datasets", None,
      "KEY=PARQUET: a Ray Dataset read from PARQUET, put in your loop's config under KEY (repeatable)."),
-    ("--num-workers", "scaling.num_workers", int, "Ray Train workers."),
+    ("--num-workers", "scaling.num_workers", whole_number, "Ray Train workers."),
     ("--use-gpu", "scaling.use_gpu", None, "One GPU per training worker."),
-    ("--data-cpus", "scaling.data_cpus", float, "CPUs Ray Data may use to read the training data."),
+    ("--data-cpus", "scaling.data_cpus", number, "CPUs Ray Data may use to read the training data."),
     ("--validate-fn", "validation.fn", str,
      "Validation function '(checkpoint, **kwargs) -> dict' as 'package.module:function'."),
     ("--validate-kwargs", "validation.kwargs", json_object, "Extra kwargs for the validation function, as JSON."),
-    ("--concurrency", "validation.concurrency", int, "Validations running at once."),
-    ("--validation-cpus", "validation.num_cpus", float, "CPUs per validation task."),
-    ("--validation-gpus", "validation.num_gpus", float, "GPUs per validation task."),
-    ("--validation-inner-cpus", "validation.inner_cpus", float,
+    ("--concurrency", "validation.concurrency", whole_number, "Validations running at once."),
+    ("--validation-cpus", "validation.num_cpus", number, "CPUs per validation task."),
+    ("--validation-gpus", "validation.num_gpus", number, "GPUs per validation task."),
+    ("--validation-inner-cpus", "validation.inner_cpus", number,
      "CPUs the validation function's own Ray work takes (a TorchTrainer, map_batches), per validation."),
-    ("--validation-retries", "validation.retries", int, "Retries of a failed validation."),
-    ("--validation-timeout", "validation.timeout_s", float, "Seconds before a validation attempt is cancelled."),
+    ("--validation-retries", "validation.retries", whole_number, "Retries of a failed validation."),
+    ("--validation-timeout", "validation.timeout_s", number, "Seconds before a validation attempt is cancelled."),
     ("--metric", "promotion.metric", str, "Metric that ranks checkpoints."),
     ("--mode", "promotion.mode", str, "'min' or 'max': which direction of the metric is better."),
-    ("--min-delta", "promotion.min_delta", float, "Margin by which the best must beat the champion."),
+    ("--min-delta", "promotion.min_delta", number, "Margin by which the best must beat the champion."),
     ("--always-promote", "promotion.always", None, "Promote the best checkpoint even if it does not beat the champion."),
     ("--verify", "promotion.verify", str,
      "How the promoted copy is checked: hashes, load or revalidate (runs the validation again)."),
@@ -117,7 +146,7 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--approval", "promotion.approval", str,
      "'required': a candidate that passes the gate waits for `podium approve` / `podium reject` or the Prefect "
      "UI's form; 'none': promote unattended."),
-    ("--approval-timeout", "promotion.approval_timeout_s", float, "Seconds a candidate waits for a decision."),
+    ("--approval-timeout", "promotion.approval_timeout_s", number, "Seconds a candidate waits for a decision."),
     ("--approval-on-timeout", "promotion.approval_on_timeout", str,
      "What no decision in time means: reject or approve."),
     ("--rescore", "promotion.rescore", str, "A champion that cannot be scored on the candidate's validation data: "
@@ -192,12 +221,9 @@ def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> Pipe
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least `minimum` (a bad value is a usage error, exit code 2)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = whole_number(text)
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least {minimum}")
         return value
     return parse
 

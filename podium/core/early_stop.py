@@ -17,7 +17,7 @@ class EarlyStop:
 
 
 def early_stop(records: list[CheckpointRecord], metric: str, mode: str, patience: int,
-               min_delta: float = 0.0) -> EarlyStop | None:
+               min_delta: float = 0.0, resumed_after: int | None = None) -> EarlyStop | None:
     """Stop once `patience` verdicts in a row, in step order, fail to improve on the best so far by more than
     `min_delta` (on `metric`, `mode` 'min' or 'max'); None while they have not.
 
@@ -25,6 +25,10 @@ def early_stop(records: list[CheckpointRecord], metric: str, mode: str, patience
     any order; a later verdict counts only once every earlier step has its own). A failed validation, or one
     without a finite `metric`, neither improves nor breaks the count: it is passed over. Checkpoints the loop
     asked not to validate are passed over too.
+
+    `resumed_after`: the step a resumed run continues from. The verdicts up to it (an earlier attempt's) set the
+    best so far but do not count toward `patience`: a resume, after an early stop too, trains at least `patience`
+    checkpoints more before it stops again (it stopped at once, with no new checkpoint, before).
     """
     if patience < 1:
         raise ValueError(f"patience = {patience}: expected at least 1")
@@ -40,6 +44,8 @@ def early_stop(records: list[CheckpointRecord], metric: str, mode: str, patience
         if best is None or sign * (best.metrics[metric] - value) > min_delta:
             best, since = record, []
             continue
+        if resumed_after is not None and record.step <= resumed_after:
+            continue  # the earlier attempt's plateau was acted on already
         since.append(record.step)
         if len(since) >= patience:
             steps = f"steps {since[0]}-{since[-1]}" if len(since) > 1 else f"step {since[0]}"

@@ -7,7 +7,8 @@
   (a fraction of the champion's value). With no champion there is nothing to compare: it does not block.
 - Confidence (`promotion.confidence`): the lower bound of a paired bootstrap interval of the candidate's
   gain over the champion, row by row on the same validation rows, must be above `min_delta`. Without
-  per-row values the decision says it compared point values.
+  per-row values it fails (`promotion.confidence_without_rows = "refuse"`), or the decision compares point
+  values and says so ("point"). With no champion to compare, or none measured on the same data, it is not made.
 
 `podium.core.promotion.apply_checks` folds them into a decision: a failed check refuses a promotion, unless it is forced
 (`promotion.always`): then they are reported and do not block.
@@ -16,7 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 THRESHOLD, GUARD, CONFIDENCE = "threshold", "guard", "confidence"
+WithoutRows = Literal["refuse", "point"]  # promotion.confidence_without_rows
 GUARD_RULES = ("max_increase", "max_decrease", "max_relative_increase", "max_relative_decrease")
 RESAMPLES = 2000  # paired bootstrap resamples: the interval's bounds move by about 0.1 % of its width between seeds
 SEED = 0  # fixed: the same rows give the same interval, and so the same decision, every time
@@ -68,6 +70,18 @@ class Check:
         else:
             text = f"confidence {self.level:g} on {self.metric}: gain not measured row by row"
         return f"{text}, {verdict}" + (f" ({self.note})" if self.note else "")
+
+
+def unknown_policy_metrics(metric: str, thresholds: Iterable[str], guards: Iterable[str], known: Collection[str],
+                           reported: str) -> list[str]:
+    """Each metric the promotion policy names (promotion.metric, a threshold's, a guard's) that is not among
+    the metrics `known` to be reported (`reported` says which, and by what, in words: "the built-in loop and
+    validation report ['loss', ...]"), one line each naming the field. A policy on a metric nothing reports
+    cannot be met: every candidate would fail it (a typo, `val_acuracy`, would refuse every night), so it is
+    refused before it is applied."""
+    named = [(f"promotion.metric = {metric!r}", metric)] + [(f"promotion.thresholds.{m}", m) for m in sorted(thresholds)]
+    named += [(f"promotion.guards.{m}", m) for m in sorted(guards)]
+    return [f"{field}: no such metric; {reported}" for field, name in named if name not in known]
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:
@@ -149,24 +163,35 @@ def bootstrap_interval(gain: Sequence[float] | np.ndarray, level: float, resampl
     return float(low), float(high)
 
 
+def without_rows(metric: str, level: float, min_delta: float, why: str, accept: WithoutRows) -> Check:
+    """The confidence check when the per-row values it needs are not there (`why`): with `accept` 'refuse'
+    (promotion.confidence_without_rows) it fails, since a team that asked for a confidence gate gets none
+    otherwise; with 'point' it is not made and the decision rests on the point values, saying so."""
+    if accept == "point":
+        return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, None, level=level,
+                     note=f"{why}: compared point values (promotion.confidence_without_rows = 'point')")
+    return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, False, level=level,
+                 note=f"{why}: no confidence without per-row values (promotion.confidence_without_rows = 'refuse'; "
+                      "'point' compares point values instead)")
+
+
 def check_confidence(metric: str, mode: Literal["min", "max"], level: float, min_delta: float,
                      candidate_rows: Sequence[float] | np.ndarray | None,
-                     champion_rows: Sequence[float] | np.ndarray | None, why_not: str = "") -> Check:
+                     champion_rows: Sequence[float] | np.ndarray | None, why_not: str = "",
+                     accept: WithoutRows = "refuse") -> Check:
     """The candidate's gain over the champion, row by row (`candidate - champion` for 'max', the other way
     for 'min'), as a paired bootstrap interval at `level`: it holds when the lower bound is above `min_delta`.
 
-    Without both sides' per-row values over the same rows (`why_not` says why) the check is not made and
-    the decision rests on the point values."""
+    Without both sides' per-row values over the same rows (`why_not` says why) the check fails, or with
+    `accept` 'point' it is not made and the decision rests on the point values (`without_rows`)."""
     if candidate_rows is None or champion_rows is None:
-        return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, None, level=level,
-                     note=f"{why_not or 'no per-row values'}: compared point values")
+        return without_rows(metric, level, min_delta, why_not or "no per-row values", accept)
     import numpy as np
 
     mine, theirs = np.asarray(candidate_rows, dtype=np.float64), np.asarray(champion_rows, dtype=np.float64)
     if mine.shape != theirs.shape or mine.ndim != 1 or len(mine) == 0:
-        return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, None, level=level,
-                     note=f"per-row values cannot be paired ({mine.shape} and {theirs.shape} rows): compared "
-                          "point values")
+        return without_rows(metric, level, min_delta,
+                            f"per-row values cannot be paired ({mine.shape} and {theirs.shape} rows)", accept)
     if not (np.isfinite(mine).all() and np.isfinite(theirs).all()):
         return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, False, level=level, rows=len(mine),
                      note="per-row values are not all finite")

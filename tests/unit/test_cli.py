@@ -98,7 +98,21 @@ def test_invalid_flag_value_is_a_cli_error_naming_the_field(tmp_path):
 def test_validate_kwargs_that_are_no_json_object_are_a_usage_error_saying_what_was_expected(capsys, value, expected):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["run", "--validate-kwargs", value])
-    assert exit_.value.code == 2 and f"argument --validate-kwargs: {expected}" in capsys.readouterr().err
+    assert exit_.value.code == 2 and f"podium: --validate-kwargs: {expected}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--epochs", "x"], "podium: --epochs = 'x': expected a whole number"),
+    (["run", "--keep-checkpoints", "2.5"], "podium: --keep-checkpoints = '2.5': expected a whole number"),
+    (["promote", "--min-delta", "a bit"], "podium: --min-delta = 'a bit': expected a number"),
+    (["run", "--no-such-flag"], "podium: unrecognized arguments: --no-such-flag"),
+])
+def test_a_bad_flag_is_one_sentence_not_the_usage_block(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(expected), err
+    assert err.count("\n") == 1 and "usage:" not in err, err
 
 
 def test_run_help_mentions_every_option(capsys):
@@ -136,10 +150,10 @@ def test_a_json_config_that_is_not_an_object_is_refused(tmp_path, capsys, conten
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--classes", "0"], "argument --classes: expected an integer of at least 2, got 0"),
-    (["--train-rows", "-5"], "argument --train-rows: expected an integer of at least 1, got -5"),
-    (["--features", "0"], "argument --features: expected an integer of at least 1, got 0"),
-    (["--val-rows", "many"], "argument --val-rows: expected an integer, got 'many'"),
+    (["--classes", "0"], "podium: --classes = '0': expected a whole number of at least 2"),
+    (["--train-rows", "-5"], "podium: --train-rows = '-5': expected a whole number of at least 1"),
+    (["--features", "0"], "podium: --features = '0': expected a whole number of at least 1"),
+    (["--val-rows", "many"], "podium: --val-rows = 'many': expected a whole number"),
 ])
 def test_make_data_refuses_counts_that_make_no_dataset(tmp_path, capsys, argv, expected):
     with pytest.raises(SystemExit) as exit_:

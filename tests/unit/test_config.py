@@ -15,9 +15,27 @@ def test_defaults_build():
 
 
 def test_nested_values_are_typed():
-    config = build_config({"training": {"epochs": "3"}, "promotion": {"metric": "val_accuracy", "mode": "max"}})
-    assert config.training.epochs == 3
+    config = build_config({"training": {"epochs": 3, "learning_rate": 1}, "promotion": {"metric": "val_accuracy",
+                                                                                        "mode": "max"}})
+    assert config.training.epochs == 3 and config.training.learning_rate == 1.0  # a whole number is a number
     assert (config.promotion.metric, config.promotion.mode) == ("val_accuracy", "max")
+
+
+@pytest.mark.parametrize("data, expected", [
+    # TOML's `keep = true` was coerced to 1 (and checkpoints deleted), `keep = "2"` to 2
+    ({"checkpoints": {"keep": True}}, "checkpoints.keep = True: expected a whole number, got a boolean"),
+    ({"checkpoints": {"keep": "2"}}, "checkpoints.keep = '2': expected a whole number, got a string"),
+    ({"training": {"epochs": "3"}}, "training.epochs = '3': expected a whole number, got a string"),
+    ({"training": {"epochs": 3.0}}, "training.epochs = 3.0: expected a whole number, got a decimal number"),
+    ({"training": {"learning_rate": "0.1"}}, "training.learning_rate = '0.1': expected a number, got a string"),
+    ({"scaling": {"use_gpu": 1}}, "scaling.use_gpu = 1: expected true or false, got a whole number"),
+    ({"promotion": {"thresholds": {"accuracy": {"min": "0.9"}}}},
+     "promotion.thresholds.accuracy.min = '0.9': expected a number, got a string"),
+])
+def test_a_value_of_another_type_is_refused_not_coerced(data, expected):
+    with pytest.raises(ConfigError) as err:
+        build_config(data)
+    assert expected in str(err.value)
 
 
 @pytest.mark.parametrize("data, expected", [

@@ -58,3 +58,42 @@ def test_failed_skipped_and_non_finite_verdicts_are_passed_over():
 def test_patience_below_one_is_refused():
     with pytest.raises(ValueError, match="patience = 0"):
         early_stop([], "val_loss", "min", patience=0)
+
+
+def test_a_resume_counts_patience_from_its_own_checkpoints_against_the_best_so_far():
+    # a resume after an early stop with more epochs stopped again at once, with no new checkpoint
+    earlier = [_rec(0, 0.5), _rec(1, 0.5)]
+    assert early_stop(earlier, "val_loss", "min", patience=1) is not None
+    assert early_stop(earlier, "val_loss", "min", patience=1, resumed_after=1) is None
+    resumed = [*earlier, _rec(2, 0.55)]
+    stop = early_stop(resumed, "val_loss", "min", patience=1, resumed_after=1)
+    assert stop is not None and stop.step == 2 and "on step 0's 0.5000" in stop.reason
+    assert early_stop([*earlier, _rec(2, 0.4), _rec(3, 0.45)], "val_loss", "min", patience=2, resumed_after=1) is None
+
+
+def test_a_stop_asked_after_training_ended_on_its_own_is_no_early_stop():
+    from podium.tasks.train import EarlyStopSwitch
+
+    ended = EarlyStopSwitch()
+    ended.ended_on_its_own()
+    assert not ended.ask() and not ended.asked and not ended.too_late  # every epoch trained: nothing to stop
+    late = EarlyStopSwitch()
+    assert late.ask() and late.asked
+    late.ended_on_its_own()  # the abort came after the last epoch
+    assert late.too_late
+
+
+def test_after_an_abort_the_checkpoint_folder_ray_train_never_registered_is_removed(tmp_path):
+    import json
+
+    from podium.training.raytrain import SNAPSHOT, remove_unregistered_checkpoints
+
+    run = tmp_path / "run"
+    for name in ("checkpoint_a", "checkpoint_b", "checkpoint_c", "checkpoint_d"):
+        (run / name).mkdir(parents=True)
+        (run / name / "weights.json").write_text("{}")
+    assert remove_unregistered_checkpoints(str(tmp_path), "run") == []  # no snapshot: nothing to compare with
+    (run / SNAPSHOT).write_text(json.dumps({"checkpoint_results": [{"checkpoint_dir_name": "checkpoint_a"}],
+                                            "pending_training_results": [{"checkpoint_dir_name": "checkpoint_b"}]}))
+    assert remove_unregistered_checkpoints(str(tmp_path), "run", announced={"checkpoint_c"}) == ["checkpoint_d"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint_a", "checkpoint_b", "checkpoint_c", SNAPSHOT]

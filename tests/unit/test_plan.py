@@ -63,7 +63,31 @@ def test_train_loop_attribute_that_does_not_exist(make_config):
 
 def test_metric_the_builtin_loop_does_not_report(make_config):
     message = plan_error(make_config(promotion={"metric": "f1"}))
-    assert re.search(r"promotion.metric = 'f1': the built-in loop and validation report \[.*'val_loss'", message)
+    assert re.search(r"promotion.metric = 'f1': no such metric; the built-in loop and validation report \[.*'val_loss'", message)
+
+
+def test_a_threshold_or_guard_on_a_metric_the_builtins_do_not_report_is_refused_listing_those_they_do(make_config):
+    # a typo (val_acuracy) trained, then failed the threshold with "candidate none", every night
+    message = plan_error(make_config(promotion={"thresholds": {"val_acuracy": {"min": 0.9}},
+                                                "guards": {"val_los": {"max_increase": 0.1}}}))
+    assert re.search(r"promotion.thresholds.val_acuracy: no such metric; the built-in loop and validation report "
+                     r"\[.*'val_accuracy'", message), message
+    assert "promotion.guards.val_los: no such metric" in message
+    plan_run(make_config(promotion={"thresholds": {"val_accuracy": {"min": 0.1}}, "guards": {"val_loss": {
+        "max_increase": 0.1}}}))
+
+
+def test_confidence_with_a_validation_function_that_cannot_give_rows_is_refused_unless_point_values_do(make_config):
+    fns = "podium_validation_fns"
+    without = make_config(promotion={"metric": "val_loss", "confidence": 0.95},
+                          validation={"fn": f"{fns}:metrics_only"})
+    message = plan_error(without)
+    assert (f"promotion.confidence = 0.95 needs per-row values, and validation.fn = '{fns}:metrics_only' takes no "
+            "per_row argument") in message and "promotion.confidence_without_rows = 'point'" in message
+    plan_run(without.model_copy(update={"promotion": without.promotion.model_copy(
+        update={"confidence_without_rows": "point"})}))
+    plan_run(make_config(promotion={"metric": "val_loss", "confidence": 0.95},
+                         validation={"fn": f"{fns}:metrics_with_rows"}))
 
 
 def test_own_validation_may_report_any_metric(make_config):

@@ -17,6 +17,7 @@ from podium.core.policy import (
     check_thresholds,
     check_to_dict,
     interval_text,
+    unknown_policy_metrics,
 )
 from podium.core.promotion import apply_checks, decide_promotion
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
@@ -103,11 +104,32 @@ def test_confidence_refuses_a_difference_inside_the_noise_and_takes_a_clear_one(
     assert check_confidence("accuracy", "max", 0.95, 0.5, clear, champion).passed is False, "above min_delta"
 
 
-def test_confidence_without_per_row_values_compares_point_values():
+def test_confidence_without_per_row_values_refuses_unless_point_values_are_accepted():
+    # a team that asked for a confidence gate got none, silently: the gate fell back to the point values
     c = check_confidence("accuracy", "max", 0.95, 0.0, None, [1.0], "step 3: the validation function returned none")
-    assert c.passed is None and "compared point values" in c.describe()
+    assert c.passed is False and "no confidence without per-row values" in c.describe()
+    assert "promotion.confidence_without_rows = 'refuse'" in c.note and "step 3: the validation" in c.note
     c = check_confidence("accuracy", "max", 0.95, 0.0, [1.0, 0.0], [1.0])
+    assert c.passed is False and "cannot be paired" in c.note
+    c = check_confidence("accuracy", "max", 0.95, 0.0, None, [1.0], "step 3: none", accept="point")
+    assert c.passed is None and "compared point values (promotion.confidence_without_rows = 'point')" in c.describe()
+    c = check_confidence("accuracy", "max", 0.95, 0.0, [1.0, 0.0], [1.0], accept="point")
     assert c.passed is None and "cannot be paired" in c.note
+    refused = apply_checks(decide_promotion(rec(accuracy=0.9), Champion(version="v000001", step=1, metric="accuracy",
+                                                                        value=0.8, source="/old", mode="max"),
+                                            "accuracy", "max"),
+                           [check_confidence("accuracy", "max", 0.95, 0.0, None, None, "no rows")])
+    assert not refused.promote and refused.reason.startswith("refused by the promotion policy (confidence accuracy)")
+
+
+def test_a_policy_on_a_metric_nothing_reports_is_named_with_the_metrics_that_exist():
+    known, says = {"val_loss", "val_accuracy"}, "the validation reports ['val_accuracy', 'val_loss']"
+    assert unknown_policy_metrics("val_loss", {"val_accuracy"}, {"val_loss"}, known, says) == []
+    assert unknown_policy_metrics("val_loss", {"val_acuracy": {}}, {"loss": {}}, known, says) == [
+        "promotion.thresholds.val_acuracy: no such metric; the validation reports "
+        "['val_accuracy', 'val_loss']",
+        "promotion.guards.loss: no such metric; the validation reports ['val_accuracy', 'val_loss']"]
+    assert unknown_policy_metrics("f1", {}, {}, known, "it")[0].startswith("promotion.metric = 'f1': no such metric")
 
 
 def test_a_failed_check_refuses_unless_forced_and_a_first_promotion_keeps_its_thresholds():
