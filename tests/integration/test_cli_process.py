@@ -278,12 +278,13 @@ def _checkpoint_folders(storage, run_name: str) -> list[str]:
 def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_record_in_mlflow(cli_env, tmp_path):
     """--keep-checkpoints 2 on 6 epochs: storage ends with the 2 best by the promotion metric and the newest,
     deleted while the run went on; MLflow keeps all 6 records with their verdicts, the deleted ones tagged; the
-    champion is served; a resume to 8 epochs continues from the newest and keeps the new best."""
+    champion is served; a resume to 8 epochs continues from the newest and keeps the new best, and the first
+    champion's checkpoint though it fell out of the best: a rollback serves it again."""
     from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_current
 
-    scores = [1, 5, 2, 9, 8, 0, 10, 0]  # the best: epochs 3 and 4, then 6 and 3
+    scores = [1, 5, 2, 9, 8, 0, 10, 11]  # the best: epochs 3 and 4, then 7 and 6
     storage, serving = tmp_path / "storage", tmp_path / "serving"
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
 
@@ -315,10 +316,15 @@ def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_re
     out, _ = run(8)  # the resume continues from the newest checkpoint, the only one it needs
     checkpoints = out["checkpoints"]
     assert [c["metrics"]["score"] for c in checkpoints] == scores and len(checkpoints) == 8
-    kept = [checkpoints[i]["uri"] for i in (3, 6, 7)]
+    kept = [checkpoints[i]["uri"] for i in (3, 6, 7)]  # 3: the source of v000001, which the history can serve again
     assert _checkpoint_folders(storage, "kept") == sorted(os.path.basename(u) for u in kept)
-    assert out["promoted"]["step"] == checkpoints[6]["step"] and out["promoted"]["version"] == "v000002"
+    assert out["promoted"]["step"] == checkpoints[7]["step"] and out["promoted"]["version"] == "v000002"
     assert read_current(str(serving)).version == "v000002"
+    rolled = json.loads(podium(["rollback", "--json", "--serving", str(serving)], cli_env).stdout)
+    assert rolled["to_version"] == "v000001" and os.path.isdir(checkpoints[3]["uri"])
+    status = json.loads(podium(["status", "--json", "--run-name", "kept", "--storage", str(storage),
+                                "--serving", str(serving)], cli_env).stdout)
+    assert status["champion"]["checkpoint"] == checkpoints[3]["uri"] and status["disagreements"] == []
 
 
 def _prefect_servers_of(home) -> list[int]:

@@ -270,8 +270,9 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
                      cli_env).stdout
     assert "approval:   approved by ana (podium approve)" in lineage, lineage
 
-    # `podium promote` of the same run to another serving location: rejected, with the reason in its output
-    proc = _start(cli_env, tmp_path, "appr", "serving-2", "promote", {})
+    # `podium promote` of the same run to another serving location (an alias of its own): rejected, with the reason
+    # in its output
+    proc = _start(cli_env, tmp_path, "appr", "serving-2", "promote", {"alias": "second"})
     _awaiting(proc, "appr")
     said = podium(["reject", "--run-name", "appr", "--reason", "not before the freeze"], cli_env).stdout
     assert "run appr: rejected by " in said and "(podium reject): not before the freeze" in said, said
@@ -280,13 +281,14 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
     assert out["promotion_reason"].startswith("rejected by "), out["promotion_reason"]
     assert "(podium reject): not before the freeze: step 0 not promoted" in out["promotion_reason"]
     assert not (tmp_path / "serving-2" / "CURRENT").exists()
-    assert not list((tmp_path / "serving-2" / "versions").iterdir())  # the staged copy is gone
+    [tombstone] = (tmp_path / "serving-2" / "versions").iterdir()  # the staged copy is gone, its number kept
+    assert sorted(os.listdir(tombstone)) == ["DISCARDED.json"]
     [rejected] = [v for v in client.search_model_versions("name = 'approval'") if v.version != version.version]
-    assert rejected.tags["podium.approval"] == "rejected" and "challenger" not in rejected.aliases
+    assert rejected.tags["podium.approval"] == "rejected" and "second-challenger" not in rejected.aliases
     assert client.get_model_version_by_alias("approval", "champion").version == version.version
 
     # no decision in time: rejected (the default of promotion.approval_on_timeout), nothing left waiting
-    out = _ended(_start(cli_env, tmp_path, "appr", "serving-3", "promote", {"approval_timeout_s": 3}))
+    out = _ended(_start(cli_env, tmp_path, "appr", "serving-3", "promote", {"approval_timeout_s": 3, "alias": "third"}))
     assert out["promoted"] is None
     assert out["promotion_reason"].startswith("rejected on timeout: no decision within 3 s"), out["promotion_reason"]
     assert not (tmp_path / "serving-3" / "CURRENT").exists()
