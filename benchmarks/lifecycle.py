@@ -55,8 +55,9 @@ violation names the invariant, the step and the seed:
 
   a  check_served_bytes          the bytes `models:/<name>@<alias>` resolves to are CURRENT's manifest `files`
      check_registry_identity     the version under the alias carries CURRENT's `version_uid` and number
-  b  check_aliases               every alias names the version its location's history calls current; no
-                                 challenger alias is left; no alias without a location
+  b  check_aliases               every alias names the version its location's history calls current (and
+                                 not one tagged pending, rejected or undecided); no challenger alias is left;
+                                 no alias without a location
      check_location_ownership    LOCATION.json and the registry's `podium.location.<alias>` agree, one location
                                  per alias
   c  check_no_pending            no registered version tagged `podium.approval = pending`
@@ -69,6 +70,8 @@ violation names the invariant, the step and the seed:
   d  check_checkpoints_present   every version in a location's history has its source checkpoint in storage
   e  check_status_agrees         `podium status --json` names CURRENT's version as the champion
      check_history_agrees        `podium history --json` names CURRENT's version as current
+                                 (both read-only: run through the command's entry point in this process,
+                                 the command's own code without a Python start at every step)
   f  check_exit_codes            each command's exit code is the one its outcome calls for (table above)
   g  check_version_numbers       version numbers strictly increase across promotions and tombstones; a number
                                  once seen keeps its identity; every registered version made for a location has
@@ -924,6 +927,7 @@ def check_version_numbers(ctx: Checking) -> list[str]:
         root = Path(loc.serving) / "versions"
         now: dict[str, Any] = {}
         for vdir in sorted(root.glob("v*")) if root.exists() else []:
+            now[vdir.name] = ("open", None)  # staged, or left half-way (check_no_staged says which)
             for marker in ("MANIFEST.json", "DISCARDED.json"):
                 if (vdir / marker).exists():
                     doc = json.loads((vdir / marker).read_text())
@@ -931,7 +935,7 @@ def check_version_numbers(ctx: Checking) -> list[str]:
         for name, ident in seen.items():
             if name not in now:
                 out.append(f"{loc.key}: {name} ({ident[0]}) is gone: its number can be taken again")
-            elif now[name] != ident and not (ident[0] == "STAGED" and now[name][0] != "STAGED"):
+            elif now[name] != ident and ident[0] != "open":
                 out.append(f"{loc.key}: {name} was {ident}, is now {now[name]}: the number was reused")
         fresh = sorted(set(now) - set(seen))
         if seen and fresh and min(fresh) < max(seen):

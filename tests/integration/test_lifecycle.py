@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 
 pytestmark = pytest.mark.integration
 
-SEEDS = [29, 78]
-OPS = 8
+SEEDS = [10, 29]
+OPS = 6  # 8 in the soak; 6 keeps the module near 3 minutes on 2 cores
 
 
 @pytest.fixture(scope="module")
