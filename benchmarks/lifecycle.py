@@ -77,8 +77,9 @@ violation names the invariant, the step and the seed:
                                  once seen keeps its identity; every registered version made for a location has
                                  its folder there (sealed, or a tombstone)
 
-*Chosen* readings: right after a SIGKILL, and before the command that follows it, only a, d and e are checked
-(a SIGKILL leaves what the next command finishes); `podium approve` of a killed run must exit non-zero (1 or
+*Chosen* readings: in the step of a SIGKILL (right after it, and after the `podium approve` that follows),
+only a, d, e and the exit codes are checked: a SIGKILL leaves what the next command finishes, and the next step
+(a promote to the same location) is checked in full; `podium approve` of a killed run must exit non-zero (1 or
 2 both read as "not done"); a rollback with nothing to go back to exits 2 and changes nothing; LOCATION.json's
 `id` is compared with the registry tag's `id`, its `uri` with the serving location as given to podium.
 
@@ -394,6 +395,7 @@ class Step:
     violations: list[str] = field(default_factory=list)
     checked: int = 0
     wall_s: float = 0.0
+    killed: bool = False  # a command of the step was SIGKILLed
 
 
 class Sequence:
@@ -431,7 +433,8 @@ class Sequence:
             except Exception as exc:  # the soak goes on; what broke is a finding
                 step.violations.append(f"harness: {type(exc).__name__}: {exc}")
             step.wall_s = time.monotonic() - began
-            checked, found = self.check(step, INVARIANTS)
+            # a SIGKILL leaves what the command after it must finish: its own step is held to what serves
+            checked, found = self.check(step, (*AFTER_SIGKILL, "exit_codes") if step.killed else INVARIANTS)
             step.checked += checked
             step.violations += found
             self.steps.append(step)
@@ -543,6 +546,7 @@ class Sequence:
             step.commands.append(Command(args, rc, (EXPECTED_SIGNAL_EXIT[op.kind],), "", attempt.lines))
             return
         step.commands.append(Command(args, rc, (rc,), "SIGKILLed while it waited", attempt.lines))
+        step.killed = True
         # what a SIGKILL leaves is the next command's to finish; what serves must not have moved
         checked, found = self.check(step, AFTER_SIGKILL, suffix=" (right after the SIGKILL)")
         step.checked += checked
