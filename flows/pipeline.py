@@ -238,7 +238,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
             validations.pump()
             stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training,
                                                                       stopping_early, resumed_after)
-            validations.keep_best(served)
+            if fresh or announced:  # a resume's Ray Train checks its snapshot's checkpoints exist as it starts:
+                validations.keep_best(served)  # nothing is deleted before it reported once (it has started then)
             progress.update(validated=validations.validated)
             stop.check()  # a stop asked for: here, with every announced checkpoint recorded
         validations.catch_up(seen)  # persisted but never announced (an event lost with a crashed process)

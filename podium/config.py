@@ -255,7 +255,10 @@ class PromotionConfig(_Strict):
         "measured on other data (one validation). If it cannot be (its format or the validation function changed): "
         "'refuse' to promote, or compare with its 'stored' number, saying so.")
     registered_model: str = Field("", description="MLflow registered model name (default: the model name).")
-    alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version.")
+    alias: str = Field("champion", min_length=1, description="MLflow alias moved to the promoted version: the serving "
+                       "location's own (a second serving location of the model takes another, e.g. 'canary'); a "
+                       "candidate awaiting approval waits under 'challenger' beside 'champion', '<alias>-challenger' "
+                       "beside any other.")
     thresholds: dict[str, ThresholdConfig] = Field(
         default_factory=dict, description="Bounds the candidate's own metrics must meet, every one, to be promoted "
         "(the first promotion included), e.g. val_accuracy = { min = 0.9 }. A missing or NaN metric fails.")
@@ -296,6 +299,15 @@ class PromotionConfig(_Strict):
     def _check_loader(cls, v: str | None) -> str | None:
         return _check_import_path(v)
 
+
+    @field_validator("alias")
+    @classmethod
+    def _alias_mlflow_takes(cls, v: str) -> str:
+        # MLflow's own rule for alias names, checked here rather than at the registration after a training
+        if not re.fullmatch(r"[\w\-]+", v) or v.lower() == "latest" or re.fullmatch(r"[vV]\d+", v):
+            raise ValueError("expected letters, digits, '_' and '-', not 'latest' nor 'v' and a number "
+                             "(MLflow's aliases)")
+        return v
 
     @field_validator("verify", mode="before")
     @classmethod

@@ -334,7 +334,8 @@ def test_the_prefect_ui_form_approves_a_candidate_awaiting_approval(run, dataset
     serving = work / "serving-approved"
     proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--run-name", RUN,
                              "--train-data", dataset[0], "--val-data", dataset[1], "--serving", str(serving),
-                             "--approval", "required"], env=_embedded_env(work), cwd=work, stdout=subprocess.PIPE,
+                             "--alias", "approved", "--approval", "required"], env=_embedded_env(work), cwd=work,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

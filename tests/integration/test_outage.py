@@ -74,7 +74,8 @@ def _config(tmp_path: Path, dataset, run_name: str, calls: Path, epochs: int = 6
         # one validation at a time, 2 s each: verdicts are being written for the whole outage
         "validation": {"fn": "podium_user_code:validate_fn", "concurrency": 1,
                        "kwargs": {"calls_log": str(calls), "sleep_s": 2}},
-        "promotion": {"metric": "score", "mode": "max", "verify": "hashes"},
+        # each run's serving location is its own, in a store the module's runs share: an alias of its own too
+        "promotion": {"metric": "score", "mode": "max", "verify": "hashes", "alias": run_name},
         "scaling": {"num_workers": 1},  # the outages are the servers', not the training's: one worker
     }
     path = tmp_path / "podium.json"
@@ -426,7 +427,7 @@ def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_
 
     config = json.loads((back / "podium.json").read_text())
     config["serving"] = str(back / "serving-approved")
-    config["promotion"].update(approval="required", approval_timeout_s=600)
+    config["promotion"].update(approval="required", approval_timeout_s=600, alias="approved")
     (back / "approval.json").write_text(json.dumps(config))
     promote = podium_runs(back / "approval.json", _env(back, prefect_server.url, tracking_uri, shared_ray), "promote")
     promote.wait_until(lambda: _awaits_approval(prefect_server.url, "prefect-back"), "a candidate awaiting approval")
@@ -441,8 +442,9 @@ def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_
     assert result["promoted"] is None
     assert result["promotion_reason"].startswith("undecided: the approval could not be asked for ("), result
     assert not (back / "serving-approved" / "CURRENT").exists()
-    assert not list((back / "serving-approved" / "versions").iterdir())  # the staged copy is gone
+    [tombstone] = (back / "serving-approved" / "versions").iterdir()  # the staged copy is gone, its number kept
+    assert sorted(os.listdir(tombstone)) == ["DISCARDED.json"]
     client = MlflowClient(tracking_uri)
     [undecided] = client.search_model_versions("tags.`podium.approval` = 'undecided'")
-    assert "challenger" not in undecided.aliases
-    assert "challenger" not in client.get_registered_model(undecided.name).aliases
+    assert "approved-challenger" not in undecided.aliases
+    assert "approved-challenger" not in client.get_registered_model(undecided.name).aliases
