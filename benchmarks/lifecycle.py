@@ -37,8 +37,8 @@ Operations (a sequence's plan is drawn from its seed before it starts; the plan,
   retention    `podium run` resuming the sequence's run with `--keep-checkpoints 1` and more epochs 0
   resume       `podium run` of the sequence's run again, with more epochs                        0
 
-The state contract the invariants check (the lead's, being written; where it is open, the reading chosen here
-is marked *chosen*):
+The state contract the invariants check (docs/serving.md; where it leaves a detail open, the reading chosen
+here is marked *chosen*):
 
 - Serving layout: `<serving>/CURRENT` names a complete version `versions/vN/MANIFEST.json` (`files`
   {relpath: {sha256, size}}, `content`, `checkpoint`/`source`, `run_name`, `step`, `version_uid`). A version
@@ -46,7 +46,7 @@ is marked *chosen*):
   (no manifest); one being staged or awaiting a decision has `versions/vN/STAGED.json` (pid, host, run_name)
   until it is sealed or discarded. `<serving>/LOCATION.json` is {"id", "registered_model", "alias"}.
 - Registry: each promoted version's registered version has tags `podium.version_uid` and
-  `podium.serving_version`; the registered model's tag `podium.location.<alias>` = {"id", "uri"} says which
+  `podium.serving_version`; the registered model's tag `podium.location.<alias>` = the location's id says which
   location owns the alias. The challenger alias is `challenger` for `champion`, else `<alias>-challenger`,
   and exists only while a command awaits a decision.
 
@@ -770,11 +770,10 @@ def check_location_ownership(ctx: Checking) -> list[str]:
         if (doc.get("registered_model"), doc.get("alias")) != (ctx.seq.model, loc.alias):
             out.append(f"{loc.key}: LOCATION.json says {doc.get('registered_model')}@{doc.get('alias')}, "
                        f"the location serves {ctx.seq.model}@{loc.alias}")
-        raw = tags.get(f"podium.location.{loc.alias}")
-        owner = json.loads(raw) if raw else {}
-        if owner.get("id") != doc.get("id"):
-            out.append(f"{loc.key}: podium.location.{loc.alias} names location {owner.get('id')!r} "
-                       f"({owner.get('uri')}), this one is {doc.get('id')!r}")
+        owner = tags.get(f"podium.location.{loc.alias}")
+        if owner != doc.get("id"):
+            out.append(f"{loc.key}: podium.location.{loc.alias} names location {owner!r}, this one is "
+                       f"{doc.get('id')!r}")
     out += [f"@{alias} is the alias of {len(keys)} locations: {keys}" for alias, keys in owners.items() if len(keys) > 1]
     return out
 

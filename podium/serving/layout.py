@@ -235,13 +235,19 @@ def discard_version(version_dir: str, why: str = "its copy did not complete") ->
         staged = read_json(join(version_dir, STAGED)) or {}
     except ServingError:
         staged = {}
+    tombstone = json.dumps({"version": posixpath.basename(root), "version_uid": staged.get("version_uid"),
+                            "why": why, "at": time.time(), "staged_by": staged}, indent=2, sort_keys=True).encode()
     try:
-        fs.pipe_file(posixpath.join(root, DISCARDED), json.dumps(
-            {"version": posixpath.basename(root), "version_uid": staged.get("version_uid"), "why": why,
-             "at": time.time(), "staged_by": staged}, indent=2, sort_keys=True).encode())
+        fs.pipe_file(posixpath.join(root, DISCARDED), tombstone)
+        written = True
+    except OSError:  # a full disk: the files go first, then the tombstone fits
+        written = False
+    try:
         for path in fs.ls(root, detail=False):
             if posixpath.basename(path.rstrip("/")) not in (DISCARDED, CLAIM):
                 fs.rm(path, recursive=True)
+        if not written:
+            fs.pipe_file(posixpath.join(root, DISCARDED), tombstone)
     except OSError:
         pass
 

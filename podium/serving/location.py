@@ -31,10 +31,6 @@ class Location:
     registered_model: str
     alias: str
 
-    def tag_value(self) -> str:
-        """The registered model's `podium.location.<alias>` tag: this location's id and where it is."""
-        return json.dumps({"id": self.id, "uri": self.uri}, sort_keys=True)
-
 
 def read_location(serving: str) -> Location | None:
     """The location's identity, or None before its first promotion."""

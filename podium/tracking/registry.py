@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TAG_VERSION_UID = "podium.version_uid"  # a registered version's serving version, by the manifest's identity
-TAG_LOCATION_OF = "podium.location."  # + alias: on the registered model, the serving location that owns the alias
+TAG_LOCATION_OF = "podium.location."  # + alias: on the registered model, the id of the serving location owning it
+TAG_LOCATION_ID = "podium.location_id"  # a registered version's serving location (its LOCATION.json id)
 
 
 class AliasTaken(ValueError):
@@ -179,60 +180,67 @@ def alias_taken(name: str, alias: str, location_uri: str, owner_uri: str | None)
 @tracking_call("claiming the registry alias for the serving location")
 def claim_alias(tracking_uri: str, name: str, alias: str, location_id: str, location_uri: str,
                 legacy_owner: bool | None = None) -> None:
-    """Make `alias` of `name` belong to one serving location (the registered model's tag
-    `podium.location.<alias>`); AliasTaken, saying which location has it, if another one does. An alias a podium
-    <= 0.3 moved carries no such tag: `legacy_owner` says whether the version it names was served from this
-    location (None: it names none, or no version)."""
+    """Make `alias` of `name` belong to one serving location: the registered model's tag `podium.location.<alias>`
+    holds the location's id (short, as the registry's page shows it); AliasTaken, saying which location has it, if
+    another one does. An alias a podium <= 0.3 moved carries no such tag: `legacy_owner` says whether the version it
+    names was served from this location (None: it names none, or no version)."""
     client = tracking_client(tracking_uri)
     _ensure_registered_model(client, name)
-    tags = dict(client.get_registered_model(name).tags or {})
-    owner = _owner(tags.get(TAG_LOCATION_OF + alias))
-    if owner is not None and owner.get("id") != location_id and owner.get("uri") != location_uri:
-        raise AliasTaken(alias_taken(name, alias, location_uri, owner.get("uri")))
-    if owner is None and legacy_owner is False:
+    owner = dict(client.get_registered_model(name).tags or {}).get(TAG_LOCATION_OF + alias)
+    if owner and owner != location_id:
+        where = location_of(tracking_uri, name, owner)
+        if where != location_uri:  # (a location made anew where the owner was is its own)
+            raise AliasTaken(alias_taken(name, alias, location_uri, where))
+    if not owner and legacy_owner is False:
         raise AliasTaken(alias_taken(name, alias, location_uri, None))
-    if owner is None or owner.get("id") != location_id:  # (a location made anew where the owner was: its own)
-        client.set_registered_model_tag(name, TAG_LOCATION_OF + alias,
-                                        json.dumps({"id": location_id, "uri": location_uri}, sort_keys=True))
+    if owner != location_id:
+        client.set_registered_model_tag(name, TAG_LOCATION_OF + alias, location_id)
 
 
 @tracking_call("reading the model registry")
-def alias_owner(tracking_uri: str, name: str, alias: str) -> dict[str, str] | None:
-    """The serving location that owns `alias` of `name` ({"id", "uri"}), or None (no owner recorded, or no model)."""
+def alias_owner(tracking_uri: str, name: str, alias: str) -> dict[str, str | None] | None:
+    """The serving location that owns `alias` of `name` ({"id", "uri"}: its uri None until it registered a version),
+    or None (no owner recorded, or no model)."""
     from mlflow.exceptions import MlflowException
 
     try:
-        tags = dict(tracking_client(tracking_uri).get_registered_model(name).tags or {})
+        owner = dict(tracking_client(tracking_uri).get_registered_model(name).tags or {}).get(TAG_LOCATION_OF + alias)
     except MlflowException as exc:
         if is_unreachable(exc):
             raise
         return None
-    return _owner(tags.get(TAG_LOCATION_OF + alias))
+    return {"id": owner, "uri": location_of(tracking_uri, name, owner)} if owner else None
+
+
+def served_from(served_uri: str) -> str:
+    """The serving location a served copy belongs to (`<serving>/versions/vN/<content>`)."""
+    return served_uri.rsplit("/versions/", 1)[0]
+
+
+@tracking_call("reading the model registry")
+def location_of(tracking_uri: str, name: str, location_id: str) -> str | None:
+    """Where the serving location `location_id` of `name` is: read off a version it registered (None: none yet)."""
+    for uri in _served_uris(tracking_uri, f"name = '{name}' AND tags.`{TAG_LOCATION_ID}` = '{location_id}'"):
+        return served_from(uri)
+    return None
 
 
 @tracking_call("reading the model registry")
 def location_uris(tracking_uri: str, name: str) -> list[str]:
-    """Where the serving locations of `name` are (every alias's owner), as recorded in the registry."""
+    """Where the serving locations of `name` are: every location a registered version of it was served from."""
+    return sorted({served_from(uri) for uri in _served_uris(tracking_uri, f"name = '{name}'")})
+
+
+def _served_uris(tracking_uri: str, filter_string: str) -> list[str]:
     from mlflow.exceptions import MlflowException
 
     try:
-        tags = dict(tracking_client(tracking_uri).get_registered_model(name).tags or {})
+        found = tracking_client(tracking_uri).search_model_versions(filter_string)
     except MlflowException as exc:
         if is_unreachable(exc):
             raise
         return []
-    owners = (_owner(value) for key, value in sorted(tags.items()) if key.startswith(TAG_LOCATION_OF))
-    return [str(o["uri"]) for o in owners if o and o.get("uri")]
-
-
-def _owner(value: str | None) -> dict[str, str] | None:
-    if not value:
-        return None
-    try:
-        doc = json.loads(value)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    return [str(v.tags[TAG_SERVED_URI]) for v in found if (v.tags or {}).get(TAG_SERVED_URI)]
 
 
 @tracking_call("reading the model registry")

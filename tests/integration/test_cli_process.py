@@ -149,7 +149,7 @@ def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_pat
     assert not (tmp_path / "storage").exists() and not (tmp_path / "serving").exists()
     proc = podium(["run", "--validate-kwargs", "{threshold: 0.5}", "--storage", str(tmp_path / "storage")], cli_env,
                   check=False)  # a flag's value that is no JSON object: a usage error, before anything starts
-    assert proc.returncode == 2 and "argument --validate-kwargs: expected a JSON object" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "podium: --validate-kwargs: expected a JSON object" in proc.stderr, proc.stderr
     assert not (tmp_path / "storage").exists()
 
 

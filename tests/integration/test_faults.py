@@ -234,7 +234,9 @@ def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_c
     message = err.strip().splitlines()[-1]
     assert message.startswith(f"podium: no space left at the serving location {serving} while writing v000002"), message
     assert "v000001 stays current" in message and "removed" in message, message
-    assert sorted(os.listdir(os.path.join(serving, "versions"))) == ["v000001"], "the partial version was removed"
+    assert sorted(os.listdir(os.path.join(serving, "versions"))) == ["v000001", "v000002"]
+    assert os.listdir(os.path.join(serving, "versions", "v000002")) == ["DISCARDED.json"], \
+        "the partial version was removed, its number kept"
     assert read_current(serving).version == "v000001"
     verify_files(os.path.join(serving, "versions", "v000001"), read_current(serving).manifest)
 

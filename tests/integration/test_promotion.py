@@ -222,7 +222,7 @@ def test_an_approval_does_not_promote_a_candidate_whose_champion_changed_while_i
     settled = settle_candidate(_plan(serving, storage), waiting, outcome, answered("approve", "ok", "ana"))
     assert settled.promoted is None and "but the champion changed while it waited (none -> v000002)" in settled.reason
     assert read_current(serving).manifest["run_name"] == "run-b"
-    assert not os.path.exists(os.path.join(serving, "versions", outcome.awaiting.version))
+    assert os.listdir(os.path.join(serving, "versions", outcome.awaiting.version)) == ["DISCARDED.json"]
     version = client.get_model_version("podium", outcome.awaiting.mlflow_version)
     assert version.tags["podium.approval"] == "approved" and "challenger" not in version.aliases
     assert client.get_model_version_by_alias("podium", "champion").version != version.version
