@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from podium.core.redaction import redact_uri
+from podium.settings import count_start
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +287,7 @@ def _start_prefect_server(prefect_home: Path, port: int, timeout_s: float, env: 
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives this command, so the UI stays up
             )
+        count_start("prefect_server")
         _launching[me] = proc
     try:
         return _await_started(proc, prefect_home, port, url, log_path, logged_before, timeout_s)
@@ -501,6 +503,7 @@ def start_mlflow_ui(tracking_uri: str, artifacts: str, log_path: Path, port: int
             # fewer and spends ~35 CPU-seconds less starting (measured: 45 against 9 CPU-s in its first 30 s)
             env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
             start_new_session=True)  # its own group: `mlflow ui` runs the web server as a child of its own
+    count_start("mlflow_server")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

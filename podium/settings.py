@@ -35,6 +35,10 @@ class PodiumSettings(BaseSettings):
         None, validation_alias=AliasChoices("PREFECT_API_URL", "PODIUM_PREFECT_API_URL"),
         description="Prefect API; default: a local `prefect server` podium starts under home.")
     prefect_port: int = Field(4200, description="Port of the local Prefect server podium starts.")
+    cost_log: Path | None = Field(
+        None, description="A file to which every costly start (a Ray Train run, a Prefect or MLflow server podium "
+                          "starts, a `podium` command) appends one line: what a test suite or a benchmark cost, "
+                          "counted where it happens (`count_start`).")
     mlflow_ui_url: str | None = Field(
         None, description="Base URL of an MLflow UI on the tracking store, for the links podium prints; default: "
                           "the tracking URI if it is an `mlflow server`, else none (`podium ui` starts one).")
@@ -65,3 +69,24 @@ class PodiumSettings(BaseSettings):
     def ray_address(self) -> str | None:
         """RAY_ADDRESS if set (podium connects to that cluster), else None (local Ray)."""
         return os.environ.get("RAY_ADDRESS") or None
+
+
+COSTS = ("ray_train", "prefect_server", "mlflow_server", "podium")  # what `count_start` counts
+
+
+def count_start(what: str) -> None:
+    """Append one line (`what` and this process's id) to PODIUM_COST_LOG, if it names a file: one append of a few
+    bytes, which concurrent processes do not interleave. Nothing without the variable."""
+    if what not in COSTS:
+        raise ValueError(f"count_start({what!r}): expected one of {COSTS}")
+    path = PodiumSettings().cost_log
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{what} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a count is never worth failing the work it counts

@@ -37,6 +37,7 @@ from podium.core.events import (
     step_of,
 )
 from podium.core.failures import describe_failure
+from podium.settings import count_start
 from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
 from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
     DEFAULT_POLL_INTERVAL_S,
@@ -225,6 +226,7 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     def after_controller_start(self, train_run_context: Any) -> None:
         """Called on the controller when it starts: with `announce_controller`, hand its actor handle to
         the sinks, so that the process that started training can stop it cleanly (`abort_training`)."""
+        count_start("ray_train")
         if self.announce_controller:
             controller = ray.get_runtime_context().current_actor
             self._announce(TrainingStarted(run_name=self.run_name, controller=controller))  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from podium.cli.options import (
     option_help,
     whole_number,
 )
+from podium.settings import count_start
 
 
 def use_current_directory() -> None:
@@ -133,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `podium` console command."""
+    """Entry point of the `podium` console command (`argv` None: this process's arguments, as the command is
+    started; a list: a call from Python, which is no process of its own and is not counted)."""
+    if argv is None:
+        count_start("podium")
     args = build_parser().parse_args(argv)
     use_current_directory()
     try:

@@ -14,6 +14,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from podium.settings import count_start
+
 BIN = Path(sys.executable).parent
 
 
@@ -54,6 +56,7 @@ def model_server(model_uri: str, env: dict[str, str], log: Path, timeout_s: floa
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         env={**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"},
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    count_start("mlflow_server")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/ping", proc, log, timeout_s=timeout_s)
@@ -87,6 +90,7 @@ class MlflowServer:
              "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.root / "artifacts")],
             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        count_start("mlflow_server")
         wait_http_ok(f"{self.url}/health", self.proc, self.log, timeout_s, poll_s=0.2)
 
     def signal(self, sig: int) -> None:

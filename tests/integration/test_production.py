@@ -56,6 +56,7 @@ from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
 from podium.flows.validate_announced import RECORD_LOCK
 from podium.prefect_events import EVENT_PERSISTED
 from podium.serving.layout import read_current
+from podium.settings import count_start
 from podium.tracking.client import TAG_CHECKPOINT
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import find_tracking_run, open_tracking_run
@@ -247,6 +248,7 @@ def start_mlflow_server(root: Path, database: str, auth_database: str, credentia
              "MLFLOW_AUTH_CONFIG_PATH": str(auth_config), "MLFLOW_AUTH_ADMIN_PASSWORD": credentials.mlflow_password,
              "MLFLOW_FLASK_SERVER_SECRET_KEY": credentials.mlflow_secret_key},
         stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    count_start("mlflow_server")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ok(f"{url}/health", proc, log, timeout_s=400)
