@@ -391,17 +391,24 @@ def checkpoint_at(uri: str) -> ray.train.Checkpoint:
 SNAPSHOT = "checkpoint_manager_snapshot.json"
 
 
+def _read_snapshot(storage: str, run_name: str) -> tuple[Any, str, dict[str, Any] | None]:
+    """Ray Train's run snapshot of `run_name` (None if there is none yet), with the filesystem and path it is under."""
+    fs, path = arrow_filesystem(join(storage, run_name))
+    try:
+        with fs.open_input_stream(f"{path}/{SNAPSHOT}") as f:
+            return fs, path, json.loads(f.read().decode())
+    except (FileNotFoundError, OSError):
+        return fs, path, None
+
+
 def forget_deleted_checkpoints(storage: str, run_name: str) -> list[str]:
     """Before a resume: drop from Ray Train's run snapshot the checkpoints whose folders are gone, as Ray Train's
     own `num_to_keep` eviction does, and return their folder names. checkpoints.keep deletes checkpoints Ray Train
     never evicted, and Ray Train refuses to resume a run whose snapshot names a missing checkpoint
     (CheckpointManagerInitializationError: "a corrupted run directory"). The report indices of the checkpoints
     kept stay as they were: podium's step numbers come from them."""
-    fs, path = arrow_filesystem(join(storage, run_name))
-    try:
-        with fs.open_input_stream(f"{path}/{SNAPSHOT}") as f:
-            snapshot = json.loads(f.read().decode())
-    except (FileNotFoundError, OSError):
+    fs, path, snapshot = _read_snapshot(storage, run_name)
+    if snapshot is None:
         return []
     results, indices = snapshot.get("checkpoint_results", []), snapshot.get("checkpoint_report_indices", [])
     present = [i for i, r in enumerate(results)
@@ -436,11 +443,8 @@ def remove_unregistered_checkpoints(storage: str, run_name: str, announced: Coll
     name (registered or pending), nor `announced` (folder names the run has records of). An abort lands while a
     checkpoint is uploaded: its folder is written but never registered, announced or recorded. Returns their
     names; nothing is removed without a snapshot to compare."""
-    fs, path = arrow_filesystem(join(storage, run_name))
-    try:
-        with fs.open_input_stream(f"{path}/{SNAPSHOT}") as f:
-            snapshot = json.loads(f.read().decode())
-    except (FileNotFoundError, OSError):
+    fs, path, snapshot = _read_snapshot(storage, run_name)
+    if snapshot is None:
         return []
     named = {r["checkpoint_dir_name"] for key in ("checkpoint_results", "pending_training_results")
              for r in snapshot.get(key) or []} | set(announced)
