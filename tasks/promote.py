@@ -22,7 +22,7 @@ from podium.core.numbers import format_number
 from podium.core.promotion import Decision, apply_checks, decide_promotion, select_best
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout, staging
-from podium.serving.location import ensure_location, read_location
+from podium.serving.location import ensure_location
 from podium.serving.staged import this_process, unmark_staged
 from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
@@ -269,8 +269,7 @@ def _register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ve
     tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
             "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
-            TAG_LOCATION_ID: (read_location(plan.serving) or ensure_location(plan.serving, p.registered_model,
-                                                                             p.alias)).id,
+            TAG_LOCATION_ID: ensure_location(plan.serving, p.registered_model, p.alias).id,  # claimed: read back
             **provenance_tags(version.manifest)}
     # the registry's versions table shows the first ~30 characters of the description: the value first
     shown = format_number(value)

@@ -19,11 +19,10 @@ candidate) starts here, under the location's promotion lock:
 from __future__ import annotations
 
 import logging
-import time
 
-from podium.core.approval import challenger_alias
+from podium.core.approval import challenger_alias, withdrawn
 from podium.serving import layout
-from podium.serving.location import Location, ensure_location, read_location
+from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.staged import staged_versions
 from podium.storage.locations import join, normalize_location
 from podium.tracking.client import TAG_SERVED_URI
@@ -35,9 +34,8 @@ from podium.tracking.registry import (
     alias_target,
     claim_alias,
     registered_version_for,
-    remove_alias,
     set_alias,
-    tag_version,
+    settle_challenger,
     version_tags,
     versions_tagged,
 )
@@ -50,12 +48,7 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
     """The serving location's identity, and the registry's alias claimed for it (AliasTaken if another location of
     the model owns it; ServingError if the location belongs to another model or alias)."""
     found = read_location(serving)
-    if found is not None:  # refused before anything is written when the location is someone else's
-        from podium.serving.location import mismatch
-
-        why = mismatch(found, registered_model, alias)
-        if why:
-            raise layout.ServingError(why)
+    check_belongs(found, registered_model, alias)  # before anything is written when the location is someone else's
     legacy = _legacy_owner(serving, tracking_uri, registered_model, alias) if found is None else None
     location = found or ensure_location(serving, registered_model, alias)
     claim_alias(tracking_uri, registered_model, alias, location.id, location.uri, legacy)
@@ -66,12 +59,7 @@ def check_location(serving: str, tracking_uri: str, registered_model: str, alias
     """`claim_location`'s refusals, read-only, for a command to say before it starts anything (the flow claims under
     the promotion lock again, for a run that no command started)."""
     found = read_location(serving)
-    if found is not None:
-        from podium.serving.location import mismatch
-
-        why = mismatch(found, registered_model, alias)
-        if why:
-            raise layout.ServingError(why)
+    check_belongs(found, registered_model, alias)
     owner = alias_owner(tracking_uri, registered_model, alias)
     here = normalize_location(serving)
     if owner is not None and owner.get("uri") != here and (found is None or owner.get("id") != found.id):
@@ -97,14 +85,12 @@ def withdraw_candidate(serving: str, tracking_uri: str, name: str, alias: str, v
     layout.discard_version(join(normalize_location(serving), "versions", version), why)
     if not version_uid:
         return
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for registered in versions_tagged(tracking_uri, name, TAG_VERSION_UID, version_uid):
-        if version_tags(tracking_uri, name, registered).get("podium.approval") == "pending":
-            tag_version(tracking_uri, name, registered, {"podium.approval": "withdrawn", "podium.approval.by": "podium",
-                                                         "podium.approval.reason": why[:5000],
-                                                         "podium.approval.at": when, "podium.approval.via": "stop"},
-                        "withdrawn")
-        remove_alias(tracking_uri, name, challenger_alias(alias), registered)
+    decision = withdrawn(why)
+    for registered, tags in versions_tagged(tracking_uri, name, TAG_VERSION_UID, version_uid).items():
+        # the decision a stop would have recorded (podium.tasks.promote.settle_candidate), once: a version already
+        # decided keeps its decision, and loses the challenger alias only
+        settle_challenger(tracking_uri, name, registered, alias, challenger_alias(alias), None, False,
+                          decision.tags() if tags.get("podium.approval") == "pending" else {})
 
 
 def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> list[str]:

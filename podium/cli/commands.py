@@ -247,16 +247,12 @@ def location_names(serving: str, registered_model: str | None, alias: str | None
     """The registered model and alias a command acts on at `serving`: the location's own (its LOCATION.json), or
     those given, or the model's name and `champion` before its first promotion. Given ones that differ from the
     location's are refused (ServingError): they would move another location's alias."""
-    from podium.serving.location import mismatch, read_location
+    from podium.serving.location import check_belongs, read_location
 
     location = read_location(serving)
     if location is None:
         return registered_model or model, alias or "champion"
-    why = mismatch(location, registered_model or location.registered_model, alias or location.alias)
-    if why:
-        from podium.serving.layout import ServingError
-
-        raise ServingError(why)
+    check_belongs(location, registered_model or location.registered_model, alias or location.alias)
     return location.registered_model, location.alias
 
 

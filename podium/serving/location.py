@@ -45,13 +45,14 @@ def read_location(serving: str) -> Location | None:
         raise ServingError(f"{join(serving, LOCATION)} is corrupt: it has no {exc.args[0]!r}") from None
 
 
-def mismatch(location: Location, registered_model: str, alias: str) -> str | None:
-    """Why a promotion of `registered_model` under `alias` does not belong at this location, or None."""
-    if (location.registered_model, location.alias) == (registered_model, alias):
-        return None
-    return (f"serving location {location.uri} promotes registered model {location.registered_model!r} under alias "
-            f"@{location.alias} (its {LOCATION}); this asks for {registered_model!r} @{alias}: use that model and "
-            "alias there, or another serving location")
+def check_belongs(location: Location | None, registered_model: str, alias: str) -> None:
+    """ServingError if a promotion of `registered_model` under `alias` does not belong at this location (None: a
+    location without its first promotion, where anything does)."""
+    if location is None or (location.registered_model, location.alias) == (registered_model, alias):
+        return
+    raise ServingError(f"serving location {location.uri} promotes registered model {location.registered_model!r} "
+                       f"under alias @{location.alias} (its {LOCATION}); this asks for {registered_model!r} "
+                       f"@{alias}: use that model and alias there, or another serving location")
 
 
 def ensure_location(serving: str, registered_model: str, alias: str) -> Location:
@@ -65,9 +66,7 @@ def ensure_location(serving: str, registered_model: str, alias: str) -> Location
         _create(join(serving, LOCATION), json.dumps(doc, indent=2, sort_keys=True).encode())
         found = read_location(serving)
         assert found is not None
-    why = mismatch(found, registered_model, alias)
-    if why:
-        raise ServingError(why)
+    check_belongs(found, registered_model, alias)
     return found
 
 

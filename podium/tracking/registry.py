@@ -157,8 +157,9 @@ def version_tags(tracking_uri: str, name: str, version: str) -> dict[str, str]:
 
 
 @tracking_call("reading the model registry")
-def versions_tagged(tracking_uri: str, name: str, key: str, value: str) -> list[str]:
-    """The registered versions of `name` with tag `key` = `value` (value: letters, digits, '_', '-')."""
+def versions_tagged(tracking_uri: str, name: str, key: str, value: str) -> dict[str, dict[str, str]]:
+    """The registered versions of `name` with tag `key` = `value` (value: letters, digits, '_', '-'), with their
+    tags."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -166,8 +167,8 @@ def versions_tagged(tracking_uri: str, name: str, key: str, value: str) -> list[
     except MlflowException as exc:
         if is_unreachable(exc):
             raise
-        return []
-    return [str(v.version) for v in found if (v.tags or {}).get(key) == value]
+        return {}
+    return {str(v.version): dict(v.tags) for v in found if (v.tags or {}).get(key) == value}
 
 
 def alias_taken(name: str, alias: str, location_uri: str, owner_uri: str | None) -> str:
@@ -261,35 +262,6 @@ def alias_target(tracking_uri: str, name: str, alias: str) -> str | None:
 def set_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
     """Move a registry alias (rollback uses this)."""
     tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)
-
-
-@tracking_call("removing a registry alias")
-def remove_alias(tracking_uri: str, name: str, alias: str, version: str | None = None) -> None:
-    """Remove `alias` of `name` (only if it names `version`, when given)."""
-    if version is not None and alias_target(tracking_uri, name, alias) != version:
-        return
-    from mlflow.exceptions import MlflowException
-
-    try:
-        tracking_client(tracking_uri).delete_registered_model_alias(name, alias)
-    except MlflowException as exc:
-        if is_unreachable(exc):
-            raise
-
-
-@tracking_call("tagging a registered version")
-def tag_version(tracking_uri: str, name: str, version: str, tags: dict[str, str], description_note: str = "") -> None:
-    """Set tags on a registered version (and replace its 'awaiting approval' note with `description_note`)."""
-    client = tracking_client(tracking_uri)
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
-    if description_note:
-        mv = client.get_model_version(name, version)
-        text = mv.description or ""
-        if "awaiting approval (alias " in text:
-            head, _, rest = text.partition("awaiting approval (alias ")
-            text = head + description_note + rest.partition(")")[2]
-            client.update_model_version(name, version, description=text)
 
 
 @tracking_call("marking a withdrawn champion")

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 from podium_nightly_code import FEATURES, write_data
 from test_cli_process import podium
+from test_promotion_policy import _awaiting as _awaiting_run
 
 pytestmark = pytest.mark.integration
 
@@ -78,19 +79,9 @@ def _promote(world, serving: str, registered_model: str, *more: str, **promotion
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _awaiting(proc: subprocess.Popen, timeout_s: float = 300) -> str:
+def _awaiting(proc: subprocess.Popen) -> str:
     """The paused flow run's id once the command's candidate awaits approval."""
-    from podium.prefect_api import paused_flow_run
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return paused_flow_run(RUN)
-        except LookupError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out, err = proc.communicate(timeout=60)
-                raise AssertionError(f"no approval awaited (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}") from None
-            time.sleep(1)
+    return _awaiting_run(proc, RUN)
 
 
 def _ended(proc: subprocess.Popen, code: int = 0) -> tuple[str, str]:
