@@ -75,8 +75,9 @@ COSTS = ("ray_train", "prefect_server", "mlflow_server", "podium")  # what `coun
 
 
 def count_start(what: str) -> None:
-    """Append one line (`what` and this process's id) to PODIUM_COST_LOG, if it names a file: one append of a few
-    bytes, which concurrent processes do not interleave. Nothing without the variable."""
+    """Append one line (`what`, this process's id, and the test file pytest names in PYTEST_CURRENT_TEST, which
+    a `podium` process a test starts inherits, else `-`) to PODIUM_COST_LOG, if it names a file: one append of
+    a few bytes, which concurrent processes do not interleave. Nothing without the variable."""
     if what not in COSTS:
         raise ValueError(f"count_start({what!r}): expected one of {COSTS}")
     path = PodiumSettings().cost_log
@@ -85,7 +86,8 @@ def count_start(what: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{what} {os.getpid()}\n".encode())
+            where = os.environ.get("PYTEST_CURRENT_TEST", "-").split("::")[0].split()[0] or "-"
+            os.write(fd, f"{what} {os.getpid()} {where}\n".encode())
         finally:
             os.close(fd)
     except OSError:

@@ -48,14 +48,23 @@ def cost_line(counts: collections.Counter[str], wall_s: float, calibration: str 
     return f"suite cost: {parts}; wall {wall_s:.0f} s ({day})"
 
 
+def by_file(starts: list[list[str]], what: str, name: str) -> str:
+    """One kind of start, by the test file that caused it (`-`: a process that did not know its test)."""
+    files = collections.Counter(Path(start[2]).stem if start[2] != "-" else "-"
+                                for start in starts if len(start) == 3 and start[0] == what)
+    return f"{name} by test file: " + ", ".join(f"{file} {n}" for file, n in files.most_common())
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if not _is_controller(config):
         return
     path = os.environ.get("PODIUM_COST_LOG")
-    lines = Path(path).read_text().split() if path and os.path.exists(path) else []
-    counts = collections.Counter(lines[::2])  # "<what> <pid>" per start
+    starts = [line.split() for line in Path(path).read_text().splitlines()] if path and os.path.exists(path) else []
+    counts = collections.Counter(start[0] for start in starts if start)  # "<what> <pid> <test file>" per start
     terminalreporter.write_line(cost_line(counts, time.monotonic() - _started,
                                           os.environ.get("PODIUM_EPOCH_CALIBRATION_S")))
+    terminalreporter.write_line(by_file(starts, "ray_train", "Ray Train starts"))
+    terminalreporter.write_line(by_file(starts, "podium", "podium processes"))
     own = config.stash.get(_OWN_LOG, None)
     if own:
         os.unlink(own)

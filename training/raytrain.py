@@ -226,7 +226,6 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     def after_controller_start(self, train_run_context: Any) -> None:
         """Called on the controller when it starts: with `announce_controller`, hand its actor handle to
         the sinks, so that the process that started training can stop it cleanly (`abort_training`)."""
-        count_start("ray_train")
         if self.announce_controller:
             controller = ray.get_runtime_context().current_actor
             self._announce(TrainingStarted(run_name=self.run_name, controller=controller))  # type: ignore[arg-type]
@@ -349,6 +348,7 @@ def fit(
         datasets=datasets or None,
         dataset_config=dataset_config(data_cpus) if datasets else None,
     )
+    count_start("ray_train")  # counted in the process that starts it, which knows the test that asked
     with podium_data_context(data_cpus):  # Ray Train copies Ray Data's context for the workers when fit starts
         trainer.fit()
 

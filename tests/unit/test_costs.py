@@ -12,7 +12,9 @@ def test_each_start_appends_one_line_to_the_cost_log(tmp_path, monkeypatch):
     monkeypatch.setenv("PODIUM_COST_LOG", str(log))
     count_start("ray_train")
     count_start("podium")
-    assert [line.split()[0] for line in log.read_text().splitlines()] == ["ray_train", "podium"]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert [line[0] for line in lines] == ["ray_train", "podium"]
+    assert {line[2] for line in lines} == {"tests/unit/test_costs.py"}  # the test that caused it
     with pytest.raises(ValueError, match="expected one of"):
         count_start("a training")
 
