@@ -48,6 +48,10 @@ def ray_cluster(_ray_stopped_at_end):
     (podium's defaults): the session's, or a new one where a test before stopped it (test_s3 does, to start
     Ray with its own variables). Never Ray's auto-init, which joins whatever cluster `ray start` last recorded
     on this machine (/tmp/ray/ray_current_cluster), dead or alive."""
+    _local_ray()
+
+
+def _local_ray() -> None:
     from podium.training import raytrain
 
     raytrain.ensure_ray(5, ["podium_user_code:train_func"])
@@ -103,18 +107,28 @@ def locations(tmp_path, tracking_uri) -> dict[str, str]:
     return {"storage": str(tmp_path / "storage"), "serving": str(tmp_path / "serving"), "tracking_uri": tracking_uri}
 
 
-@pytest.fixture
-def pipeline(prefect_api, ray_cluster):
-    """Run the train-validate-promote flow against the real servers."""
+def run_pipeline(config: dict, tracking_uri: str, name_suffix: str = ""):
+    """The train-validate-promote flow, in this process, on the servers the caller's fixtures started; its flow
+    run named after the run (and `name_suffix`)."""
     from podium.config import build_config
     from podium.flows.pipeline import train_validate_promote
 
-    def run(config: dict, tracking_uri: str, name_suffix: str = ""):
-        cfg = build_config(config)
-        return train_validate_promote.with_options(flow_run_name=f"{cfg.run_name}{name_suffix}")(
-            config=cfg, tracking_uri=tracking_uri)
+    cfg = build_config(config)
+    return train_validate_promote.with_options(flow_run_name=f"{cfg.run_name}{name_suffix}")(
+        config=cfg, tracking_uri=tracking_uri)
 
-    return run
+
+@pytest.fixture(scope="module")
+def module_pipeline(prefect_api, _ray_stopped_at_end):
+    """`pipeline`, for a module's shared training (a module-scoped fixture), on `ray_cluster`'s local Ray."""
+    _local_ray()
+    return run_pipeline
+
+
+@pytest.fixture
+def pipeline(prefect_api, ray_cluster):
+    """Run the train-validate-promote flow against the real servers."""
+    return run_pipeline
 
 
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import types
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -12,12 +15,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
-from podium import load_promoted_model
 from podium.config import ConfigError
 from podium.flows.summary import UnfinishedRun
-from podium.serving.layout import read_current, read_history
+from podium.serving.layout import read_current, read_history, read_version
 from podium.tracking.client import TAG_CHECKPOINT, TAG_CONFIG_PREFIX
 from podium.training.data import load_arrays
+from podium.training.promoted import load_version
 
 pytestmark = pytest.mark.integration
 
@@ -43,19 +46,54 @@ def _logged_models(tracking_uri, run_id):
             if m.source_run_id == run_id]
 
 
-def test_every_checkpoint_validated_recorded_once_best_promoted_and_the_same_name_resumes(pipeline, dataset,
-                                                                                         locations, caplog):
-    """One run of 6 epochs on 2 workers (DDP) checked whole; then the same run name with 8 epochs continues it
-    from its latest checkpoint, in the same MLflow run, validating only the new checkpoints."""
-    summary = pipeline(_config("e2e", dataset, locations, training={"epochs": 6}), locations["tracking_uri"])
+@pytest.fixture(scope="module")
+def e2e(module_pipeline, dataset, tmp_path_factory, mlflow_template_db):
+    """The module's one training: a run of 6 epochs on 2 workers (DDP), then the same run name with 8 epochs,
+    which resumes it; what podium said meanwhile. Each test below checks one behaviour of it."""
+    root = tmp_path_factory.mktemp("e2e")
+    shutil.copy(mlflow_template_db, root / "mlflow.db")
+    locations = {"storage": str(root / "storage"), "serving": str(root / "serving"),
+                 "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
+    first = module_pipeline(_config("e2e", dataset, locations, training={"epochs": 6}), locations["tracking_uri"])
+    said = _Said()
+    progress = logging.getLogger("podium.progress")
+    progress.addHandler(said)
+    try:
+        second = module_pipeline(_config("e2e", dataset, locations, training={"epochs": 8}),
+                                  locations["tracking_uri"], name_suffix="-again")
+    finally:
+        progress.removeHandler(said)
+    return types.SimpleNamespace(first=first, second=second, locations=locations, said=said.text())
+
+
+class _Said(logging.Handler):
+    """Keeps what podium's progress logger said."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dataset):
+    """The first run, of 6 epochs on 2 workers, checked whole: records, validation overlapping training, the
+    promoted best, what serves, the registry, Prefect's task runs, events and artifacts."""
+    summary, locations = e2e.first, e2e.locations
     records = summary.checkpoints
     assert len(records) == 6, "one checkpoint per epoch"
     assert all(r.status == "validated" for r in records)
 
     # exactly one MLflow LoggedModel per checkpoint, with validation metrics merged onto it
-    models = _logged_models(locations["tracking_uri"], summary.tracking.run_id)
+    ours = {os.path.basename(r.uri) for r in records}  # the resume's 2 are its test's
+    models = [m for m in _logged_models(locations["tracking_uri"], summary.tracking.run_id)
+              if m.tags[TAG_CHECKPOINT] in ours]
     names = [m.tags[TAG_CHECKPOINT] for m in models]
-    assert sorted(names) == sorted(set(names)) and len(names) == 6
+    assert sorted(names) == sorted(ours) and len(names) == 6
     for m in models:
         keys = {x.key for x in m.metrics}
         assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= keys
@@ -70,22 +108,25 @@ def test_every_checkpoint_validated_recorded_once_best_promoted_and_the_same_nam
     assert promoted is not None and promoted.step == best.step
     assert promoted.value == pytest.approx(best.metrics["val_loss"])
 
-    # serving: CURRENT names a complete version; it loads and predicts as recorded
-    current = read_current(locations["serving"])
-    assert current.version == promoted.version == "v000001"
-    model = load_promoted_model(locations["serving"])
+    # serving: the first run switched to a complete version; it loads and predicts as recorded (the resume
+    # may have promoted a better one since: what serves now is what the history's last entry names)
+    assert promoted.version == "v000001" and read_history(locations["serving"])[0]["version"] == "v000001"
+    assert read_current(locations["serving"]).version == read_history(locations["serving"])[-1]["version"]
+    model = load_version(read_version(locations["serving"], promoted.version))
     x, y = load_arrays(dataset[1], "label", [f"f{i:02d}" for i in range(16)])
     with torch.no_grad():
         acc = (model(torch.from_numpy(x)).argmax(1).numpy() == y).mean()
     assert acc == pytest.approx(best.metrics["val_accuracy"], abs=1e-6)
     assert acc > 0.5
 
-    # MLflow registry: the champion alias points at a version of the best checkpoint's LoggedModel, which
-    # holds the served MLflow model; the served copy is named by a tag
+    # MLflow registry: the first version is a version of the best checkpoint's LoggedModel, which holds the
+    # served MLflow model; the served copy is named by a tag; the champion alias follows what serves now
     client = MlflowClient(locations["tracking_uri"], registry_uri=locations["tracking_uri"])
-    mv = client.get_model_version_by_alias("podium", "champion")
-    assert str(mv.version) == promoted.mlflow_version and mv.run_id == summary.tracking.run_id
+    mv = client.get_model_version("podium", promoted.mlflow_version)
+    assert mv.run_id == summary.tracking.run_id
     assert mv.tags["podium.served_uri"] == promoted.uri and mv.source.endswith(f"{best.model_id}/artifacts")
+    champion = client.get_model_version_by_alias("podium", "champion")
+    assert champion.tags["podium.served_uri"] == read_current(locations["serving"]).uri
 
     # Prefect: every validation task run recorded and named after its step; events; artifacts
     runs = task_runs("e2e", expect_at_least=6 + 6)
@@ -96,11 +137,12 @@ def test_every_checkpoint_validated_recorded_once_best_promoted_and_the_same_nam
     assert sorted(int(e.resource["podium.step"]) for e in events) == [r.step for r in records]
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
 
-    # the same run name again, 8 epochs: it resumes
-    first = summary
-    with caplog.at_level(logging.INFO, logger="podium.progress"):
-        second = pipeline(_config("e2e", dataset, locations, training={"epochs": 8}), locations["tracking_uri"],
-                          name_suffix="-again")
+
+def test_the_same_run_name_resumes_from_its_latest_checkpoint(e2e):
+    """The same run name with 8 epochs continues the first run from its latest checkpoint, in the same MLflow run,
+    validating only the new checkpoints."""
+    first, second, locations = e2e.first, e2e.second, e2e.locations
+    client = MlflowClient(locations["tracking_uri"])
     steps_first = [r.step for r in first.checkpoints]
     steps_second = [r.step for r in second.checkpoints]
     assert steps_second[:6] == steps_first and len(steps_second) == 8, "continued from the latest checkpoint"
@@ -112,25 +154,29 @@ def test_every_checkpoint_validated_recorded_once_best_promoted_and_the_same_nam
         sorted(f"validate-step-{s}" for s in steps_second[6:])
     assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()
     # the changed epochs took effect, were said, and the MLflow run records the value in effect
-    assert "training.epochs = 8 (was 6): takes effect" in caplog.text
+    assert "training.epochs = 8 (was 6): takes effect" in e2e.said
     run = client.get_run(second.tracking.run_id)
     assert (run.data.params["training.epochs"], run.data.tags[TAG_CONFIG_PREFIX + "training.epochs"]) == ("6", "8")
 
-    # a start that would change the model's shape is refused before anything trains or is recorded
+
+def test_a_start_that_would_change_the_model_s_shape_is_refused_before_anything_trains(e2e, pipeline, dataset):
+    locations = e2e.locations
     narrower = _config("e2e", dataset, locations, data={"feature_columns": ["f00", "f01", "f02"]})
     with pytest.raises(ConfigError, match=r"data.feature_columns = \["):
         pipeline(narrower, locations["tracking_uri"], name_suffix="-narrower")
-    assert client.get_run(second.tracking.run_id).info.status == "FINISHED"
-    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 8
+    client = MlflowClient(locations["tracking_uri"])
+    assert client.get_run(e2e.second.tracking.run_id).info.status == "FINISHED"
+    assert len(_logged_models(locations["tracking_uri"], e2e.second.tracking.run_id)) == 8
 
 
-def test_a_diverging_run_never_replaces_the_champion(pipeline, dataset, locations, tmp_path):
-    """(A worse run refused by the gate: test_fair_gate's night 3 in-process, test_promotion_policy's gate-2
+def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp_path):
+    """A run whose training diverges, promoting to the serving location of the module's run: its champion stays.
+    (A worse run refused by the gate: test_fair_gate's night 3 in-process, test_promotion_policy's gate-2
     through the command; the reason's wording: tests/unit/test_selection.py.)"""
-    one = {"num_workers": 1}  # the gate is under test, not the training: one worker each run
-    first = pipeline(_config("gate-a", dataset, locations, training={"epochs": 2}, scaling=one),
-                     locations["tracking_uri"])
-    assert first.promotion.promoted is not None
+    locations = e2e.locations
+    before, history = read_current(locations["serving"]), read_history(locations["serving"])
+    assert before is not None
+    one = {"num_workers": 1}  # the gate is under test, not the training: one worker
 
     # one NaN in a training feature: refused before training, unless allowed; then training diverges (loss NaN),
     # every checkpoint is failed with the reason, and the working champion stays
@@ -150,8 +196,8 @@ def test_a_diverging_run_never_replaces_the_champion(pipeline, dataset, location
     assert third.checkpoints and all(r.status == "failed" for r in third.checkpoints)
     assert all("training metric(s) not finite" in r.failure and "loss = nan" in r.failure for r in third.checkpoints)
     assert third.promotion.promoted is None and "was validated successfully" in third.promotion.reason
-    assert read_current(locations["serving"]).version == first.promotion.promoted.version
-    assert len(read_history(locations["serving"])) == 1
+    assert read_current(locations["serving"]).version == before.version
+    assert len(read_history(locations["serving"])) == len(history)
 
 
 def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
