@@ -65,7 +65,8 @@ FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promote
           "mlflow-server", "s3-endpoint", "disk-full"]
 BUCKET = "soak"
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "integration"
-sys.path.insert(0, str(TESTS))  # the tests' servers (MLflow, S3, the relay) and their full-disk filler
+sys.path.insert(0, str(TESTS))  # the user code the soak's runs import (by path, in Ray's workers too)
+sys.path.insert(0, str(TESTS.parent))  # the tests' helpers: servers (MLflow, S3, the relay), the full-disk filler
 DONE = (0, 4)  # completed (4: done, but the flow run's end not recorded in Prefect)
 MAX_ATTEMPTS = 4
 
@@ -78,7 +79,7 @@ def log(msg: str) -> None:
 def mlflow_server(root: Path) -> Any:
     """An `mlflow server` on SQLite under `root`, on one port across restarts (the outage tests' server:
     `start()`, `kill()`, `url`)."""
-    from servers import MlflowServer
+    from helpers.servers import MlflowServer
 
     return MlflowServer(root)
 
@@ -164,7 +165,7 @@ class Stores:
             log("not root, so no tmpfs for serving: disk-full is left out of the draw")
         self.storage = str(home / "storage")
         if storage == "s3":
-            from s3_server import Relay, start_s3_server
+            from helpers.s3_server import Relay, start_s3_server
 
             self.s3 = start_s3_server(home / "moto.log")
             self.s3.create_bucket(BUCKET)
@@ -250,7 +251,7 @@ def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow
         return f"S3 endpoint unreachable for {down:.0f} s"
     if fault == "disk-full":
         leave = rng.choice([0, 8 * 1024])  # a promoted version of the demo model takes more than 8 KiB
-        from servers import fill_filesystem
+        from helpers.servers import fill_filesystem
 
         filler = fill_filesystem(stores.serving_fs, leave)
         after.append(filler.unlink)

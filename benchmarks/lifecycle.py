@@ -246,8 +246,8 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
     """The Prefect server and the Ray head (those given, else new ones), the MLflow store, the data, and the
     pool trained (one `podium run` each). Returns the world and its teardown, which stops what was started here,
     gives this process its environment back and returns the servers' CPU-seconds."""
+    from helpers.servers import RayHead, free_port
     from podium_nightly_code import write_data
-    from servers import RayHead, free_port
 
     from podium.services import ensure_prefect_server, prepare_mlflow, stop_prefect_server
 

@@ -396,8 +396,8 @@ def start_moto(workdir: Path) -> Any:
     process; the caller stops it (`.stop()`)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
-    from s3_server import start_s3_server
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers package
+    from helpers.s3_server import start_s3_server
 
     server = start_s3_server(workdir / "moto.log")
     os.environ.update(server.env())

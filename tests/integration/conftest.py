@@ -63,7 +63,7 @@ def shared_ray(tmp_path_factory):
     of tests about something else (the command's output, an outage of MLflow or Prefect, the UIs) join through
     RAY_ADDRESS instead of each starting and stopping a local Ray of its own. A test about podium's own local
     Ray (its start, its end with the process, a signal to the process group) does not use it."""
-    from servers import RayHead
+    from helpers.servers import RayHead
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)
@@ -132,3 +132,14 @@ def pipeline(prefect_api, ray_cluster):
 
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+@pytest.fixture
+def cli_env(prefect_api, shared_ray, tmp_path, tracking_uri):
+    """The test's Prefect server and MLflow store, and the session's Ray head (RAY_ADDRESS, as on a team's
+    cluster): what these tests check is the command, not the start of a local Ray (test_faults, test_startup and
+    the browser's run on the embedded defaults start their own)."""
+    env = dict(os.environ)
+    env.update({"PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
+                "MLFLOW_TRACKING_URI": tracking_uri, **shared_ray.driver_env()})
+    return env

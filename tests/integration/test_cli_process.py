@@ -12,27 +12,9 @@ import sys
 import time
 
 import pytest
+from helpers.commands import podium
 
 pytestmark = pytest.mark.integration
-
-
-def podium(args, env, check=True):
-    proc = subprocess.run([sys.executable, "-m", "podium.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"podium {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return proc
-
-
-@pytest.fixture
-def cli_env(prefect_api, shared_ray, tmp_path, tracking_uri):
-    """The test's Prefect server and MLflow store, and the session's Ray head (RAY_ADDRESS, as on a team's
-    cluster): what these tests check is the command, not the start of a local Ray (test_faults, test_startup and
-    the browser's run on the embedded defaults start their own)."""
-    env = dict(os.environ)
-    env.update({"PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
-                "MLFLOW_TRACKING_URI": tracking_uri, **shared_ray.driver_env()})
-    return env
 
 
 def _refused_while_it_runs(first: subprocess.Popen, args: list[str], env: dict[str, str], lock) -> None:
@@ -53,8 +35,8 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     metric and direction) in the same project folder: each keeps its champion, its serving location, its
     registered model; alpha's champion loads and serves the MLflow way. Then beta's next night, on other
     validation data: its champion re-scored on them."""
+    from helpers.served_checks import check_served_champion
     from mlflow.tracking import MlflowClient
-    from served_checks import check_served_champion
 
     home = tmp_path / "home"
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(tmp_path / "storage")]
@@ -108,7 +90,7 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     assert again["run_name"] == "cli"
     assert again["promoted"] is None and "already the champion" in again["promotion_reason"]
     # each flow run's final state says what it did, for a person reading the Prefect UI
-    from prefect_queries import flow_run_state
+    from helpers.prefect_queries import flow_run_state
 
     flow_run = out["prefect_ui"].rsplit("/", 1)[-1]  # the refused second run has a flow run of that name too
     assert flow_run_state(run_id=flow_run).message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
@@ -196,8 +178,8 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
 
 def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
     """Ray's FashionMNIST example reports metrics only: the run fails, saying how to report a checkpoint."""
+    from helpers.prefect_queries import flow_run_state
     from mlflow.tracking import MlflowClient
-    from prefect_queries import flow_run_state
 
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
     proc = podium(["run", "--run-name", "no-ckpt", "--train-loop", "ray_example_checks:never_checkpoints",
@@ -217,8 +199,8 @@ def test_a_run_whose_every_validation_failed_exits_1_after_its_summary(cli_env, 
     """A validation function that returns None fails every checkpoint: the run prints its summary (the JSON a
     scheduler keeps), says why on stderr and exits 1, so nobody reads it as a success; its flow run ends Failed and
     its MLflow run FAILED, each saying why."""
+    from helpers.prefect_queries import flow_run_state
     from mlflow.tracking import MlflowClient
-    from prefect_queries import flow_run_state
 
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
     proc = podium(["run", "--json", "--run-name", "none-back", "--train-loop", "podium_user_code:train_func",
@@ -243,8 +225,8 @@ def test_a_run_whose_validations_stop_improving_stops_early_validates_what_it_sa
     """--early-stop-patience 3 on a user's loop of 40 short epochs whose score improves until epoch 2 and no
     more: after the verdicts of epochs 3, 4 and 5 podium stops Ray Train, validates every checkpoint it saved,
     promotes the best (ties: the later step) and says so in the summary, the JSON and the MLflow run."""
+    from helpers.prefect_queries import flow_run_state
     from mlflow.tracking import MlflowClient
-    from prefect_queries import flow_run_state
 
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
     proc = podium(["run", "--json", "--run-name", "plateau", "--train-loop", "podium_user_code:train_func",

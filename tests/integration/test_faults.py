@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
+from helpers.servers import RayHead, fill_filesystem
 from mlflow.tracking import MlflowClient
-from servers import RayHead, fill_filesystem
 
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files

@@ -12,7 +12,7 @@ import json
 import os
 
 import pytest
-from test_cli_process import cli_env, podium  # noqa: F401  (cli_env is a fixture)
+from helpers.commands import podium
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def _check_every_checkpoint_validated_and_the_best_served(out: dict, env: dict, 
     assert accuracy == pytest.approx(best["metrics"]["val_accuracy"], abs=1e-6), (accuracy, best)
 
 
-def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli_env, dataset, tmp_path, monkeypatch):  # noqa: F811
+def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli_env, dataset, tmp_path, monkeypatch):
     import pandas as pd
 
     train, val = dataset
@@ -58,7 +58,7 @@ def test_lightning_guide_loop_every_checkpoint_validated_and_the_best_served(cli
     _check_every_checkpoint_validated_and_the_best_served(out, cli_env, val_rows, "label", monkeypatch)
 
 
-def test_transformers_trainer_loop_every_checkpoint_validated_and_the_best_served(cli_env, tmp_path, monkeypatch):  # noqa: F811
+def test_transformers_trainer_loop_every_checkpoint_validated_and_the_best_served(cli_env, tmp_path, monkeypatch):
     from framework_code import token_rows
 
     train, val = str(tmp_path / "train.parquet"), str(tmp_path / "val.parquet")

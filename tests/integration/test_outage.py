@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.servers import MlflowServer
 from mlflow.tracking import MlflowClient
-from servers import MlflowServer
 
 from podium.core.events import CheckpointEvent
 from podium.serving.layout import read_history
@@ -371,8 +371,8 @@ def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_
     checkpoints later: its records catch up, exit 0. Then `podium promote` of that run with approval required
     loses the server while its candidate awaits a decision: no one could decide, nothing is promoted, and the
     command fails saying so (exit 1), not as a success."""
+    from helpers.prefect_queries import artifact_keys, flow_run_state, task_runs
     from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_queries import artifact_keys, flow_run_state, task_runs
 
     down = tmp_path / "down"
     run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, down, tracking_uri,

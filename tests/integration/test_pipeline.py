@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers.prefect_queries import artifact_keys, checkpoint_events, task_runs
 from mlflow.tracking import MlflowClient
-from prefect_queries import artifact_keys, checkpoint_events, task_runs
 
 from podium.config import ConfigError
 from podium.flows.summary import UnfinishedRun

@@ -16,8 +16,8 @@ import json
 import os
 
 import pytest
+from helpers.commands import podium
 from podium_nightly_code import FEATURES, write_data
-from test_cli_process import cli_env, podium  # noqa: F401 (cli_env: the fixture, for this module's tests)
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def _one_sentence(proc) -> str:
 
 
 def test_a_policy_or_a_value_that_cannot_be_right_is_refused_before_anything_starts(
-        cli_env, dataset, tmp_path):  # noqa: F811
+        cli_env, dataset, tmp_path):
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(tmp_path / "storage"),
             "--serving", str(tmp_path / "serving"), "--num-workers", "1"]
 
@@ -78,7 +78,7 @@ def _config(name: str, tmp_path, loop: dict, promotion: dict, fn: str = "podium_
 
 
 def test_an_early_stop_leaves_nothing_unnamed_its_resume_trains_on_and_a_metric_the_function_lacks_stops_it(
-        cli_env, tmp_path):  # noqa: F811
+        cli_env, tmp_path):
     from podium.training.raytrain import persisted_checkpoints
 
     cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code

@@ -40,15 +40,15 @@ from pathlib import Path
 
 import pytest
 import requests
+from helpers.prefect_queries import checkpoint_events, flow_run_logs, task_runs
+from helpers.s3_server import S3Server
+from helpers.served_checks import check_served_champion
+from helpers.servers import wait_http_ok
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, WorkPoolFilter, WorkPoolFilterName
 from prefect.deployments import run_deployment
-from prefect_queries import checkpoint_events, flow_run_logs, task_runs
-from s3_server import S3Server
-from served_checks import check_served_champion
-from servers import wait_http_ok
 
 from podium.config import expand_run_name
 from podium.core.events import CheckpointEvent
@@ -227,7 +227,7 @@ def start_mlflow_server(root: Path, database: str, auth_database: str, credentia
     which it proxies: clients (podium, `mlflow models serve`) reach the artifacts through it, with no S3
     credentials of their own. Its authentication app keeps users in a PostgreSQL database of its own; the
     admin's password and the app's secret key come from the environment. Returns (URL, S3 server), stop."""
-    from s3_server import start_s3_server
+    from helpers.s3_server import start_s3_server
 
     s3 = start_s3_server(root / "moto.log")
     s3.create_bucket("mlflow-artifacts")

@@ -29,8 +29,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers.commands import podium
 from podium_nightly_code import FEATURES, write_data
-from test_cli_process import cli_env, podium  # noqa: F401 (cli_env: the fixture, for this module's test)
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ class Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def news(cli_env):  # noqa: F811
+def news(cli_env):
     """A webhook receiver on loopback and the `podium-news` automation sending to it (removed afterwards: the
     session's Prefect server serves other tests); yields the messages received."""
     from prefect.automations import Automation
@@ -119,7 +119,7 @@ def _run(env, tmp_path, name: str, angle: float, promotion: dict, scale: float =
 
 
 def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_decision_is_news(
-        cli_env, news, tmp_path):  # noqa: F811
+        cli_env, news, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_version
@@ -234,7 +234,7 @@ def _ended(proc: subprocess.Popen) -> dict:
 
 
 def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_silence_rejects(
-        cli_env, tmp_path):  # noqa: F811
+        cli_env, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from podium.serving.layout import read_history, read_version

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.commands import podium
 from podium_nightly_code import FEATURES, write_data
-from test_cli_process import podium
 from test_promotion_policy import _awaiting as _awaiting_run
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.prefect_queries import task_runs
 from mlflow.tracking import MlflowClient
-from prefect_queries import task_runs
 from ray_guide_code import synthetic_images
 
 from podium.tasks.promote import read_champion

@@ -22,8 +22,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 import torch
+from helpers.s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
 from mlflow.tracking import MlflowClient
-from s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
 
 from podium.config import ConfigError, build_config
 from podium.core.events import CheckpointEvent
@@ -101,9 +101,9 @@ def _leaks(text: str) -> list[str]:
 
 
 def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline, tmp_path):
+    from helpers.prefect_queries import flow_run_id
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
-    from prefect_queries import flow_run_id
 
     from podium.services import prepare_mlflow
 

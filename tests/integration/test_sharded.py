@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_cli_process import cli_env, podium  # noqa: F401  (cli_env: a fixture)
+from helpers.commands import podium
 
 pytestmark = pytest.mark.integration
 
 
-def test_a_two_worker_dcp_checkpoint_is_validated_consolidated_and_served(cli_env, dataset, tmp_path,  # noqa: F811
+def test_a_two_worker_dcp_checkpoint_is_validated_consolidated_and_served(cli_env, dataset, tmp_path,
                                                                            monkeypatch):
     import mlflow.pyfunc
-    from served_checks import check_served_champion
+    from helpers.served_checks import check_served_champion
     from sharded_code import ShardedClassifier
 
     from podium.training.loaders import sharded

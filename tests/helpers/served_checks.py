@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 from mlflow.tracking import MlflowClient
-from servers import model_server
 
+from helpers.servers import model_server
 from podium import load_promoted_model
 from podium.serving.layout import read_current
 
