@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 
 def podium(args: list[str], env: dict[str, str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -14,3 +15,20 @@ def podium(args: list[str], env: dict[str, str], check: bool = True, **kwargs) -
     if check and proc.returncode != 0:
         raise AssertionError(f"podium {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def awaiting_approval(proc: subprocess.Popen, run_name: str, timeout_s: float = 300) -> str:
+    """The id of the paused flow run of `run_name`, once the command `proc` (a `podium run` or `promote` with
+    approval required) has a candidate awaiting a person's decision; fails the test with the command's output if
+    it ends first or `timeout_s` passes."""
+    from podium.prefect_api import paused_flow_run
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return paused_flow_run(run_name)
+        except LookupError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out, err = proc.communicate(timeout=60)
+                raise AssertionError(f"no approval awaited (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}") from None
+            time.sleep(1)

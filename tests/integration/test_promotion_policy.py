@@ -29,7 +29,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers.commands import podium
+from helpers.commands import awaiting_approval, podium
 from podium_nightly_code import FEATURES, write_data
 
 pytestmark = pytest.mark.integration
@@ -212,21 +212,6 @@ def _start(env, tmp_path, name: str, serving: str, command: str, promotion: dict
                             stderr=subprocess.PIPE, text=True)
 
 
-def _awaiting(proc: subprocess.Popen, run_name: str, timeout_s: float = 300) -> str:
-    """The id of the paused flow run of `run_name`, once the command's candidate awaits approval."""
-    from podium.prefect_api import paused_flow_run
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return paused_flow_run(run_name)
-        except LookupError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out, err = proc.communicate(timeout=60)
-                raise AssertionError(f"no approval awaited (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}") from None
-            time.sleep(1)
-
-
 def _ended(proc: subprocess.Popen) -> dict:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
@@ -246,7 +231,7 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
 
     # `podium run`: the candidate waits under the challenger alias, the flow run paused, until `podium approve`
     proc = _start(cli_env, tmp_path, "appr", "serving", "run", {})
-    _awaiting(proc, "appr")
+    awaiting_approval(proc, "appr")
     challenger = client.get_model_version_by_alias("approval", "challenger")
     assert challenger.tags["podium.approval"] == "pending"
     assert not (tmp_path / "serving" / "CURRENT").exists() and not [
@@ -273,7 +258,7 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
     # `podium promote` of the same run to another serving location (an alias of its own): rejected, with the reason
     # in its output
     proc = _start(cli_env, tmp_path, "appr", "serving-2", "promote", {"alias": "second"})
-    _awaiting(proc, "appr")
+    awaiting_approval(proc, "appr")
     said = podium(["reject", "--run-name", "appr", "--reason", "not before the freeze"], cli_env).stdout
     assert "run appr: rejected by " in said and "(podium reject): not before the freeze" in said, said
     out = _ended(proc)

@@ -30,9 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.commands import podium
+from helpers.commands import awaiting_approval, podium
 from podium_nightly_code import FEATURES, write_data
-from test_promotion_policy import _awaiting as _awaiting_run
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +80,7 @@ def _promote(world, serving: str, registered_model: str, *more: str, **promotion
 
 def _awaiting(proc: subprocess.Popen) -> str:
     """The paused flow run's id once the command's candidate awaits approval."""
-    return _awaiting_run(proc, RUN)
+    return awaiting_approval(proc, RUN)
 
 
 def _ended(proc: subprocess.Popen, code: int = 0) -> tuple[str, str]:
