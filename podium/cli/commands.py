@@ -25,7 +25,7 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
     config file), else the experiment's latest. Read-only: a store that is not there is not created."""
     config = config_from_args(args, settings)
     from podium.tracking.client import TrackingUnavailable, store_exists
-    from podium.tracking.runs import find_tracking_run, latest_run_name
+    from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs
 
     tracking_uri = settings.resolved_tracking_uri()
     if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
@@ -35,7 +35,9 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
         if "run_name" not in config.model_fields_set:
             latest = latest_run_name(tracking_uri, config.experiment)
             if latest is None:
-                raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}")
+                others = [m for m in models_with_runs(tracking_uri) if m != config.experiment]
+                hint = (f"; runs of other models are here: {', '.join(others)} (--model NAME)" if others else "")
+                raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
             config = config.model_copy(update={"run_name": latest})
         return config, find_tracking_run(tracking_uri, config.experiment, config.run_name)
     except LookupError as exc:

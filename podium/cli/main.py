@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     history = sub.add_parser("history", help="The champions of a serving location: when, why, what started them.",
                              description="Every promotion and rollback of a serving location, oldest first, "
                                          "with the current and the withdrawn versions marked. Reads only.")
-    history.add_argument("--serving", help="Serving location (default: .podium/serving).")
+    history.add_argument("--model", default=config_default("model"),
+                         help="The model whose serving location to read (default: %(default)s).")
+    history.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
     history.add_argument("--json", action="store_true", help="Print the history as JSON.")
     history.set_defaults(func=commands.cmd_history)
     from podium.cli import provenance

@@ -184,6 +184,17 @@ def latest_run_name(tracking_uri: str, experiment: str) -> str | None:
     return runs[0].data.tags.get(TAG_RUN) if runs else None
 
 
+@tracking_call("finding the models with runs")
+def models_with_runs(tracking_uri: str) -> list[str]:
+    """The experiments (podium's models) that hold at least one podium run, by name: what `--model` can name."""
+    client = tracking_client(tracking_uri)
+    names = {e.experiment_id: e.name for e in client.search_experiments()}
+    if not names:
+        return []
+    runs = client.search_runs(list(names), filter_string=f"tags.`{TAG_RUN}` != ''", max_results=1000)
+    return sorted({names[r.info.experiment_id] for r in runs})
+
+
 @tracking_call("reading the run's tags")
 def run_tags(tr: TrackingRun) -> dict[str, str]:
     """The MLflow run's tags (its outcome among them)."""

@@ -84,6 +84,12 @@ def test_run_status_promote_json_and_two_models_each_with_their_champion(cli_env
     status_b = json.loads(podium(["status", "--json", *beta], cli_env).stdout)
     assert (status_b["champion"]["model"], status_b["champion"]["metric"]) == ("beta", "val_accuracy")
     assert status_b["promoted"]["version"] == "v000001"
+    # one way to name a model on every command: --model; a command without it names the models there are
+    history_b = json.loads(podium(["history", "--json", "--model", "beta"], cli_env).stdout)
+    assert history_b["serving"] == str(home / "serving" / "beta") and history_b["current"] == "v000001"
+    unnamed = podium(["status"], cli_env, check=False)
+    assert unnamed.returncode != 0 and "no podium run in MLflow experiment 'podium'" in unnamed.stderr
+    assert "runs of other models are here: alpha, beta (--model NAME)" in unnamed.stderr, unnamed.stderr
 
     # no --run-name: the model's latest run, the one `podium status` shows
     again = json.loads(podium(["promote", "--json", "--model", "alpha", *data], cli_env).stdout.strip().splitlines()[-1])
