@@ -33,13 +33,16 @@ def worker_process(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
 
 
 def record_rows_per_epoch(config: dict[str, Any]) -> None:
-    """A train loop that iterates the built-in loop's batches and writes down which rows it saw."""
+    """A train loop that iterates the built-in loop's batches of each of its datasets and writes down which rows
+    it saw."""
     rank = ray.train.get_context().get_world_rank()
-    shard = ray.train.get_dataset_shard("train")
-    for epoch in range(config["epochs"]):
-        ids = [int(v) for xb, _ in minibatches(shard, config, epoch, rank) for v in xb[:, 0].tolist()]
-        batches = -(-len(ids) // config["batch_size"])
-        Path(config["out"], f"rank{rank}-epoch{epoch}.json").write_text(json.dumps({"ids": ids, "batches": batches}))
+    for name in config["datasets"]:
+        shard = ray.train.get_dataset_shard(name)
+        for epoch in range(config["epochs"]):
+            ids = [int(v) for xb, _ in minibatches(shard, config, epoch, rank) for v in xb[:, 0].tolist()]
+            batches = -(-len(ids) // config["batch_size"])
+            Path(config["out"], f"{name}-rank{rank}-epoch{epoch}.json").write_text(
+                json.dumps({"ids": ids, "batches": batches}))
 
 
 def test_validations_run_in_worker_processes_ray_data_never_uses(ray_cluster, tmp_path):
@@ -59,8 +62,9 @@ def test_validations_run_in_worker_processes_ray_data_never_uses(ray_cluster, tm
     assert validation_pids and not validation_pids & data_pids
 
 
-@pytest.mark.parametrize("cache", ["never", "always"])  # read each epoch; read once and kept in the object store
-def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, tmp_path, cache):
+def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, tmp_path):
+    """The built-in loop's data read each epoch (`cache = never`) and read once, kept in the object store
+    (`always`): two datasets of one training, each checked alone."""
     for i, (start, stop) in enumerate([(0, 400), (400, 401), (401, 1001)]):  # three files, one of a single row
         ids = np.arange(start, stop)
         (tmp_path / "data").mkdir(exist_ok=True)
@@ -69,21 +73,25 @@ def test_each_row_is_read_once_per_epoch_in_all_across_the_workers(ray_cluster, 
     out = tmp_path / "seen"
     out.mkdir()
     config = {"train_data": str(tmp_path / "data"), "feature_columns": ["id"], "label_column": "label", "seed": 3,
-              "shuffle": "local", "shuffle_window_rows": 64, "batch_size": 16, "epochs": 2, "out": str(out),
-              "cache": cache}
-    raytrain.fit(train_loop=record_rows_per_epoch, loop_config=config, run_name=f"rows-once-{cache}",
-                 storage=str(tmp_path / "storage"), num_workers=2, use_gpu=False, cpus_per_worker=1, callbacks=[],
-                 datasets=builtin_datasets(config, data_cpus=1), data_cpus=1)
+              "shuffle": "local", "shuffle_window_rows": 64, "batch_size": 16, "epochs": 2, "out": str(out)}
+    caches = {"never": "train", "always": "cached"}  # the cache setting, and the name of its dataset
+    datasets = {name: builtin_datasets({**config, "cache": cache}, data_cpus=1)["train"]
+                for cache, name in caches.items()}
+    raytrain.fit(train_loop=record_rows_per_epoch, loop_config={**config, "datasets": list(datasets)},
+                 run_name="rows-once", storage=str(tmp_path / "storage"), num_workers=2, use_gpu=False,
+                 cpus_per_worker=1, callbacks=[], datasets=datasets, data_cpus=1)
 
-    orders = {}
-    for epoch in range(2):
-        seen = [json.loads((out / f"rank{r}-epoch{epoch}.json").read_text()) for r in range(2)]
-        ids = seen[0]["ids"] + seen[1]["ids"]
-        assert len(ids) == len(set(ids)) == 1000, "every row once per epoch, in all (one of 1001 left out: equal split)"
-        assert len(seen[0]["ids"]) == len(seen[1]["ids"]) == 500
-        assert seen[0]["batches"] == seen[1]["batches"] == steps_per_epoch(1001, 2, 16)
-        orders[epoch] = seen[0]["ids"]
-    assert orders[0] != orders[1], "a new order each epoch"
+    for cache, name in caches.items():
+        orders = {}
+        for epoch in range(2):
+            seen = [json.loads((out / f"{name}-rank{r}-epoch{epoch}.json").read_text()) for r in range(2)]
+            ids = seen[0]["ids"] + seen[1]["ids"]
+            assert len(ids) == len(set(ids)) == 1000, \
+                f"cache {cache}: every row once per epoch, in all (one of 1001 left out: equal split)"
+            assert len(seen[0]["ids"]) == len(seen[1]["ids"]) == 500, cache
+            assert seen[0]["batches"] == seen[1]["batches"] == steps_per_epoch(1001, 2, 16), cache
+            orders[epoch] = seen[0]["ids"]
+        assert orders[0] != orders[1], f"cache {cache}: a new order each epoch"
 
 
 def test_statistics_pass_as_a_ray_data_job_equals_the_whole_table(ray_cluster, tmp_path):
