@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.config import ConfigError
-from podium.serving.layout import ServingError, read_json, write_json
+from podium.storage.documents import DocumentError, read_json, write_json
 from podium.storage.locations import join
 from podium.tasks.plan import RunPlan
 from podium.tracking.runs import flatten_params
@@ -75,7 +75,7 @@ def check_resume(plan: RunPlan) -> Resume | None:
     latest = max(persisted, key=lambda e: e.step)
     try:
         before = read_json(_record(plan))
-    except ServingError as exc:
+    except DocumentError as exc:
         raise ConfigError(f"run {plan.run_name!r}: {exc}; remove it to resume without comparing settings") from None
     if before is None:
         logger.info("run %s has checkpoints but no record of its settings (%s): they are not compared",

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from podium.serving.layout import DISCARDED, MANIFEST, STAGED, read_json, version_names, write_json
+from podium.serving.layout import DISCARDED, MANIFEST, STAGED, ServingError, version_names
+from podium.storage.documents import read_json, write_json
 from podium.storage.locations import join, normalize_location
 
 
@@ -84,8 +85,8 @@ def staged_versions(serving: str) -> list[Staged]:
     out = []
     for name in version_names(serving):
         version_dir = join(serving, "versions", name)
-        if read_json(join(version_dir, MANIFEST)) is not None or read_json(join(version_dir, DISCARDED)) is not None:
+        if any(read_json(join(version_dir, done), ServingError) is not None for done in (MANIFEST, DISCARDED)):
             continue
-        mark = read_json(join(version_dir, STAGED)) or {}
+        mark = read_json(join(version_dir, STAGED), ServingError) or {}
         out.append(Staged(name, version_dir, mark, is_alive(mark) if mark else False))
     return out
