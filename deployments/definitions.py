@@ -10,7 +10,7 @@ registers them against PREFECT_API_URL on a process work pool (created if missin
 serves them from this process instead (Prefect's `serve`): runs execute here.
 
 - nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
-- validate-on-event (validate-checkpoint): one run per `podium.checkpoint.persisted` event that a
+- validate-on-event (validate-announced-checkpoint): one run per `podium.checkpoint.persisted` event that a
   training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's run,
   checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
 - promote-on-demand (promote-run): promotion of the run named in its `config`.
@@ -63,7 +63,7 @@ def checkpoint_trigger() -> DeploymentEventTrigger:
     """
     return DeploymentEventTrigger(
         name="validate-announced-checkpoint",
-        description="One validate-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
+        description="One validate-announced-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
         expect={EVENT_PERSISTED},
         match={"prefect.resource.id": "podium.checkpoint.*", VALIDATION_LABEL: VALIDATION_BY_DEPLOYMENT},
         parameters={

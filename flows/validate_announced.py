@@ -32,7 +32,7 @@ from podium.tracking.records import record_verdict
 RECORD_LOCK = "podium-checkpoint-records"
 
 
-@flow(name="validate-checkpoint", flow_run_name="{run_name}-validate-step-{step}", log_prints=False)
+@flow(name="validate-announced-checkpoint", flow_run_name="{run_name}-validate-step-{step}", log_prints=False)
 def validate_announced_checkpoint(
     config: PipelineConfig,
     run_name: str,

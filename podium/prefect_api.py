@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from podium.outages import is_unreachable
 from podium.services import prefect_health
 
 logger = logging.getLogger(__name__)
@@ -57,23 +58,6 @@ def bound_client_settings(environ: MutableMapping[str, str]) -> None:
     unless the environment sets them already."""
     for name, value in CLIENT_DEFAULTS.items():
         environ.setdefault(name, value)
-
-
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether an exception from a Prefect call means the server did not answer (rather than refused
-    the request): a connection refused or cut, a timeout, a 5xx answer."""
-    import httpx
-
-    if isinstance(exc, (httpx.TransportError, TimeoutError, FutureTimeout, ConnectionError)):
-        return True
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if isinstance(status, int) and status >= 500:
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and is_unreachable(cause)
 
 
 class PrefectLink:

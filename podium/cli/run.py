@@ -295,6 +295,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
 
     progress.info("Prefect UI: %s", ui_url(api_url))
     from podium import prefect_api
+    from podium.outages import is_unreachable
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         if which == "run":
@@ -316,7 +317,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 finished_summary(config.run_name)
             except Exception as exc:
                 done = finished_summary(config.run_name)
-                unreachable = prefect_api.is_unreachable(exc)
+                unreachable = is_unreachable(exc)
                 # the run reached its end: its flow run ended Failed on purpose (the run did not do its work), or
                 # Prefect's engine could not record the flow run's final state
                 if done is None or not (unreachable or run_shortfall(done)):

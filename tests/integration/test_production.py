@@ -633,7 +633,7 @@ def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, te
     by_step = {int(e.resource["podium.step"]): e for e in events}
 
     # the trigger made exactly one flow run per event, with the event's checkpoint as typed parameters
-    validate_id = _deployment(f"validate-checkpoint/{VALIDATE}").id
+    validate_id = _deployment(f"validate-announced-checkpoint/{VALIDATE}").id
     deadline = time.monotonic() + 480
     while True:
         with get_client(sync_client=True) as client:
