@@ -11,8 +11,9 @@ serves them from this process instead (Prefect's `serve`): runs execute here.
 
 - nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
 - validate-on-event (validate-announced-checkpoint): one run per `podium.checkpoint.persisted` event that a
-  training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's run,
-  checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
+  training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's payload
+  (`podium.core.events.CheckpointPayload`: run, checkpoint URI, name, step, epoch, metrics, when it was
+  persisted) becomes the flow's typed `checkpoint` parameter.
 - promote-on-demand (promote-run): promotion of the run named in its `config`.
 
     python -m podium.deployments notify --notify-webhook URL     (or --notify-slack URL; also on deploy/serve)
@@ -56,25 +57,19 @@ WORK_POOL = "podium"
 
 
 def checkpoint_trigger() -> DeploymentEventTrigger:
-    """Fire once per checkpoint event that asks for validation, passing the checkpoint as parameters.
+    """Fire once per checkpoint event that asks for validation, passing its payload as the flow's `checkpoint`.
 
-    Each value is a single Jinja expression: Prefect renders it with `| tojson` and parses it back,
-    so `step` arrives as an int and `metrics` as a dict, and the flow's signature validates them.
+    The payload's schema is written once, `podium.core.events.CheckpointPayload`: the event carries it, and the
+    flow's `checkpoint` parameter is typed with it. The value is a single Jinja expression: Prefect renders it
+    with `| tojson` and parses it back, so the flow gets the payload's JSON (`step` an int, `metrics` a dict)
+    and its signature validates it.
     """
     return DeploymentEventTrigger(
         name="validate-announced-checkpoint",
         description="One validate-announced-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
         expect={EVENT_PERSISTED},
         match={"prefect.resource.id": "podium.checkpoint.*", VALIDATION_LABEL: VALIDATION_BY_DEPLOYMENT},
-        parameters={
-            "run_name": "{{ event.payload.run_name }}",
-            "checkpoint_uri": "{{ event.payload.checkpoint_uri }}",
-            "checkpoint_name": "{{ event.payload.checkpoint_name }}",
-            "step": "{{ event.payload.step }}",
-            "epoch": "{{ event.payload.epoch }}",
-            "metrics": "{{ event.payload.metrics }}",
-            "validation_requested": "{{ event.payload.validation_requested }}",
-        },
+        parameters={"checkpoint": "{{ event.payload }}"},
     )
 
 

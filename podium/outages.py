@@ -31,8 +31,9 @@ def is_unreachable(exc: BaseException) -> bool:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(status, int):
         return status >= 500  # an answer: a server error is no answer, a refusal (4xx) is one
-    transport = (TimeoutError, FutureTimeout, ConnectionError, *_loaded("httpx", "TransportError"),
-                 *_loaded("requests", "RequestException"))
+    transport: tuple[type[BaseException], ...] = (TimeoutError, FutureTimeout, ConnectionError,
+                                                  *_loaded("httpx", "TransportError"),
+                                                  *_loaded("requests", "RequestException"))
     if isinstance(exc, transport):
         return True
     if isinstance(exc, _loaded("mlflow.exceptions", "MlflowException")) and _TRANSPORT_FAILURE.match(
