@@ -7,6 +7,7 @@ answer, from a thread of its own, while the flow waits; `lineage`, `resume` and 
 - `resume`: what a resumed run changes
 - `train`: the Ray Train run
 - `validate`: one checkpoint's validation and its verdict
+- `verdicts`: a checkpoint's verdict carried out (recorded, a failure announced), for every flow that validates
 - `tracking`: recording checkpoints in MLflow
 - `lineage`: where a run and a model come from
 - `promote`: the promotion
