@@ -16,8 +16,8 @@ from prefect.runtime import flow_run
 from podium.config import PipelineConfig
 from podium.core.events import CheckpointPayload
 from podium.core.records import CheckpointRecord
+from podium.progress import say
 from podium.tasks.plan import plan_run_task
-from podium.tasks.report import say
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import connect_ray_task
 from podium.tasks.validate import validation_task

@@ -16,8 +16,8 @@ from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
 from podium.core.policy import unknown_policy_metrics
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+from podium.progress import say
 from podium.tasks.plan import RunPlan
-from podium.tasks.report import say
 from podium.tasks.retention import keep_best_checkpoints
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints

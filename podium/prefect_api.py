@@ -37,10 +37,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from podium.outages import is_unreachable
+from podium.progress import say
 from podium.services import prefect_health
 
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 T = TypeVar("T")
 
@@ -101,8 +101,8 @@ class PrefectLink:
         logger.warning("Prefect server %s stopped answering (%s): the run goes on; its Prefect records "
                        "(task runs, events, logs, artifacts) are held and sent if it answers again", self.api_url,
                        reason)
-        progress_logger.info("Prefect server %s does not answer: the run goes on without it (its records are "
-                             "sent if it comes back)", self.api_url)
+        say("Prefect server %s does not answer: the run goes on without it (its records are "
+            "sent if it comes back)", self.api_url)
 
     def mark_up(self) -> None:
         """The server answers again: send what was held."""
@@ -126,7 +126,7 @@ class PrefectLink:
         _nudge_events()
         logger.warning("Prefect server %s answers again after %.0f s: %d held artifact(s) and %d log line(s) sent, "
                        "events resent by Prefect's client", self.api_url, lasted, len(artifacts), len(logs))
-        progress_logger.info("Prefect server answers again after %.0f s: the run's records catch up", lasted)
+        say("Prefect server answers again after %.0f s: the run's records catch up", lasted)
 
     def probe(self, timeout: float = 2.0, misses_to_down: int = 1, slow_down_s: float | None = None) -> bool:
         """Ask /health once; mark the server up, or down after `misses_to_down` failed probes in a row

@@ -20,9 +20,9 @@ from pydantic import Field
 
 from podium.core.approval import Approval, answered, challenger_alias, timed_out, unasked, withdrawn
 from podium.core.numbers import format_number
+from podium.progress import say
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
-from podium.tasks.report import say
 from podium.tracking.client import TrackingRun
 
 logger = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from podium.core.approval import challenger_alias, withdrawn
+from podium.progress import say
 from podium.serving import layout
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.staged import staged_versions
@@ -41,7 +42,6 @@ from podium.tracking.registry import (
 )
 
 logger = logging.getLogger(__name__)
-say = logging.getLogger("podium.progress").info  # the progress lines (podium.tasks.report.say: it imports promotion)
 
 
 def claim_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> Location:

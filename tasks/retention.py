@@ -7,9 +7,9 @@ from collections.abc import Collection
 
 from podium.core.records import CheckpointRecord
 from podium.core.retention import checkpoints_to_delete
+from podium.progress import say
 from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
-from podium.tasks.report import say
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import mark_deleted
 

@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from podium.progress import say
+
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 RAY_RECONNECT_DEFAULT_S = 60.0
@@ -61,14 +62,13 @@ def watching_head(on_lost: Callable[[str], None]) -> Iterator[None]:
         while not done.wait(PROBE_S):
             if _answers(host, int(port), timeout_s=PROBE_S):
                 if down_since is not None:
-                    progress_logger.info("Ray's head at %s answers again", address)
+                    say("Ray's head at %s answers again", address)
                 down_since = None
                 continue
             now = time.monotonic()
             if down_since is None:
                 down_since = now
-                progress_logger.info("Ray's head at %s stopped answering; waiting up to %.0f s for it", address,
-                                     allowed_s)
+                say("Ray's head at %s stopped answering; waiting up to %.0f s for it", address, allowed_s)
             elif now - down_since >= allowed_s:
                 on_lost(f"Ray's head at {address} stopped answering (nothing for {now - down_since:.0f} s)")
                 return

@@ -4,7 +4,7 @@
    python/ray/train/v2/tests/test_circular_imports.py reads them): no cycle among podium's modules,
    and no module importing a layer above its own:
 
-       core <- config, settings, imports, outages <- adapters (storage, serving, tracking, Prefect, services, charts)
+       core <- config, settings, imports, outages, progress <- adapters (storage, serving, tracking, Prefect, services, charts)
             <- training <- tasks <- flows <- deployments, cli <- the public API (podium/__init__.py)
 
 2. What each module pulls in, imported alone in a fresh interpreter:
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the longest matching prefix gives a module's layer; a module may import its own layer or any below
 RANKS = {
     "podium.core": 0,
-    "podium.config": 1, "podium.settings": 1, "podium.imports": 1, "podium.outages": 1,
+    "podium.config": 1, "podium.settings": 1, "podium.imports": 1, "podium.outages": 1, "podium.progress": 1,
     "podium.storage": 2, "podium.serving": 2, "podium.tracking": 2, "podium.prefect_api": 2,
     "podium.prefect_events": 2, "podium.services": 2, "podium.charts": 2,
     "podium.training": 3,
@@ -209,6 +209,7 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.charts": (NOTHING_HEAVY, ["matplotlib"]),  # drawn wherever reports are made, never in a worker
     "podium.imports": (NOTHING_HEAVY, []),
     "podium.outages": (NOTHING_HEAVY | {"httpx", "requests"}, []),
+    "podium.progress": (NOTHING_HEAVY, []),
     "podium.settings": (NOTHING_HEAVY, ["pydantic_settings"]),
     # what a run asks of Ray, read by `podium run` before anything else loads: Ray core and the config only
     "podium.training.resources": ({"prefect", "mlflow", "torch"}, ["ray", "pydantic"]),
