@@ -55,7 +55,7 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
     return location
 
 
-def check_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
+def check_location_claim(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
     """`claim_location`'s refusals, read-only, for a command to say before it starts anything (the flow claims under
     the promotion lock again, for a run that no command started)."""
     found = read_location(serving)

@@ -210,12 +210,13 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
                        row_groups_read=total.row_groups_read)
 
 
+BATCH_ROWS = 65536  # rows a streaming pass over Parquet reads at a time
 RELEASE_AFTER_BYTES = 1 << 20  # iter_arrays gives memory back after each batch, or after batches this large in
 # all: a release costs about 10 ms, most of it faulting the pages in again (benchmarks/validation_memory.py)
 
 
 def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
-                batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                batch_rows: int = BATCH_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
     labels (int64). The files are read one after another, each with one batch read ahead, so memory does
     not grow with the dataset (a row group of the file being read is the largest thing held); after each

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 RAY_RECONNECT_DEFAULT_S = 60.0
 MARGIN_S = 15.0  # what podium keeps of Ray's window to end the run: records, states, the last line
-PROBE_S = 1.0
+HEAD_PROBE_S = 1.0
 
 
 def lost_after_s() -> float:
@@ -48,7 +48,7 @@ def _answers(host: str, port: int, timeout_s: float) -> bool:
 
 @contextlib.contextmanager
 def watching_head(on_lost: Callable[[str], None]) -> Iterator[None]:
-    """While the block runs, probe the connected cluster's GCS every PROBE_S; once it has not answered for
+    """While the block runs, probe the connected cluster's GCS every HEAD_PROBE_S; once it has not answered for
     `lost_after_s()`, call `on_lost(reason)` (once, from the watching thread)."""
     import ray
 
@@ -59,8 +59,8 @@ def watching_head(on_lost: Callable[[str], None]) -> Iterator[None]:
 
     def watch() -> None:
         down_since: float | None = None
-        while not done.wait(PROBE_S):
-            if _answers(host, int(port), timeout_s=PROBE_S):
+        while not done.wait(HEAD_PROBE_S):
+            if _answers(host, int(port), timeout_s=HEAD_PROBE_S):
                 if down_since is not None:
                     say("Ray's head at %s answers again", address)
                 down_since = None

@@ -195,13 +195,13 @@ def _check_serving_location(config: Any, tracking_uri: str) -> None:
     """Refuse, before anything runs, a promotion to a serving location that belongs to another registered model or
     alias, or under an alias another location of the model owns (podium.tasks.reconcile)."""
     from podium.serving.layout import ServingError
-    from podium.tasks.reconcile import check_location
+    from podium.tasks.reconcile import check_location_claim
     from podium.tracking.client import TrackingUnavailable
     from podium.tracking.registry import AliasTaken
 
     p = config.promotion
     try:
-        check_location(config.serving, tracking_uri, p.registered_model, p.alias)
+        check_location_claim(config.serving, tracking_uri, p.registered_model, p.alias)
     except (AliasTaken, ServingError) as exc:
         raise Refused(str(exc)) from None
     except TrackingUnavailable as exc:
