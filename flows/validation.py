@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import wait
@@ -228,7 +229,6 @@ class ValidationQueue:
         to finish and record their verdicts, then are cancelled. A validation that did not finish is
         no verdict: its checkpoint stays pending (never marked failed for the stop) and is validated
         when the run resumes. Returns the records left pending."""
-        import time
 
         left = [record for record, _ in self.pending] + list(self.stopped.values())
         self.pending.clear()

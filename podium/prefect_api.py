@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
+from uuid import UUID
 
 from podium.outages import is_unreachable
 from podium.progress import say
@@ -418,7 +419,6 @@ def paused_flow_run(run_name: str) -> str:
 
 def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
     """The parameters a flow run was started with (as Prefect keeps them: JSON)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
@@ -428,7 +428,6 @@ def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
 
 def flow_run_state(flow_run_id: str) -> str | None:
     """The name of a flow run's state (Paused, Running, ...)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
@@ -438,7 +437,6 @@ def flow_run_state(flow_run_id: str) -> str | None:
 
 def crash_flow_run(flow_run_id: str, message: str) -> None:
     """End a flow run whose process is gone as Crashed, saying why (Prefect cannot know: nothing reports for it)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
@@ -450,7 +448,6 @@ def crash_flow_run(flow_run_id: str, message: str) -> None:
 def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
     """Resume a paused flow run with the input its form asks for (RuntimeError when it cannot be resumed: it is
     no longer paused, its pause timed out, or the input does not fit its form)."""
-    from uuid import UUID
 
     from prefect.exceptions import FlowPauseTimeout, NotPausedError
     from prefect.flow_runs import resume_flow_run
@@ -586,7 +583,6 @@ def record_flow_end(flow_run_id: str | None, summary_line: str, failed: bool = F
         return False
 
     def record() -> bool:
-        from uuid import UUID
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.objects import State

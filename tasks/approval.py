@@ -13,9 +13,12 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
+from prefect.client.orchestration import get_client
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
+from prefect.states import Running
 from pydantic import Field
 
 from podium.core.approval import Approval, answered, challenger_alias, timed_out, unasked, withdrawn
@@ -94,7 +97,6 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         given = answer["input"]
         assert isinstance(given, ApprovalInput)
         return answered(given.decision, given.reason, given.by)
-    from prefect.exceptions import FlowPauseTimeout
 
     if isinstance(error, FlowPauseTimeout):
         resume_after_timeout(f"no decision within {p.approval_timeout_s:g} s: {p.approval_on_timeout}")
@@ -106,8 +108,6 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
 def resume_after_timeout(message: str) -> None:
     """Put a flow run whose pause timed out back to Running (Prefect's server fails an expired pause): the run
     goes on to record that nothing was promoted, and ends Completed."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Running
 
     try:
         with get_client(sync_client=True) as client:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 
+from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
 from podium.progress import say
 from podium.serving import layout
@@ -115,8 +116,6 @@ def _end_flow_run(flow_run_id: str, message: str) -> None:
     """End the flow run of a command that is gone as Crashed, if Prefect still shows it paused or running (nothing
     else would: no process reports for it). Best effort: Prefect mirrors, the serving location decides."""
     from prefect.settings import PREFECT_API_URL
-
-    from podium import prefect_api
 
     if not PREFECT_API_URL.value():  # no server to tell (Prefect's client would start a temporary one of its own)
         return

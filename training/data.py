@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -250,7 +251,6 @@ def release_freed_memory() -> None:
 @functools.cache
 def _malloc_trim() -> Any:
     """glibc's malloc_trim, or None (another C library, or no dlopen of the running program)."""
-    import ctypes
 
     try:
         return ctypes.CDLL(None).malloc_trim

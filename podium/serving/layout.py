@@ -40,6 +40,7 @@ CopySourceIfMatch. Only a copy that neither check covers is read back and hashed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
@@ -170,7 +171,6 @@ class ServingFull(ServingError):
 
 def is_disk_full(exc: BaseException) -> bool:
     """Whether an error is a full disk or an exhausted quota (ENOSPC, EDQUOT), also as the cause of another."""
-    import errno
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:

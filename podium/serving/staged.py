@@ -19,7 +19,7 @@ from typing import Any
 
 from podium.serving.layout import DISCARDED, MANIFEST, STAGED, ServingError, version_names
 from podium.storage.documents import read_json, write_json
-from podium.storage.locations import join, normalize_location
+from podium.storage.locations import fsspec_filesystem, join, normalize_location
 
 
 def process_started(pid: int) -> str | None:
@@ -59,7 +59,6 @@ def mark_staged(version_dir: str, mark: dict[str, Any]) -> None:
 
 def unmark_staged(version_dir: str) -> None:
     """The version was sealed: it is no longer staged."""
-    from podium.storage.locations import fsspec_filesystem
 
     fs, path = fsspec_filesystem(join(version_dir, STAGED))
     try:
