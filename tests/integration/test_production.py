@@ -507,7 +507,7 @@ def test_deployments_build_and_register_on_a_process_pool(team):
         assert trigger.match.get("podium.validation") == ["deployment"]  # as the server stores it
         (action,) = automations[0].actions
         assert action.deployment_id == deployments[VALIDATE].id
-        assert action.parameters["step"] == "{{ event.payload.step }}"
+        assert action.parameters == {"checkpoint": "{{ event.payload }}"}  # the payload whole: CheckpointPayload
         assert client.read_global_concurrency_limit_by_name(RECORD_LOCK).limit == 1
 
 
