@@ -10,9 +10,10 @@ registers them against PREFECT_API_URL on a process work pool (created if missin
 serves them from this process instead (Prefect's `serve`): runs execute here.
 
 - nightly-training (train-validate-promote): on a cron schedule, the whole pipeline.
-- validate-on-event (validate-checkpoint): one run per `podium.checkpoint.persisted` event that a
-  training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's run,
-  checkpoint URI, name, step, epoch and metrics become the flow's typed parameters.
+- validate-on-event (validate-announced-checkpoint): one run per `podium.checkpoint.persisted` event that a
+  training job outside the flow emitted through `podium.prefect_events.PrefectEventSink`; the event's payload
+  (`podium.core.events.CheckpointPayload`: run, checkpoint URI, name, step, epoch, metrics, when it was
+  persisted) becomes the flow's typed `checkpoint` parameter.
 - promote-on-demand (promote-run): promotion of the run named in its `config`.
 
     python -m podium.deployments notify --notify-webhook URL     (or --notify-slack URL; also on deploy/serve)
@@ -33,20 +34,28 @@ from datetime import timedelta
 from typing import Any, cast
 from uuid import UUID
 
+from prefect import serve
 from prefect.automations import Automation
 from prefect.blocks.abstract import NotificationBlock
 from prefect.blocks.notifications import CustomWebhookNotificationBlock, SlackWebhook
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
 from prefect.deployments.runner import RunnerDeployment
 from prefect.events import DeploymentEventTrigger, EventTrigger, Posture
 from prefect.events.actions import SendNotification
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.schedules import Cron
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.types.entrypoint import EntrypointType
+from prefect.workers.process import ProcessWorker
 
-from podium.config import PipelineConfig
+from podium.config import ConfigError, PipelineConfig, load_config
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
 from podium.flows.validate_announced import RECORD_LOCK, validate_announced_checkpoint
 from podium.prefect_events import EVENT_PERSISTED, NEWS_EVENTS, VALIDATION_BY_DEPLOYMENT, VALIDATION_LABEL
+from podium.services import ServiceError, ensure_prefect_server
+from podium.settings import PodiumSettings
 
 NIGHTLY = "nightly-training"
 NIGHTLY_KEEP_CHECKPOINTS = 3  # checkpoints.keep of the nightly deployment where the config sets none
@@ -56,25 +65,19 @@ WORK_POOL = "podium"
 
 
 def checkpoint_trigger() -> DeploymentEventTrigger:
-    """Fire once per checkpoint event that asks for validation, passing the checkpoint as parameters.
+    """Fire once per checkpoint event that asks for validation, passing its payload as the flow's `checkpoint`.
 
-    Each value is a single Jinja expression: Prefect renders it with `| tojson` and parses it back,
-    so `step` arrives as an int and `metrics` as a dict, and the flow's signature validates them.
+    The payload's schema is written once, `podium.core.events.CheckpointPayload`: the event carries it, and the
+    flow's `checkpoint` parameter is typed with it. The value is a single Jinja expression: Prefect renders it
+    with `| tojson` and parses it back, so the flow gets the payload's JSON (`step` an int, `metrics` a dict)
+    and its signature validates it.
     """
     return DeploymentEventTrigger(
         name="validate-announced-checkpoint",
-        description="One validate-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
+        description="One validate-announced-checkpoint run per checkpoint persisted by a job outside the pipeline flow.",
         expect={EVENT_PERSISTED},
         match={"prefect.resource.id": "podium.checkpoint.*", VALIDATION_LABEL: VALIDATION_BY_DEPLOYMENT},
-        parameters={
-            "run_name": "{{ event.payload.run_name }}",
-            "checkpoint_uri": "{{ event.payload.checkpoint_uri }}",
-            "checkpoint_name": "{{ event.payload.checkpoint_name }}",
-            "step": "{{ event.payload.step }}",
-            "epoch": "{{ event.payload.epoch }}",
-            "metrics": "{{ event.payload.metrics }}",
-            "validation_requested": "{{ event.payload.validation_requested }}",
-        },
+        parameters={"checkpoint": "{{ event.payload }}"},
     )
 
 
@@ -162,9 +165,6 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
 
 def ensure_record_lock() -> None:
     """Create the global concurrency limit that serializes record creation (see podium.flows.validate_announced)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
@@ -178,10 +178,6 @@ def ensure_record_lock() -> None:
 
 def ensure_work_pool(name: str) -> None:
     """Create a process work pool named `name` unless it exists."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-    from prefect.workers.process import ProcessWorker
 
     with get_client(sync_client=True) as client:
         try:
@@ -204,12 +200,7 @@ def register_deployments(deployments: list[RunnerDeployment], work_pool: str = W
 
 def main(argv: list[str] | None = None) -> None:
     """Register podium's deployments on a work pool, or serve them from this process."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    # local: `python -m podium.deployments --help` answers before the servers' clients load
-    from podium.config import ConfigError, load_config
-    from podium.services import ServiceError, ensure_prefect_server
-    from podium.settings import PodiumSettings
 
     parser = argparse.ArgumentParser(prog="python -m podium.deployments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,7 +240,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"registered on the Prefect server at {api_url}; for the prefect CLI in another shell: "
               f"export PREFECT_API_URL={api_url}")
         return
-    from prefect import serve
 
     # served runs execute in subprocesses of this one, in its environment
     os.environ.update({"PREFECT_API_URL": api_url, "PODIUM_HOME": str(settings.home_dir)})

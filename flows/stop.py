@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
+from podium.progress import say
+
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_GRACE_S = 30.0  # how long running validations may take to finish once a stop is asked for
@@ -164,9 +165,9 @@ def stop_on_signals() -> Iterator[StopRequest]:
             sys.stderr.flush()
             os._exit(exit_code(signum))
         STOP.request(signum)
-        progress_logger.info("%s: stopping cleanly (the record being written and the validations running finish "
-                             "first; %s again to stop at once)", signal.Signals(signum).name,
-                             "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+        say("%s: stopping cleanly (the record being written and the validations running finish "
+            "first; %s again to stop at once)", signal.Signals(signum).name,
+            "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:

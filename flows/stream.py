@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,7 +54,6 @@ class CheckpointStream:
     def stop_training(self, training: PrefectConcurrentFuture, timeout_s: float = 60.0) -> bool:
         """Abort training (the run is stopping) and wait up to `timeout_s` for its task to end. Checkpoints
         persisted so far stay for the resume. True if training has ended."""
-        import time
 
         deadline = time.monotonic() + timeout_s
         try:

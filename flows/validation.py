@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 from concurrent.futures import wait
@@ -16,22 +17,14 @@ from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
 from podium.core.policy import unknown_policy_metrics
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
-from podium.core.verdict import ValidationOutcome
-from podium.tasks.news import announce_failed_validation
+from podium.progress import say
 from podium.tasks.plan import RunPlan
-from podium.tasks.report import say
 from podium.tasks.retention import keep_best_checkpoints
 from podium.tasks.tracking import record_checkpoints_task
 from podium.tasks.train import missed_checkpoints
-from podium.tasks.validate import (
-    ReportArguments,
-    report_arguments,
-    validation_task,
-    verdict_after_validation,
-    verdict_before_validation,
-)
+from podium.tasks.validate import ReportArguments, report_arguments, validation_task
+from podium.tasks.verdicts import carry_out_before, carry_out_failure, carry_out_result
 from podium.tracking.client import TrackingRun, TrackingUnavailable
-from podium.tracking.records import record_verdict
 from podium.training.validation_call import (
     ValidationStopped,
     accept_validations,
@@ -87,16 +80,11 @@ class ValidationQueue:
         key = record.uri
         if key in self.done or key in self.running or any(r.uri == key for r, _ in self.pending):
             return
-        verdict = verdict_before_validation(self.plan, record, request)
+        verdict, settled = carry_out_before(self.plan, self.tracking, record, request)
         if verdict.validate:
             self.pending.append((record, report_arguments(self.plan, request)))
         else:
-            if verdict.to_record:
-                log = logger.warning if verdict.status == FAILED else logger.info
-                log("checkpoint step %d %s: %s", record.step, verdict.status, verdict.reason)
-            self.done[key] = record_verdict(self.tracking, record, verdict)
-            if verdict.status == FAILED:
-                announce_failed_validation(self.plan, self.done[key])
+            self.done[key] = settled
         self.pump()
 
     def catch_up(self, seen: set[str]) -> list[CheckpointRecord]:
@@ -120,23 +108,19 @@ class ValidationQueue:
             del self.running[key]
             try:
                 try:
-                    self.done[key] = future.result()
-                    if self.done[key].status == FAILED:  # the function raised, or returned no metrics
-                        announce_failed_validation(self.plan, self.done[key])
+                    self.done[key] = carry_out_result(self.plan, future.result())
                 except TrackingUnavailable:
                     raise  # validated, but the verdict could not be written
                 except BaseException as exc:  # the validation failed after its retries, or was stopped
                     stopped = self.stopping() or isinstance(exc, ValidationStopped)
-                    verdict = verdict_after_validation(self.plan, record, ValidationOutcome.raised(exc, stopped))
+                    verdict, settled = carry_out_failure(self.plan, self.tracking, record, exc, stopped)
                     if not verdict.to_record:
                         logger.info("validation of step %d ended with the stop (%s): it stays pending", record.step,
                                     type(exc).__name__)
                         self.stopped[key] = record
                         continue
-                    logger.warning("validation of step %d (%s) failed: %s", record.step, key, verdict.reason)
+                    self.done[key] = settled
                     self._say_failure(record, exc, verdict.reason or "")
-                    self.done[key] = record_verdict(self.tracking, record, verdict)
-                    announce_failed_validation(self.plan, self.done[key])
             except TrackingUnavailable as exc:
                 unreachable = unreachable or exc
                 self.unrecorded[key] = record
@@ -245,7 +229,6 @@ class ValidationQueue:
         to finish and record their verdicts, then are cancelled. A validation that did not finish is
         no verdict: its checkpoint stays pending (never marked failed for the stop) and is validated
         when the run resumes. Returns the records left pending."""
-        import time
 
         left = [record for record, _ in self.pending] + list(self.stopped.values())
         self.pending.clear()

@@ -35,11 +35,13 @@ from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
+from uuid import UUID
 
+from podium.outages import is_unreachable
+from podium.progress import say
 from podium.services import prefect_health
 
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 T = TypeVar("T")
 
@@ -57,23 +59,6 @@ def bound_client_settings(environ: MutableMapping[str, str]) -> None:
     unless the environment sets them already."""
     for name, value in CLIENT_DEFAULTS.items():
         environ.setdefault(name, value)
-
-
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether an exception from a Prefect call means the server did not answer (rather than refused
-    the request): a connection refused or cut, a timeout, a 5xx answer."""
-    import httpx
-
-    if isinstance(exc, (httpx.TransportError, TimeoutError, FutureTimeout, ConnectionError)):
-        return True
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if isinstance(status, int) and status >= 500:
-        return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and is_unreachable(cause)
 
 
 class PrefectLink:
@@ -117,8 +102,8 @@ class PrefectLink:
         logger.warning("Prefect server %s stopped answering (%s): the run goes on; its Prefect records "
                        "(task runs, events, logs, artifacts) are held and sent if it answers again", self.api_url,
                        reason)
-        progress_logger.info("Prefect server %s does not answer: the run goes on without it (its records are "
-                             "sent if it comes back)", self.api_url)
+        say("Prefect server %s does not answer: the run goes on without it (its records are "
+            "sent if it comes back)", self.api_url)
 
     def mark_up(self) -> None:
         """The server answers again: send what was held."""
@@ -142,7 +127,7 @@ class PrefectLink:
         _nudge_events()
         logger.warning("Prefect server %s answers again after %.0f s: %d held artifact(s) and %d log line(s) sent, "
                        "events resent by Prefect's client", self.api_url, lasted, len(artifacts), len(logs))
-        progress_logger.info("Prefect server answers again after %.0f s: the run's records catch up", lasted)
+        say("Prefect server answers again after %.0f s: the run's records catch up", lasted)
 
     def probe(self, timeout: float = 2.0, misses_to_down: int = 1, slow_down_s: float | None = None) -> bool:
         """Ask /health once; mark the server up, or down after `misses_to_down` failed probes in a row
@@ -434,7 +419,6 @@ def paused_flow_run(run_name: str) -> str:
 
 def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
     """The parameters a flow run was started with (as Prefect keeps them: JSON)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
@@ -444,7 +428,6 @@ def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
 
 def flow_run_state(flow_run_id: str) -> str | None:
     """The name of a flow run's state (Paused, Running, ...)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
@@ -454,7 +437,6 @@ def flow_run_state(flow_run_id: str) -> str | None:
 
 def crash_flow_run(flow_run_id: str, message: str) -> None:
     """End a flow run whose process is gone as Crashed, saying why (Prefect cannot know: nothing reports for it)."""
-    from uuid import UUID
 
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
@@ -466,7 +448,6 @@ def crash_flow_run(flow_run_id: str, message: str) -> None:
 def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
     """Resume a paused flow run with the input its form asks for (RuntimeError when it cannot be resumed: it is
     no longer paused, its pause timed out, or the input does not fit its form)."""
-    from uuid import UUID
 
     from prefect.exceptions import FlowPauseTimeout, NotPausedError
     from prefect.flow_runs import resume_flow_run
@@ -602,7 +583,6 @@ def record_flow_end(flow_run_id: str | None, summary_line: str, failed: bool = F
         return False
 
     def record() -> bool:
-        from uuid import UUID
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.objects import State

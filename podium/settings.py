@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -13,7 +14,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 def current_user() -> str:
     """Who runs this process, for the records that say who did something: the login name, or the uid for a
     container user without one."""
-    import getpass
 
     try:
         return getpass.getuser()

@@ -1,8 +1,23 @@
-"""Units of work: plain, typed functions that tests call directly, and the Prefect tasks around them.
+"""Units of work: typed functions that tests call without Prefect, and the Prefect tasks around them.
 
-- `plan`: the preflight, turned into a RunPlan; `resume`: what a resumed run changes
-- `train`: the Ray Train run; `validate`: one checkpoint's validation and its verdict
-- `tracking`: recording checkpoints in MLflow; `lineage`: where a run and a model come from
-- `promote`: the promotion, with `rescore` (the same-data gate) and `package` (the served model)
-- `report`: the Prefect artifacts people read; `rollback`: serving back one champion (the CLI's)
+Most are plain calls; some act on the flow run they belong to (`approval` pauses it for a person's
+answer, from a thread of its own, while the flow waits; `lineage`, `resume` and `promote` read it).
+
+- `plan`: the preflight, turned into a RunPlan
+- `resume`: what a resumed run changes
+- `train`: the Ray Train run
+- `validate`: one checkpoint's validation and its verdict
+- `verdicts`: a checkpoint's verdict carried out (recorded, a failure announced), for every flow that validates
+- `tracking`: recording checkpoints in MLflow
+- `lineage`: where a run and a model come from
+- `promote`: the promotion
+- `rescore`: the same-data gate (candidate and champion scored on the same data)
+- `policy`: the promotion policy's checks, with the numbers they need
+- `approval`: a person's approval of a candidate, the flow run paused for it
+- `package`: the served model, built at promotion
+- `retention`: storage keeps a run's best checkpoints
+- `reconcile`: the registry and the records brought back in line with the serving history
+- `rollback`: serving back one champion
+- `news`: what podium decided, as Prefect events
+- `report`: the Prefect artifacts people read
 """

@@ -13,16 +13,19 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
+from prefect.client.orchestration import get_client
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.runtime import flow_run
+from prefect.states import Running
 from pydantic import Field
 
 from podium.core.approval import Approval, answered, challenger_alias, timed_out, unasked, withdrawn
 from podium.core.numbers import format_number
+from podium.progress import say
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
-from podium.tasks.report import say
 from podium.tracking.client import TrackingRun
 
 logger = logging.getLogger(__name__)
@@ -94,7 +97,6 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         given = answer["input"]
         assert isinstance(given, ApprovalInput)
         return answered(given.decision, given.reason, given.by)
-    from prefect.exceptions import FlowPauseTimeout
 
     if isinstance(error, FlowPauseTimeout):
         resume_after_timeout(f"no decision within {p.approval_timeout_s:g} s: {p.approval_on_timeout}")
@@ -106,8 +108,6 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
 def resume_after_timeout(message: str) -> None:
     """Put a flow run whose pause timed out back to Running (Prefect's server fails an expired pause): the run
     goes on to record that nothing was promoted, and ends Completed."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Running
 
     try:
         with get_client(sync_client=True) as client:

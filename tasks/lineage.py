@@ -17,6 +17,9 @@ from uuid import UUID
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
 
 from podium import prefect_api
 from podium.core.promotion import Decision
@@ -52,7 +55,6 @@ def describe_start(created_by: Any, schedules: list[Any]) -> tuple[str, str]:
 
 def _started_by(flow_run_id: str, deployment_id: str) -> tuple[str, str]:
     """(what started the flow run, the schedule if it was one), from the Prefect API."""
-    from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         created_by = client.read_flow_run(UUID(flow_run_id)).created_by
@@ -62,8 +64,6 @@ def _started_by(flow_run_id: str, deployment_id: str) -> tuple[str, str]:
 
 def prefect_lineage() -> dict[str, str]:
     """The current Prefect flow run (id, name, URL), and the deployment and schedule that started it."""
-    from prefect.runtime import flow_run
-    from prefect.utilities.urls import url_for
 
     try:
         flow_run_id = flow_run.id

@@ -16,12 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from podium.core.records import CheckpointRecord
 from podium.imports import Preload
 from podium.serving.staging import list_objects
 from podium.storage.locations import is_remote
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun
+from podium.tracking.models import package_model, package_python_model
 from podium.training.data import open_dataset
 from podium.training.promoted import fetch_folder
 
@@ -59,7 +62,6 @@ def _features(plan: RunPlan, facts: dict[str, Any]) -> tuple[list[dict[str, str]
 
     Without readable validation data (a plan built by hand) the checkpoint's own feature list is used,
     typed `double`, with rows of zeros as the example."""
-    import pandas as pd
 
     columns = list(plan.data_facts.get("feature_columns") or facts.get("feature_columns") or [])
     if not columns:
@@ -91,8 +93,6 @@ def preload_packaging() -> None:
 
 def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, workdir: str) -> ServedModel:
     """Build the served model of `record`'s checkpoint in `workdir` (see the module's docstring)."""
-    # local: MLflow's model flavours and torch load only at promotion
-    from podium.tracking.models import package_model, package_python_model
     _EXPORT.wait()  # the modules it loads are not loaded from two threads at once
     from podium.training.export import load_servable, num_outputs, write_model_folder  # torch loads here, not at import
 

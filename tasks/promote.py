@@ -25,6 +25,7 @@ from podium.serving import layout, staging
 from podium.serving.location import ensure_location
 from podium.serving.staged import this_process, unmark_staged
 from podium.settings import current_user
+from podium.storage.documents import write_json
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
@@ -342,7 +343,7 @@ def record_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcom
 
 
 def _write_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome, stamp: str) -> None:
-    layout.write_json(join(normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
+    write_json(join(normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
                    {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "at": time.time(),
                     **outcome.model_dump(mode="json")})
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 
+from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
+from podium.progress import say
 from podium.serving import layout
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.staged import staged_versions
@@ -41,7 +43,6 @@ from podium.tracking.registry import (
 )
 
 logger = logging.getLogger(__name__)
-say = logging.getLogger("podium.progress").info  # the progress lines (podium.tasks.report.say: it imports promotion)
 
 
 def claim_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> Location:
@@ -55,7 +56,7 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
     return location
 
 
-def check_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
+def check_location_claim(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
     """`claim_location`'s refusals, read-only, for a command to say before it starts anything (the flow claims under
     the promotion lock again, for a run that no command started)."""
     found = read_location(serving)
@@ -115,8 +116,6 @@ def _end_flow_run(flow_run_id: str, message: str) -> None:
     """End the flow run of a command that is gone as Crashed, if Prefect still shows it paused or running (nothing
     else would: no process reports for it). Best effort: Prefect mirrors, the serving location decides."""
     from prefect.settings import PREFECT_API_URL
-
-    from podium import prefect_api
 
     if not PREFECT_API_URL.value():  # no server to tell (Prefect's client would start a temporary one of its own)
         return

@@ -28,17 +28,11 @@ from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tr
 from podium.tracking.runs import tag_outcome
 
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 
 def artifact_key(run_name: str, what: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only."""
     return re.sub(r"[^a-z0-9-]+", "-", f"{run_name}-{what}".lower()).strip("-")
-
-
-def say(message: str, *args: object) -> None:
-    """A progress line for the terminal (the CLI shows podium.progress) and the run's log."""
-    progress_logger.info(message, *args)
 
 
 def _fmt(v: float | None) -> str:

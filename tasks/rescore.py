@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from podium.core import records
-from podium.core.comparison import RESCORED, STORED, VALIDATED, Comparison, Measure, needs_rescore, rescored, short
+from podium.core.comparison import AT_VALIDATION, RESCORED, STORED, Comparison, Measure, needs_rescore, rescored, short
 from podium.core.policy import Check, check_to_dict
 from podium.core.promotion import Decision, apply_checks, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
@@ -123,7 +123,7 @@ def decide_on_same_data(plan: RunPlan, tracking: TrackingRun, best: CheckpointRe
             decision = apply_checks(decision, checks, p.always)
         return finish(decision)
     candidate = Measure(f"step {best.step}", best.metrics[p.metric], best.val_digest,
-                        VALIDATED if best.val_digest == digest else STORED)
+                        AT_VALIDATION if best.val_digest == digest else STORED)
     comparison = Comparison(p.metric, data.uri, digest, candidate)
     current = layout.read_current(plan.serving) if champion is not None else None
     compared = (champion is not None and current is not None and not p.always and champion.source != best.uri

@@ -16,15 +16,21 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import UUID
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+from prefect.states import Crashed
 
+from podium import prefect_api
 from podium.config import ConfigError
-from podium.serving.layout import ServingError, read_json, write_json
+from podium.storage.documents import DocumentError, read_json, write_json
 from podium.storage.locations import join
 from podium.tasks.plan import RunPlan
-from podium.tracking.runs import flatten_params
+from podium.tracking.client import TAG_FLOW_RUN, TrackingUnavailable, resolve_tracking_uri
+from podium.tracking.runs import find_tracking_run, flatten_params, run_tags
 from podium.training import raytrain
 
 logger = logging.getLogger(__name__)
@@ -75,7 +81,7 @@ def check_resume(plan: RunPlan) -> Resume | None:
     latest = max(persisted, key=lambda e: e.step)
     try:
         before = read_json(_record(plan))
-    except ServingError as exc:
+    except DocumentError as exc:
         raise ConfigError(f"run {plan.run_name!r}: {exc}; remove it to resume without comparing settings") from None
     if before is None:
         logger.info("run %s has checkpoints but no record of its settings (%s): they are not compared",
@@ -118,14 +124,8 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
     run Running: mark it Crashed, saying so. The earlier attempt is the flow run the MLflow run names
     (tag `podium.prefect_flow_run_id`); returns its id if it was marked. Bounded and skipped while the Prefect
     server does not answer (podium.prefect_api)."""
-    from uuid import UUID
 
-    from prefect.runtime import flow_run
 
-    # local: Prefect's client and MLflow load only when a resume is checked (`podium run`'s start-up)
-    from podium import prefect_api
-    from podium.tracking.client import TAG_FLOW_RUN, TrackingUnavailable, resolve_tracking_uri
-    from podium.tracking.runs import find_tracking_run, run_tags
 
     try:
         earlier = run_tags(find_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name)).get(TAG_FLOW_RUN)
@@ -135,8 +135,6 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
         return None
 
     def mark() -> bool:
-        from prefect.client.orchestration import get_client
-        from prefect.states import Crashed
 
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(UUID(earlier)).state

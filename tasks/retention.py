@@ -7,11 +7,14 @@ from collections.abc import Collection
 
 from podium.core.records import CheckpointRecord
 from podium.core.retention import checkpoints_to_delete
+from podium.progress import say
+from podium.serving.layout import read_history
+from podium.serving.staged import staged_versions
 from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
-from podium.tasks.report import say
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import mark_deleted
+from podium.tracking.registry import location_uris
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +49,6 @@ def served_checkpoints(plan: RunPlan, tracking_uri: str | None = None) -> set[st
     version in the history of the run's serving location and of every other location of its registered model
     (a rollback makes any earlier champion current again, and the gate re-scores the champion from its
     checkpoint), and the source of a candidate awaiting approval."""
-    from podium.serving.layout import read_history
-    from podium.serving.staged import staged_versions
-    from podium.tracking.registry import location_uris
 
     if plan.config.checkpoints.keep is None:
         return set()

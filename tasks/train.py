@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -18,6 +19,7 @@ from podium.storage.locations import fsspec_filesystem, is_remote, join, normali
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
 from podium.training import cluster, ingest
 from podium.training.resources import required_cpus, warm_up_of, worker_import_paths
+from podium.training.stats import compute_data_stats
 
 # podium.training.raytrain (Ray Train, ray.data, pandas) is imported where it is used: `podium run` calls
 # podium.training.resources.start_ray_early and then loads other libraries while Ray starts in a background thread,
@@ -27,7 +29,6 @@ from podium.training.resources import required_cpus, warm_up_of, worker_import_p
 def check_resources(plan: RunPlan) -> None:
     """Fail before training if the Ray cluster cannot ever fit a training worker group with its data
     reading (data_cpus), or one validation."""
-    import ray
 
     cfg = plan.config
     total = ray.cluster_resources()
@@ -69,8 +70,6 @@ def stats_location(plan: RunPlan) -> str:
 def load_or_compute_stats(plan: RunPlan) -> dict[str, Any]:
     """The training data's statistics saved with this run, or, the first time, one streaming pass over
     it whose result is saved. A resumed run keeps the numbers its checkpoints were trained with."""
-    # local: Ray Data loads only when the statistics are computed (a resumed run reads them back)
-    from podium.training.stats import compute_data_stats
 
     uri = stats_location(plan)
     fs, path = fsspec_filesystem(uri)
@@ -220,7 +219,6 @@ PREWARM_WAIT_S = 15.0
 def connect_ray(plan: RunPlan) -> None:
     """Connect to the Ray cluster (RAY_ADDRESS) or start a local one sized for training plus validation,
     and warm up the validation workers before training starts (or take what `start_ray_early` started)."""
-    import ray
 
     warm_up = warm_up_of(plan.config)
     warm = cluster.take_started(warm_up)

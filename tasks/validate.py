@@ -95,9 +95,9 @@ def validate_and_record(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
     return record_verdict(tracking, record, verdict, None if arguments else plan.data.get("val"))
 
 
-@task(name="validate-checkpoint", cache_policy=NO_CACHE)
-def validate_checkpoint_task(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord,
-                        arguments: ReportArguments | None = None) -> CheckpointRecord:
+@task(name="validate-and-record", cache_policy=NO_CACHE)
+def validate_and_record_task(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord,
+                             arguments: ReportArguments | None = None) -> CheckpointRecord:
     """Validate one checkpoint on Ray and record its metrics in MLflow (retried per the config)."""
     return validate_and_record(plan, tracking, record, arguments)
 
@@ -112,7 +112,7 @@ def retry_unless_tracking_down(task: Any, task_run: Any, state: Any) -> bool:
 def validation_task(plan: RunPlan, record: CheckpointRecord):
     """The validation task for one checkpoint, named after its step, with the configured retries."""
     v = plan.config.validation
-    return validate_checkpoint_task.with_options(
+    return validate_and_record_task.with_options(
         task_run_name=f"validate-step-{record.step}", retries=v.retries, retry_delay_seconds=v.retry_delay_s,
         retry_condition_fn=retry_unless_tracking_down,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -210,12 +211,13 @@ def inspect_dataset(uri: str, label_column: str, feature_columns: list[str] | No
                        row_groups_read=total.row_groups_read)
 
 
+BATCH_ROWS = 65536  # rows a streaming pass over Parquet reads at a time
 RELEASE_AFTER_BYTES = 1 << 20  # iter_arrays gives memory back after each batch, or after batches this large in
 # all: a release costs about 10 ms, most of it faulting the pages in again (benchmarks/validation_memory.py)
 
 
 def iter_arrays(uri: str, label_column: str, feature_columns: list[str],
-                batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                batch_rows: int = BATCH_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The dataset in batches of at most `batch_rows` rows: features (float32, rows x features) and
     labels (int64). The files are read one after another, each with one batch read ahead, so memory does
     not grow with the dataset (a row group of the file being read is the largest thing held); after each
@@ -249,7 +251,6 @@ def release_freed_memory() -> None:
 @functools.cache
 def _malloc_trim() -> Any:
     """glibc's malloc_trim, or None (another C library, or no dlopen of the running program)."""
-    import ctypes
 
     try:
         return ctypes.CDLL(None).malloc_trim

@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from podium.progress import say
+
 logger = logging.getLogger(__name__)
-progress_logger = logging.getLogger("podium.progress")
 
 RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 RAY_RECONNECT_DEFAULT_S = 60.0
 MARGIN_S = 15.0  # what podium keeps of Ray's window to end the run: records, states, the last line
-PROBE_S = 1.0
+HEAD_PROBE_S = 1.0
 
 
 def lost_after_s() -> float:
@@ -47,7 +48,7 @@ def _answers(host: str, port: int, timeout_s: float) -> bool:
 
 @contextlib.contextmanager
 def watching_head(on_lost: Callable[[str], None]) -> Iterator[None]:
-    """While the block runs, probe the connected cluster's GCS every PROBE_S; once it has not answered for
+    """While the block runs, probe the connected cluster's GCS every HEAD_PROBE_S; once it has not answered for
     `lost_after_s()`, call `on_lost(reason)` (once, from the watching thread)."""
     import ray
 
@@ -58,17 +59,16 @@ def watching_head(on_lost: Callable[[str], None]) -> Iterator[None]:
 
     def watch() -> None:
         down_since: float | None = None
-        while not done.wait(PROBE_S):
-            if _answers(host, int(port), timeout_s=PROBE_S):
+        while not done.wait(HEAD_PROBE_S):
+            if _answers(host, int(port), timeout_s=HEAD_PROBE_S):
                 if down_since is not None:
-                    progress_logger.info("Ray's head at %s answers again", address)
+                    say("Ray's head at %s answers again", address)
                 down_since = None
                 continue
             now = time.monotonic()
             if down_since is None:
                 down_since = now
-                progress_logger.info("Ray's head at %s stopped answering; waiting up to %.0f s for it", address,
-                                     allowed_s)
+                say("Ray's head at %s stopped answering; waiting up to %.0f s for it", address, allowed_s)
             elif now - down_since >= allowed_s:
                 on_lost(f"Ray's head at {address} stopped answering (nothing for {now - down_since:.0f} s)")
                 return

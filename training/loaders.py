@@ -25,6 +25,8 @@ from typing import Any
 
 from torch import nn
 
+from podium.training.sharded import load_sharded
+
 LIGHTNING_CHECKPOINT = "checkpoint.ckpt"  # ray.train.lightning.RayTrainReportCallback.CHECKPOINT_NAME
 TRANSFORMERS_CHECKPOINT = "checkpoint"  # ray.train.huggingface.transformers.RayTrainReportCallback.CHECKPOINT_NAME
 
@@ -89,6 +91,5 @@ def transformers(checkpoint_dir: str, model_class: type | None = None) -> nn.Mod
 
 def sharded(checkpoint_dir: str, model_class: type) -> nn.Module:
     """`model_class()` with the state dict of a DCP sharded checkpoint, consolidated in this process."""
-    from podium.training.sharded import load_sharded
 
     return load_sharded(checkpoint_dir, model_class)

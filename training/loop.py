@@ -24,6 +24,7 @@ from podium.training.checkpoint import CheckpointMeta, load_training_state, save
 from podium.training.ingest import TRAIN, chunk_rows, steps_per_epoch
 from podium.training.model import ModelSpec, build_model
 from podium.training.preprocessing import FeatureStats
+from podium.training.stats import compute_data_stats
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -175,8 +176,6 @@ def _feature_stats(config: dict[str, Any]) -> FeatureStats:
             raise ValueError(f"feature_stats are for columns {stats.columns}, the loop trains on "
                              f"{config['feature_columns']}")
         return stats
-    # local: Ray Data loads only where a loop must compute the statistics itself
-    from podium.training.stats import compute_data_stats
 
     return FeatureStats.from_dict(compute_data_stats(config["train_data"], list(config["feature_columns"])).to_dict())
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-BATCH_ROWS = 65536
+from podium.training.data import BATCH_ROWS
+from podium.training.stats import scan_stats
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,4 @@ class FeatureStats:
 def compute_feature_stats(dataset: pads.Dataset, columns: list[str], batch_rows: int = BATCH_ROWS) -> FeatureStats:
     """Mean and scale of each feature column of `dataset`, reading `batch_rows` rows at a time (the
     in-process pass of `podium.training.stats`, where the arithmetic lives)."""
-    # local: the statistics' Ray Data side loads only where the in-process pass is asked for
-    from podium.training.stats import scan_stats
-
     return FeatureStats.from_dict(scan_stats(dataset, columns, batch_rows).to_dict())

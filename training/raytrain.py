@@ -45,6 +45,7 @@ from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the n
     code_roots,
     ensure_ray,
 )
+from podium.training.ingest import dataset_config, podium_data_context, read_parquet_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -324,8 +325,6 @@ def fit(
     Every worker runs podium's ReportCapture, so reports' `validation=` reach the announcer."""
     from ray.train.torch import TorchTrainer  # torch loads here, in the process that trains, not on import
 
-    # local: Ray Data loads in the process that trains, with TorchTrainer above
-    from podium.training.ingest import dataset_config, podium_data_context, read_parquet_dataset
 
     forget_deleted_checkpoints(storage, run_name)  # a resume after checkpoints.keep deleted some
     fs, path = arrow_filesystem(storage)

@@ -21,12 +21,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from podium.storage.locations import fsspec_filesystem
-from podium.training.data import open_dataset
+from podium.training.data import BATCH_ROWS, open_dataset
 from podium.training.ingest import podium_data_context, read_cpus, read_parquet_dataset
 
 PARTS = ("count", "mean", "m2", "min", "max")
 IN_PROCESS_BYTES = 256 << 20  # Parquet bytes below which one process reads it faster than a Ray Data job starts
-BATCH_ROWS = 65536
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ DEFINED_IN = {
     "PipelineConfig": ["podium.config"],
     "train_validate_promote": ["podium.flows.pipeline"],
     "promote_run": ["podium.flows.promote"],
-    "load_promoted_model": ["podium.serving.load"],
+    "load_promoted_model": ["podium.training.promoted"],
     "CheckpointAnnouncer": ["podium.training.raytrain"],
-    "PrefectEventSink": ["podium.prefect_events", "podium.tasks.events"],
+    "PrefectEventSink": ["podium.prefect_events"],
     "validate_checkpoint": ["podium.training.validate"],
 }
 

@@ -195,13 +195,13 @@ def _check_serving_location(config: Any, tracking_uri: str) -> None:
     """Refuse, before anything runs, a promotion to a serving location that belongs to another registered model or
     alias, or under an alias another location of the model owns (podium.tasks.reconcile)."""
     from podium.serving.layout import ServingError
-    from podium.tasks.reconcile import check_location
+    from podium.tasks.reconcile import check_location_claim
     from podium.tracking.client import TrackingUnavailable
     from podium.tracking.registry import AliasTaken
 
     p = config.promotion
     try:
-        check_location(config.serving, tracking_uri, p.registered_model, p.alias)
+        check_location_claim(config.serving, tracking_uri, p.registered_model, p.alias)
     except (AliasTaken, ServingError) as exc:
         raise Refused(str(exc)) from None
     except TrackingUnavailable as exc:
@@ -295,6 +295,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
 
     progress.info("Prefect UI: %s", ui_url(api_url))
     from podium import prefect_api
+    from podium.outages import is_unreachable
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         if which == "run":
@@ -316,7 +317,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 finished_summary(config.run_name)
             except Exception as exc:
                 done = finished_summary(config.run_name)
-                unreachable = prefect_api.is_unreachable(exc)
+                unreachable = is_unreachable(exc)
                 # the run reached its end: its flow run ended Failed on purpose (the run did not do its work), or
                 # Prefect's engine could not record the flow run's final state
                 if done is None or not (unreachable or run_shortfall(done)):

@@ -3,8 +3,12 @@
 - `records`: a checkpoint's record and its statuses, the champion
 - `events`: what a checkpoint announcement carries, what a report asked of validation, what a validation returned
 - `verdict`: a checkpoint's verdict, decided by one function (`decide_verdict`)
+- `early_stop`: when training stops early, from the verdicts in step order
+- `retention`: which checkpoints storage keeps when a run keeps only some
 - `promotion`: the best checkpoint and the promotion decision
+- `policy`: the promotion policy's thresholds, guards and confidence, checked on a candidate
 - `comparison`: which numbers a promotion compared, on which data (the same-data gate)
+- `approval`: a person's decision on a candidate awaiting approval, and what no decision in time means
 - `numbers`: finite or not, listed for people
 - `failures`: failure reasons as people read them
 - `redaction`: credentials kept out of messages, logs and records

@@ -15,7 +15,7 @@ from typing import Any
 
 from podium.core.numbers import format_number
 
-VALIDATED = "validated"  # measured when its checkpoint was validated, on the current data
+AT_VALIDATION = "validated"  # measured when its checkpoint was validated, on the current data
 RESCORED = "re-scored"  # measured again, on the current data, for this comparison
 STORED = "stored"  # the number kept from before, measured on other (or unknown) data
 

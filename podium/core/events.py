@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 
@@ -49,22 +50,46 @@ class CheckpointEvent:
         """True when this report persisted a checkpoint."""
         return self.checkpoint_uri is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serializable) for event payloads: the validation request's `fn_kwargs`
-        stay out (they may hold a dataset); whether validation was requested goes in (None: not stated,
-        validated by default)."""
-        out = asdict(replace(self, validation=None))
-        del out["validation"]
-        out["validation_requested"] = self.validation.requested if self.validation is not None else None
-        return out
+    def payload(self) -> CheckpointPayload:
+        """What an event about this checkpoint carries (CheckpointPayload)."""
+        return CheckpointPayload(
+            run_name=self.run_name, step=self.step, metrics=dict(self.metrics), checkpoint_uri=self.checkpoint_uri,
+            checkpoint_name=self.checkpoint_name, epoch=self.epoch, persisted_at=self.persisted_at,
+            validation_requested=self.validation.requested if self.validation is not None else None)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CheckpointEvent:
-        """Inverse of to_dict (without the request's `fn_kwargs`)."""
-        data = dict(data)
-        requested = data.pop("validation_requested", None)
-        request = None if requested is None else ValidationRequest(requested=requested, stated=True)
-        return cls(**data, validation=request)
+    def to_dict(self) -> dict[str, Any]:
+        """The payload as a plain dict (JSON-serializable), as a Prefect event carries it."""
+        return asdict(self.payload())
+
+
+@dataclass(frozen=True)
+class CheckpointPayload:
+    """A checkpoint announcement as it travels in JSON: the payload of a `podium.checkpoint.persisted` event, the
+    deployment trigger's parameter built from it, and the validate-announced-checkpoint flow's parameter. The
+    schema is written here once; the trigger and the flow take it whole.
+
+    It is the CheckpointEvent without what JSON cannot carry: the validation request's `fn_kwargs` stay out (they
+    may hold a dataset); whether validation was requested goes in (None: not stated, validated by default).
+    JSON has no NaN: a metric that was not finite arrives as null (None)."""
+
+    run_name: str
+    step: int
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    checkpoint_uri: str | None = None
+    checkpoint_name: str | None = None
+    epoch: int | None = None
+    persisted_at: float | None = None  # None: not known (an event written by hand)
+    validation_requested: bool | None = None
+
+    def event(self) -> CheckpointEvent:
+        """The CheckpointEvent it announces (without the request's `fn_kwargs`); a null metric is NaN."""
+        request = None if self.validation_requested is None else ValidationRequest(self.validation_requested,
+                                                                                    stated=True)
+        return CheckpointEvent(
+            run_name=self.run_name, step=self.step, checkpoint_uri=self.checkpoint_uri,
+            metrics={k: math.nan if v is None else float(v) for k, v in self.metrics.items()},
+            checkpoint_name=self.checkpoint_name, epoch=self.epoch, validation=request,
+            **({"persisted_at": self.persisted_at} if self.persisted_at is not None else {}))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
-"""The serving location: immutable versions with manifests, one CURRENT pointer, the history; loading the champion.
+"""The serving location: immutable versions with manifests, one CURRENT pointer, the history.
 
-- `layout`: the folder layout, the pointer, versions and history (atomic JSON documents)
+- `layout`: the folder layout, the pointer, versions and history
+- `history`: the promotion history read as a lineage of champions (pure)
+- `location`: the location's identity: which registered model it promotes, under which alias
 - `staging`: a new version's copy, hashed once and verified, inside the store where it can
-- `load`: the champion as a model, checked against its manifest
+- `staged`: versions being staged, and whether the process staging them is still there to finish them
+- `tabular`: the served classifier (a torch graph and what feeds it), as MLflow's pyfunc loads it
 """

@@ -40,11 +40,11 @@ CopySourceIfMatch. Only a copy that neither check covers is read back and hashed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from podium.serving.history import Lineage, lineage_of, parse_switch
+from podium.storage.documents import read_json, write_json
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
 
 POINTER = "CURRENT"
@@ -123,49 +124,6 @@ def safe_relpath(rel: str) -> str:
     return norm
 
 
-def write_json(uri: str, doc: dict[str, Any]) -> None:
-    """Write a JSON document so that readers see the old content or the new, never a partial file.
-
-    Locally: a temporary file in the same folder, then an atomic rename. On an object
-    store a single PUT is already atomic.
-    """
-    data = json.dumps(doc, indent=2, sort_keys=True).encode()
-    if is_remote(uri):
-        fs, path = fsspec_filesystem(uri)
-        fs.pipe_file(path, data)
-        return
-    path = normalize_location(uri)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def read_json(uri: str) -> dict[str, Any] | None:
-    """Read a JSON document (an object), or None if it does not exist; ServingError if it is not one."""
-    fs, path = fsspec_filesystem(uri)
-    try:
-        # one GET: no size from an earlier listing can cut a document another process rewrote
-        data = fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ServingError(f"{uri} is not valid JSON (truncated or corrupt?): {exc}") from None
-    if not isinstance(doc, dict):
-        raise ServingError(f"{uri} is corrupt: expected a JSON object, found a {type(doc).__name__}")
-    return doc
-
-
 def version_names(serving: str) -> list[str]:
     """Every version number taken at the location (complete, staged or discarded), in order."""
     fs, root = fsspec_filesystem(join(serving, "versions"))
@@ -213,7 +171,6 @@ class ServingFull(ServingError):
 
 def is_disk_full(exc: BaseException) -> bool:
     """Whether an error is a full disk or an exhausted quota (ENOSPC, EDQUOT), also as the cause of another."""
-    import errno
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -232,7 +189,7 @@ def discard_version(version_dir: str, why: str = "its copy did not complete") ->
     fs, root = fsspec_filesystem(version_dir)
     root = root.rstrip("/")
     try:
-        staged = read_json(join(version_dir, STAGED)) or {}
+        staged = read_json(join(version_dir, STAGED), ServingError) or {}
     except ServingError:
         staged = {}
     tombstone = json.dumps({"version": posixpath.basename(root), "version_uid": staged.get("version_uid"),
@@ -272,7 +229,7 @@ def seal_version(serving: str, version: PromotedVersion) -> None:
 
 def read_pointer(serving: str) -> dict[str, Any] | None:
     """The CURRENT pointer document (version, previous, reason), or None before the first promotion."""
-    return read_json(join(normalize_location(serving), POINTER))
+    return read_json(join(normalize_location(serving), POINTER), ServingError)
 
 
 def read_version(serving: str, version: str) -> PromotedVersion | None:
@@ -280,7 +237,7 @@ def read_version(serving: str, version: str) -> PromotedVersion | None:
     if not VERSION_RE.match(str(version)):
         raise ServingError(f"{serving}: {version!r} is not a version name like 'v000001'")
     serving = normalize_location(serving)
-    manifest = read_json(join(serving, "versions", version, MANIFEST))
+    manifest = read_json(join(serving, "versions", version, MANIFEST), ServingError)
     if manifest is None:
         return None
     return PromotedVersion(version=version, uri=join(serving, "versions", version, content_of(manifest)),
@@ -326,7 +283,7 @@ def switch_current(serving: str, version: PromotedVersion, reason: str, *, actio
     version it withdrew (a rollback's), and what started it (`origin`: the flow run or command,
     user, host); `podium.serving.history` reads the lineage of champions back from these."""
     serving = normalize_location(serving)
-    if read_json(join(serving, "versions", version.version, MANIFEST)) is None:
+    if read_json(join(serving, "versions", version.version, MANIFEST), ServingError) is None:
         raise ServingError(f"{serving}: version {version.version} is incomplete (no {MANIFEST})")
     previous = read_current(serving)
     pointer = {"version": version.version, "switched_at": time.time(),
@@ -348,7 +305,7 @@ def read_history(serving: str) -> list[dict[str, Any]]:
         paths = sorted(fs.ls(root, detail=False))
     except FileNotFoundError:
         return []
-    return [doc for p in paths if p.endswith(".json") and (doc := read_json(_uri_for(serving, p)))]
+    return [doc for p in paths if p.endswith(".json") and (doc := read_json(_uri_for(serving, p), ServingError))]
 
 
 def read_lineage(serving: str) -> Lineage:

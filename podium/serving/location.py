@@ -18,7 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from podium.serving.layout import LOCATION, ServingError, read_json
+from podium.serving.layout import LOCATION, ServingError
+from podium.storage.documents import read_json
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
 
 
@@ -35,7 +36,7 @@ class Location:
 def read_location(serving: str) -> Location | None:
     """The location's identity, or None before its first promotion."""
     serving = normalize_location(serving)
-    doc = read_json(join(serving, LOCATION))
+    doc = read_json(join(serving, LOCATION), ServingError)
     if doc is None:
         return None
     try:

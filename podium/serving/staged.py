@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from podium.serving.layout import DISCARDED, MANIFEST, STAGED, read_json, version_names, write_json
-from podium.storage.locations import join, normalize_location
+from podium.serving.layout import DISCARDED, MANIFEST, STAGED, ServingError, version_names
+from podium.storage.documents import read_json, write_json
+from podium.storage.locations import fsspec_filesystem, join, normalize_location
 
 
 def process_started(pid: int) -> str | None:
@@ -58,7 +59,6 @@ def mark_staged(version_dir: str, mark: dict[str, Any]) -> None:
 
 def unmark_staged(version_dir: str) -> None:
     """The version was sealed: it is no longer staged."""
-    from podium.storage.locations import fsspec_filesystem
 
     fs, path = fsspec_filesystem(join(version_dir, STAGED))
     try:
@@ -84,8 +84,8 @@ def staged_versions(serving: str) -> list[Staged]:
     out = []
     for name in version_names(serving):
         version_dir = join(serving, "versions", name)
-        if read_json(join(version_dir, MANIFEST)) is not None or read_json(join(version_dir, DISCARDED)) is not None:
+        if any(read_json(join(version_dir, done), ServingError) is not None for done in (MANIFEST, DISCARDED)):
             continue
-        mark = read_json(join(version_dir, STAGED)) or {}
+        mark = read_json(join(version_dir, STAGED), ServingError) or {}
         out.append(Staged(name, version_dir, mark, is_alive(mark) if mark else False))
     return out

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-import requests
-
 from podium.core.redaction import redact_uri
+from podium.outages import is_unreachable
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -147,23 +146,8 @@ class TrackingUnavailable(RuntimeError):
         return (type(self), (self.tracking_uri, self.action, self.reason, self.waited_s))
 
 
-# Transport failures leave MLflow's REST client as "API request to <url> failed with ...";
-# answers the server did give (a missing run, a bad parameter) carry its error code instead.
-_TRANSPORT_FAILURE = re.compile(r"^API request to \S+ failed with")
-
-
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether an MLflow client error means the server could not be reached (not an answer it gave)."""
-    if isinstance(exc, requests.HTTPError) and exc.response is not None:
-        return exc.response.status_code >= 500  # an artifact upload the server refused is an answer
-    if isinstance(exc, requests.RequestException):
-        return True
-    from mlflow.exceptions import MlflowException
-
-    return isinstance(exc, MlflowException) and bool(_TRANSPORT_FAILURE.match(str(exc.message)))
 
 
 def _short_reason(exc: BaseException) -> str:

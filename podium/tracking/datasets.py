@@ -19,8 +19,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from podium.core.redaction import redact_uri
+from podium.outages import is_unreachable
 from podium.storage.fingerprint import DatasetDigest
-from podium.tracking.client import MAX_TAG, TrackingRun, is_unreachable, tracking_call, tracking_client
+from podium.tracking.client import MAX_TAG, TrackingRun, tracking_call, tracking_client
 
 if TYPE_CHECKING:
     from mlflow.entities import Dataset, Metric

@@ -23,6 +23,7 @@ from podium.core.events import CheckpointEvent
 from podium.core.failures import plain_text
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
 from podium.core.verdict import Verdict
+from podium.outages import is_unreachable
 from podium.storage.fingerprint import DatasetDigest
 from podium.tracking.client import (
     MAX_TAG,
@@ -38,7 +39,6 @@ from podium.tracking.client import (
     TAG_VALIDATED_AT,
     TAG_WITHDRAWN,
     TrackingRun,
-    is_unreachable,
     tracking_call,
 )
 from podium.tracking.datasets import TAG_VAL_DATA, TAG_VAL_DIGEST

@@ -7,11 +7,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from podium.core.records import CheckpointRecord
+from podium.outages import is_unreachable
 from podium.tracking.client import (
     TAG_SERVED_URI,
     TAG_WITHDRAWN,
     TrackingRun,
-    is_unreachable,
     tracking_call,
     tracking_client,
 )

@@ -507,7 +507,7 @@ def test_deployments_build_and_register_on_a_process_pool(team):
         assert trigger.match.get("podium.validation") == ["deployment"]  # as the server stores it
         (action,) = automations[0].actions
         assert action.deployment_id == deployments[VALIDATE].id
-        assert action.parameters["step"] == "{{ event.payload.step }}"
+        assert action.parameters == {"checkpoint": "{{ event.payload }}"}  # the payload whole: CheckpointPayload
         assert client.read_global_concurrency_limit_by_name(RECORD_LOCK).limit == 1
 
 
@@ -633,27 +633,26 @@ def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, te
     by_step = {int(e.resource["podium.step"]): e for e in events}
 
     # the trigger made exactly one flow run per event, with the event's checkpoint as typed parameters
-    validate_id = _deployment(f"validate-checkpoint/{VALIDATE}").id
+    validate_id = _deployment(f"validate-announced-checkpoint/{VALIDATE}").id
     deadline = time.monotonic() + 480
     while True:
         with get_client(sync_client=True) as client:
             runs = [r for r in client.read_flow_runs(
                 flow_run_filter=FlowRunFilter(deployment_id={"any_": [validate_id]}))]
-        ours = [r for r in runs if r.parameters.get("run_name") == "outside-job"]
+        ours = [r for r in runs if r.parameters.get("checkpoint", {}).get("run_name") == "outside-job"]
         if (len(ours) >= 2 and all(r.state and r.state.is_final() for r in ours)) or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert sorted(r.parameters["step"] for r in ours) == sorted(by_step)
+    assert sorted(r.parameters["checkpoint"]["step"] for r in ours) == sorted(by_step)
     for run in ours:
-        event = by_step[run.parameters["step"]]
-        assert isinstance(run.parameters["step"], int)
-        assert run.parameters["checkpoint_uri"] == event.payload["checkpoint_uri"]
-        assert run.parameters["checkpoint_name"] == event.payload["checkpoint_name"]
-        assert run.parameters["metrics"] == event.payload["metrics"]
-        assert run.name == f"outside-job-validate-step-{run.parameters['step']}"
+        checkpoint = run.parameters["checkpoint"]
+        event = by_step[checkpoint["step"]]
+        assert isinstance(checkpoint["step"], int)
+        assert checkpoint == event.payload  # the payload whole, its time included
+        assert run.name == f"outside-job-validate-step-{checkpoint['step']}"
         _wait_flow_run(run.id, team["worker_log"], timeout_s=10)
     # the pipeline flow's own checkpoint events (the nightly run above) asked for no validation run
-    assert not [r for r in runs if str(r.parameters.get("run_name", "")).startswith("nightly")]
+    assert not [r for r in runs if str(r.parameters.get("checkpoint", {}).get("run_name", "")).startswith("nightly")]
 
     # recorded and validated the same way as inside the pipeline: one MLflow run, one record per checkpoint
     client = MlflowClient(stack.mlflow)

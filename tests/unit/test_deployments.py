@@ -82,18 +82,22 @@ def test_trigger_renders_the_event_into_typed_flow_parameters(deployments):
     RunDeployment._upgrade_v1_templates(params)
     rendered = hydrate(params, HydrationContext(render_jinja=True, raise_on_error=True,
                                                 jinja_context={"event": _server_event(announced)}))
-    assert rendered == {"run_name": "ext-job", "checkpoint_uri": CHECKPOINT.checkpoint_uri,
-                        "checkpoint_name": "checkpoint_00000188", "step": 188, "epoch": 1,
-                        "metrics": {"loss": 0.25, "accuracy": 0.9}, "validation_requested": None}
-    assert isinstance(rendered["step"], int)
+    assert rendered == {"checkpoint": {"run_name": "ext-job", "checkpoint_uri": CHECKPOINT.checkpoint_uri,
+                                       "checkpoint_name": "checkpoint_00000188", "step": 188, "epoch": 1,
+                                       "metrics": {"loss": 0.25, "accuracy": 0.9}, "validation_requested": None,
+                                       "persisted_at": CHECKPOINT.persisted_at}}
+    assert isinstance(rendered["checkpoint"]["step"], int)
     # a report that said validation=False reaches the flow as such: its checkpoint is recorded as skipped
     declined = replace(CHECKPOINT, validation=ValidationRequest(requested=False, stated=True))
     said_no = hydrate(copy.deepcopy(params), HydrationContext(render_jinja=True, raise_on_error=True, jinja_context={
         "event": _server_event(PrefectEventSink("http://prefect.invalid/api").prefect_event(declined))}))
-    assert said_no["validation_requested"] is False
-    # merged with the deployment's default config, they validate against the flow's signature
+    assert said_no["checkpoint"]["validation_requested"] is False
+    # merged with the deployment's default config, they validate against the flow's signature: the flow gets the
+    # announced event back whole (when it was persisted included)
     validated = validate_announced_checkpoint.validate_parameters({**deployments[VALIDATE].parameters, **rendered})
-    assert validated["step"] == 188 and validated["config"] == CONFIG
+    assert validated["checkpoint"].event() == CHECKPOINT and validated["config"] == CONFIG
+    declined_back = validate_announced_checkpoint.validate_parameters({**deployments[VALIDATE].parameters, **said_no})
+    assert declined_back["checkpoint"].event() == declined
 
 
 def test_prefect_event_sink_travels_to_the_ray_train_controller():

@@ -14,6 +14,7 @@ import pytest
 from podium import prefect_api
 from podium.core.failures import user_frames
 from podium.flows.stop import RunStopped, StopRequest, exit_code, stop_on_signals
+from podium.outages import is_unreachable
 from podium.serving.layout import is_disk_full
 
 
@@ -149,14 +150,33 @@ def test_held_log_lines_wait_while_down_and_settle_says_what_was_not_recorded():
 def test_unreachable_is_a_transport_failure_a_timeout_or_a_5xx():
     import httpx
 
-    assert prefect_api.is_unreachable(httpx.ConnectError("refused"))
-    assert prefect_api.is_unreachable(httpx.ReadTimeout("slow"))
-    assert prefect_api.is_unreachable(TimeoutError())
+    assert is_unreachable(httpx.ConnectError("refused"))
+    assert is_unreachable(httpx.ReadTimeout("slow"))
+    assert is_unreachable(TimeoutError())
     response = httpx.Response(503, request=httpx.Request("GET", "http://x"))
-    assert prefect_api.is_unreachable(httpx.HTTPStatusError("503", request=response.request, response=response))
+    assert is_unreachable(httpx.HTTPStatusError("503", request=response.request, response=response))
     bad = httpx.Response(422, request=httpx.Request("GET", "http://x"))
-    assert not prefect_api.is_unreachable(httpx.HTTPStatusError("422", request=bad.request, response=bad))
-    assert not prefect_api.is_unreachable(ValueError("no"))
+    assert not is_unreachable(httpx.HTTPStatusError("422", request=bad.request, response=bad))
+    assert not is_unreachable(ValueError("no"))
+
+
+def test_the_same_rule_holds_for_the_tracking_server_s_client():
+    import httpx
+    import requests
+
+    assert is_unreachable(requests.ConnectionError("refused"))
+    answered = requests.Response()
+    answered.status_code = 404
+    assert not is_unreachable(requests.HTTPError("404", response=answered))
+    answered.status_code = 502
+    assert is_unreachable(requests.HTTPError("502", response=answered))
+    try:
+        try:
+            raise httpx.ConnectError("refused")
+        except httpx.ConnectError as exc:
+            raise RuntimeError("the call failed") from exc
+    except RuntimeError as wrapped:
+        assert is_unreachable(wrapped)  # what it was raised from decides
 
 
 def test_client_settings_are_bounded_unless_set():

@@ -12,7 +12,7 @@ import pytest
 import ray.train
 from ray.train import ValidationTaskConfig
 
-from podium.core.events import CheckpointEvent, ValidationRequest
+from podium.core.events import CheckpointEvent, CheckpointPayload, ValidationRequest
 from podium.core.failures import describe_failure, plain_text
 from podium.training import raytrain
 
@@ -77,7 +77,7 @@ def test_the_request_stays_out_of_event_payloads():
                             validation=ValidationRequest(requested=False, stated=True, fn_kwargs={"ds": object()}))
     payload = event.to_dict()
     assert "validation" not in payload and payload["validation_requested"] is False
-    assert CheckpointEvent.from_dict(payload).validation == ValidationRequest(requested=False, stated=True)
+    assert CheckpointPayload(**payload).event().validation == ValidationRequest(requested=False, stated=True)
 
 
 def test_failures_read_as_plain_text_one_line_per_rank():

@@ -23,9 +23,9 @@ from podium.serving.layout import (
     seal_version,
     switch_current,
     withdrawn_checkpoints,
-    write_json,
 )
 from podium.serving.staging import stage_version, verify_files
+from podium.storage.documents import write_json
 from podium.training.promoted import check_loadable, fetch_version, load_promoted_model
 
 
