@@ -192,7 +192,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     flow_run = run_tags(tracking).get(TAG_FLOW_RUN)
     print(f"run {config.run_name}")
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{flow_run}" if flow_run else f"Prefect UI:  {ui_url(api_url)}/runs")
-    print_mlflow_links(tracking, mlflow_ui, config.promotion.registered_model)
+    print_mlflow_links(tracking, mlflow_ui, config.promotion.registered_model, config.promotion.metric)
     if proc is None:
         return 0
     print(f"serving the MLflow UI on {tracking.tracking_uri} until Ctrl-C", flush=True)

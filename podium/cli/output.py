@@ -83,11 +83,12 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
 
 
-def print_mlflow_links(tracking: Any, mlflow_ui: str, registered_model: str) -> None:
+def print_mlflow_links(tracking: Any, mlflow_ui: str, registered_model: str, metric: str) -> None:
     """Where to look in the MLflow UI: the experiment's runs, the run, its checkpoints, the champion."""
     print(f"MLflow UI:   {tracking.experiment_url(mlflow_ui)}   (runs, with their outcome)")
     print(f"             {tracking.run_url(mlflow_ui)}   (the run: description, logged models, chart)")
-    print(f"             {tracking.models_url(mlflow_ui)}   (checkpoints side by side)")
+    print(f"             {tracking.chart_url(mlflow_ui, metric)}   (checkpoints side by side, the champion marked)")
+    print(f"             {tracking.models_url(mlflow_ui)}   (each checkpoint's logged model)")
     print(f"             {tracking.registry_url(mlflow_ui, registered_model)}   (versions, @champion)", flush=True)
 
 
@@ -117,7 +118,7 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
           "promotion report, chart)")
     mlflow_ui = settings.mlflow_ui(tracking_uri)
     if mlflow_ui:
-        print_mlflow_links(summary.tracking, mlflow_ui, registered.registered_model)
+        print_mlflow_links(summary.tracking, mlflow_ui, registered.registered_model, registered.metric)
     else:
         print(f"MLflow UI:   podium ui   (serves the MLflow UI on {tracking_uri} and prints the links)")
     if p and p.served_as == "files":  # a checkpoint format podium cannot load: the `load:` line says how

@@ -246,8 +246,13 @@ class TrackingRun:
         return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}{_ML_VIEW}"
 
     def models_url(self, ui: str) -> str:
-        """Link to the experiment's model (checkpoint) comparison page."""
+        """Link to the experiment's models: one LoggedModel per checkpoint."""
         return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models{_ML_VIEW}"
+
+    def chart_url(self, ui: str, metric: str) -> str:
+        """Link to the run's chart of `metric` per checkpoint (an artifact): every value, the champion marked."""
+        return (f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/podium/"
+                f"{quote(metric)}_per_checkpoint.png{_ML_VIEW}")
 
     def registry_url(self, ui: str, registered_model: str) -> str:
         """Link to a registered model: its versions, and which one the alias names."""

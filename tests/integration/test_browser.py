@@ -151,6 +151,7 @@ def links(run_output: str, ui_output: str) -> dict[str, str]:
             "experiment": _link(ui_output, r"MLflow UI:\s+(http://\S+)"),
             "run": _link(ui_output, r"(http://\S+/runs/[0-9a-f]{32}\S*)"),
             "models": _link(ui_output, r"(http://\S+/models\?\S*)"),
+            "chart": _link(ui_output, r"(http://\S+/artifacts/podium/val_loss_per_checkpoint\.png\S*)\s+\(checkpoints side"),
             "registry": _link(ui_output, r"(http://\S+/#/models/[^/\s]+)\s")}
 
 
@@ -307,6 +308,13 @@ def test_mlflow_opens_on_runs_and_shows_checkpoints_and_the_champion(run, page):
         assert page.get_by_text(f"{RUN}-step-{step}").count() >= 1
     logged.scroll_into_view_if_needed()
     page.screenshot(path=str(page.shots / "mlflow-run.png"))
+
+    page.goto(run["chart"])  # checkpoints side by side: the run's chart of the metric per checkpoint, in view at once
+    chart = page.get_by_role("img", name="podium/val_loss_per_checkpoint.png")
+    chart.wait_for()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 600", arg=chart.element_handle())
+    assert _in_view(chart), chart.bounding_box()
+    page.screenshot(path=str(page.shots / "mlflow-chart.png"))
 
     page.goto(run["models"])  # every checkpoint's LoggedModel, the promoted one registered
     for step in run["steps"]:

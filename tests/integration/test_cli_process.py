@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers.commands import podium
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _refused_while_it_runs(first: subprocess.Popen, args: list[str], env: dict[str, str], lock) -> None:
@@ -141,23 +143,24 @@ def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_pat
     assert not (tmp_path / "storage").exists()
 
 
-def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path):
+def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset, tmp_path):
     """The user's repository has packages named `training` and `tasks`, as ML repositories often do.
     `podium` (the console script, not `python -m`) runs from the repository's root with no PYTHONPATH
     and resolves the user's packages, not its own (which are podium.training, podium.tasks). The run's name has a
     dot, as a versioned name often does, which MLflow refuses in a checkpoint record's name, and a {date} that the
-    command fills."""
-    import inspect
+    command fills. The user's code is the complete example of docs/bring-your-own-loop.md, as written there: its
+    loop, validation function and model loader; the champion is a served MLflow model that predicts labels."""
     from datetime import datetime, timezone
 
-    import podium_user_code
     from mlflow.tracking import MlflowClient
 
+    guide = (REPO / "docs" / "bring-your-own-loop.md").read_text()
+    example = re.search(r"```python\n(# mypkg/train\.py\n.*?)```", guide, re.S).group(1)  # type: ignore[union-attr]
     repo = tmp_path / "user-repo"
     for package in ("training", "tasks"):
         (repo / package).mkdir(parents=True)
         (repo / package / "__init__.py").write_text("")
-    (repo / "training" / "train.py").write_text(inspect.getsource(podium_user_code))
+    (repo / "training" / "train.py").write_text(example)
     (repo / "tasks" / "checks.py").write_text("from training.train import validate_fn  # noqa: F401\n")
     # a local Ray of podium's own, as a user's first run gets: the user's packages reach its workers through the
     # raylet's path, not an upload
@@ -167,19 +170,28 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, tmp_path
     proc = subprocess.run(
         [console_script, "run", "--json", "--run-name", "own-packages-v1.2-{date}", "--loop-config", "epochs=2",
          "--num-workers", "1", "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
-         "--metric", "score", "--mode", "max", "--storage", str(tmp_path / "storage"),
+         "--model-loader", "training.train:load_model", "--train-data", dataset[0], "--val-data", dataset[1],
+         "--metric", "accuracy", "--mode", "max", "--storage", str(tmp_path / "storage"),
          "--serving", str(tmp_path / "serving")],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
-    assert all("score" in c["metrics"] for c in out["checkpoints"])
+    assert all(c["metrics"]["accuracy"] > 0.5 for c in out["checkpoints"]), out["checkpoints"]
     if out["run_name"] != f"own-packages-v1.2-{day}":  # the command started after midnight (UTC)
         day = datetime.now(timezone.utc).strftime("%Y%m%d")
     assert out["promoted"] is not None and out["run_name"] == f"own-packages-v1.2-{day}"
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
     models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id])
     assert {m.name for m in models} == {f"own-packages-v1_2-{day}-step-{c['step']}" for c in out["checkpoints"]}
+    # the guide's model loader made the champion a served MLflow model: class labels from the feature columns
+    load = ("import json, sys, mlflow, pandas as pd; df = pd.read_parquet(sys.argv[1]).drop(columns=['label']).head(5); "
+            "print(json.dumps([int(v) for v in mlflow.pyfunc.load_model('models:/podium@champion').predict(df)]))")
+    loaded = subprocess.run([sys.executable, "-c", load, dataset[1]], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-4000:]
+    predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert len(predicted) == 5 and set(predicted) <= {0, 1, 2, 3}, predicted
 
 
 def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
