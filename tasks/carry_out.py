@@ -12,7 +12,9 @@ in the registry, as a sequence of named steps, each a function of the `Rollout` 
 
 `TO_PROMOTE`, `TO_AWAIT` and `ONCE_APPROVED` are the sequences a decision runs; a step added between `switch`
 and `alias` (a staged rollout) goes into them. Every step that others can see first checks that the promotion
-lock is still held. Every attempt, promoted or not, is recorded under `<serving>/attempts/` (`record_attempt`).
+lock is still held. The decision is recorded on the run before its steps (`record_decision`, the tag
+`podium status` reads), and every attempt, promoted or not, after them, under `<serving>/attempts/`
+(`record_attempt`).
 """
 
 from __future__ import annotations
