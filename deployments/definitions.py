@@ -60,7 +60,7 @@ from podium.settings import PodiumSettings
 NIGHTLY = "nightly-training"
 NIGHTLY_KEEP_CHECKPOINTS = 3  # checkpoints.keep of the nightly deployment where the config sets none
 VALIDATE = "validate-on-event"
-PROMOTE = "promote-on-demand"
+PROMOTE_ON_DEMAND = "promote-on-demand"
 WORK_POOL = "podium"
 
 
@@ -155,7 +155,7 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
         entrypoint_type=module,
     )
     promote = promote_run.to_deployment(
-        name=PROMOTE, parameters=params, tags=["podium", "promotion"],
+        name=PROMOTE_ON_DEMAND, parameters=params, tags=["podium", "promotion"],
         description="Promote the best validated checkpoint of the run named in the config.",
         entrypoint_type=module,
     )

@@ -26,11 +26,11 @@ from podium.flows.stream import CheckpointStream
 from podium.flows.summary import RunSummary, final_state, summarize_run
 from podium.flows.validation import PolicyCannotBeMet, ValidationQueue
 from podium.progress import say
+from podium.tasks.evidence import promotion_needs_ray
 from podium.tasks.lineage import record_lineage_task
 from podium.tasks.package import preload_packaging
 from podium.tasks.plan import RunPlan, plan_run_task, run_lock
 from podium.tasks.report import Progress
-from podium.tasks.rescore import promotion_needs_ray
 from podium.tasks.resume import (
     Resume,
     check_resume_task,

@@ -10,9 +10,9 @@ answer, from a thread of its own, while the flow waits; `lineage`, `resume` and 
 - `verdicts`: a checkpoint's verdict carried out (recorded, a failure announced), for every flow that validates
 - `tracking`: recording checkpoints in MLflow
 - `lineage`: where a run and a model come from
-- `promote`: the promotion
-- `rescore`: the same-data gate (candidate and champion scored on the same data)
-- `policy`: the promotion policy's checks, with the numbers they need
+- `promote`: the promotion: the evidence gathered, the one decision taken, its carrying-out
+- `evidence`: what a promotion is decided from (the records, the champion, the same-data re-scores, per-row values)
+- `carry_out`: a promotion decision carried out in named steps (stage, verify, seal, switch, alias; challenge)
 - `approval`: a person's approval of a candidate, the flow run paused for it
 - `package`: the served model, built at promotion
 - `retention`: storage keeps a run's best checkpoints

@@ -22,12 +22,11 @@ from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
 from podium import prefect_api
-from podium.core.promotion import Decision
+from podium.core.promotion import Decision, comparison_summary
 from podium.core.records import CheckpointRecord
 from podium.core.redaction import redact_uri
 from podium.core.version import __version__
 from podium.tasks.plan import RunPlan
-from podium.tasks.rescore import comparison_summary
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import lineage_tags, record_run_inputs
 from podium.tracking.runs import run_tags

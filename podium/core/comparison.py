@@ -4,7 +4,7 @@ A champion's number was measured on the validation data of the night it was prom
 candidate is measured on tonight's. Compared as they are, a harder validation set keeps every better
 model out and an easier one lets a worse one in. So before deciding, a side measured on other data than
 the current validation data (its digest differs, or is unknown) is measured again on it: one more
-validation, usually the champion's (`podium.tasks.rescore`). This module says which side needs it and puts
+validation, usually the champion's (`podium.tasks.evidence`). This module says which side needs it and puts
 the comparison into words for the decision, the report and `podium status`.
 """
 

@@ -5,7 +5,7 @@
   (`podium.data.train.digest`, `podium.data.val.digest`), searchable on every backend.
 - Validation metrics name the dataset they were measured on (MLflow 3 metrics carry dataset_name and
   dataset_digest), and each checkpoint's record has its validation digest (`records.merge_validation`).
-- A re-score (the champion measured again on tonight's data, `podium.tasks.rescore`) is a nested run
+- A re-score (the champion measured again on tonight's data, `podium.tasks.evidence`) is a nested run
   `<run>-rescore-<who>` under the run that decided: its dataset input has context `evaluation`, and its
   metrics go on the champion's LoggedModel with the dataset digest, beside the numbers it was promoted
   with. The training runs' own metric histories are left alone.

@@ -25,7 +25,7 @@ from podium.cli import main
 from podium.cli.provenance import digest_report
 from podium.config import PipelineConfig
 from podium.core.events import CheckpointEvent
-from podium.core.promotion import decide_promotion
+from podium.core.promotion import compare_with_champion
 from podium.core.records import Champion
 from podium.serving.layout import read_current, read_version
 from podium.storage.fingerprint import dataset_digest
@@ -63,7 +63,7 @@ def _rescores(calls_log: str, before: int) -> list[str]:
 def _old_rule(summary, stored: float) -> bool:
     """What the gate decided before podium compared on the same data: the stored number, as it is."""
     best = max(summary.checkpoints, key=lambda r: (r.metrics["accuracy"], r.step))  # ties: the later step
-    return decide_promotion(best, Champion("v", 0, "accuracy", stored), "accuracy", "max").promote
+    return compare_with_champion(best, Champion("v", 0, "accuracy", stored), "accuracy", "max").promote
 
 
 def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_path, locations, monkeypatch, capsys):

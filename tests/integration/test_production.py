@@ -52,7 +52,7 @@ from prefect.deployments import run_deployment
 
 from podium.config import expand_run_name
 from podium.core.events import CheckpointEvent
-from podium.deployments.definitions import NIGHTLY, PROMOTE, VALIDATE
+from podium.deployments.definitions import NIGHTLY, PROMOTE_ON_DEMAND, VALIDATE
 from podium.flows.validate_announced import RECORD_LOCK
 from podium.prefect_events import EVENT_PERSISTED
 from podium.serving.layout import read_current
@@ -490,7 +490,7 @@ def test_deployments_build_and_register_on_a_process_pool(team):
         assert pool.type == "process"
         deployments = {d.name: d for d in client.read_deployments(
             work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[POOL])))}
-        assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE}
+        assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE_ON_DEMAND}
         nightly = deployments[NIGHTLY]
         (schedule,) = nightly.schedules
         assert schedule.active and schedule.schedule.cron == team["cron"] and schedule.schedule.timezone == "UTC"
@@ -582,7 +582,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
 
     # promotion on demand, naming only the run: the deployment's own config gives every other setting
     # (Prefect replaces a parameter whole; podium merges what a run names over the deployment's)
-    again = run_deployment(f"promote-run/{PROMOTE}", parameters={"config": {"run_name": run_name}}, timeout=0)
+    again = run_deployment(f"promote-run/{PROMOTE_ON_DEMAND}", parameters={"config": {"run_name": run_name}}, timeout=0)
     _wait_flow_run(again.id, team["worker_log"])
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(again.id).name == f"{run_name}-promote"

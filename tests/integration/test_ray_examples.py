@@ -24,7 +24,7 @@ from helpers.prefect_queries import task_runs
 from mlflow.tracking import MlflowClient
 from ray_guide_code import synthetic_images
 
-from podium.tasks.promote import read_champion
+from podium.tasks.evidence import read_champion
 from podium.tracking.client import TAG_CHECKPOINT
 
 pytestmark = pytest.mark.integration

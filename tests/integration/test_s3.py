@@ -263,7 +263,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
                                                                              die_at):
     import podium.serving.layout
     import podium.serving.staging
-    import podium.tasks.promote
+    import podium.tasks.carry_out
 
     plan, tracking = promotion_setup
     serving = plan.serving
@@ -283,7 +283,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
         else:
             target = {"before-manifest": (podium.serving.layout, "seal_version"),
                       "before-pointer": (podium.serving.layout, "switch_current"),
-                      "before-alias": (podium.tasks.promote, "register_champion")}[die_at]
+                      "before-alias": (podium.tasks.carry_out, "register_champion")}[die_at]
             m.setattr(*target, lambda *a, **k: (_ for _ in ()).throw(Died()))
         with pytest.raises(Died):
             promote_best_checkpoint(plan, tracking)

@@ -16,7 +16,7 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from podium.config import CheckpointsConfig, PipelineConfig
 from podium.core.events import CheckpointEvent, ValidationRequest
-from podium.deployments.definitions import NIGHTLY, NIGHTLY_KEEP_CHECKPOINTS, PROMOTE, VALIDATE, build_deployments
+from podium.deployments.definitions import NIGHTLY, NIGHTLY_KEEP_CHECKPOINTS, PROMOTE_ON_DEMAND, VALIDATE, build_deployments
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
 from podium.flows.validate_announced import validate_announced_checkpoint
@@ -35,11 +35,11 @@ def deployments():
 
 
 def test_every_deployment_builds_with_schedule_and_valid_parameters(deployments):
-    assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE}
+    assert set(deployments) == {NIGHTLY, VALIDATE, PROMOTE_ON_DEMAND}
     nightly = deployments[NIGHTLY]
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "30 3 * * *" and schedule.schedule.timezone == "Europe/Paris"
-    assert not deployments[PROMOTE].schedules and not deployments[VALIDATE].schedules
+    assert not deployments[PROMOTE_ON_DEMAND].schedules and not deployments[VALIDATE].schedules
     for name, d in deployments.items():
         # the stored parameters are what the flow will be called with: they must validate
         stored = PipelineConfig.model_validate(d.parameters["config"])
@@ -49,7 +49,7 @@ def test_every_deployment_builds_with_schedule_and_valid_parameters(deployments)
             keep=NIGHTLY_KEEP_CHECKPOINTS)}) if name == NIGHTLY else CONFIG
         assert stored == expected
         assert "config" in d._parameter_openapi_schema.properties
-    flows = {NIGHTLY: train_validate_promote, VALIDATE: validate_announced_checkpoint, PROMOTE: promote_run}
+    flows = {NIGHTLY: train_validate_promote, VALIDATE: validate_announced_checkpoint, PROMOTE_ON_DEMAND: promote_run}
     for name, flow in flows.items():
         # module-path entrypoints: a worker runs the podium installed beside it
         assert deployments[name].flow_name == flow.name

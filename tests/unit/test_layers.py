@@ -407,10 +407,10 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
     "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006"), "podium.storage.locations": PENDING.format("0.003"),
                           "podium.storage.s3": PENDING.format("0.003")},
-    "podium.tasks.policy": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
-                            "podium.tasks.validate": PENDING.format("0.018"), "time": PENDING.format("0.001")},
-    "podium.tasks.promote": {"podium.training.validate": TORCH, "podium.prefect_api": PENDING.format("0.004"),
-                             "prefect": PENDING.format("0.003")},
+    "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
+                              "podium.tasks.validate": PENDING.format("0.018")},
+    "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},
+    "podium.tasks.promote": {"podium.prefect_api": PENDING.format("0.004"), "prefect": PENDING.format("0.003")},
 }
 
 

@@ -19,7 +19,7 @@ from podium.core.policy import (
     interval_text,
     unknown_policy_metrics,
 )
-from podium.core.promotion import apply_checks, decide_promotion
+from podium.core.promotion import apply_checks, compare_with_champion
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
 from podium.tracking.datasets import fitted_json
 
@@ -115,7 +115,7 @@ def test_confidence_without_per_row_values_refuses_unless_point_values_are_accep
     assert c.passed is None and "compared point values (promotion.confidence_without_rows = 'point')" in c.describe()
     c = check_confidence("accuracy", "max", 0.95, 0.0, [1.0, 0.0], [1.0], accept="point")
     assert c.passed is None and "cannot be paired" in c.note
-    refused = apply_checks(decide_promotion(rec(accuracy=0.9), Champion(version="v000001", step=1, metric="accuracy",
+    refused = apply_checks(compare_with_champion(rec(accuracy=0.9), Champion(version="v000001", step=1, metric="accuracy",
                                                                         value=0.8, source="/old", mode="max"),
                                             "accuracy", "max"),
                            [check_confidence("accuracy", "max", 0.95, 0.0, None, None, "no rows")])
@@ -134,13 +134,13 @@ def test_a_policy_on_a_metric_nothing_reports_is_named_with_the_metrics_that_exi
 
 def test_a_failed_check_refuses_unless_forced_and_a_first_promotion_keeps_its_thresholds():
     threshold = check_thresholds({"val_accuracy": 0.5}, {"val_accuracy": {"min": 0.9, "max": None}})
-    first = decide_promotion(rec(val_loss=0.4, val_accuracy=0.5), None, "val_loss", "min")
+    first = compare_with_champion(rec(val_loss=0.4, val_accuracy=0.5), None, "val_loss", "min")
     refused = apply_checks(first, threshold)
     assert not refused.promote and refused.checks == tuple(threshold)
     assert refused.reason.startswith("refused by the promotion policy (threshold val_accuracy)")
     assert "threshold val_accuracy min 0.9: candidate 0.5000, FAILS" in refused.reason
     champion = Champion(version="v000001", step=1, metric="val_loss", value=0.9, source="/old", mode="min")
-    forced = apply_checks(decide_promotion(rec(val_loss=0.95, val_accuracy=0.5), champion, "val_loss", "min",
+    forced = apply_checks(compare_with_champion(rec(val_loss=0.95, val_accuracy=0.5), champion, "val_loss", "min",
                                            always=True), threshold, always=True)
     assert forced.promote and "reported, not blocking" in forced.reason
     passing = check_thresholds({"val_accuracy": 0.95}, {"val_accuracy": {"min": 0.9, "max": None}})
@@ -223,7 +223,7 @@ def test_the_report_and_the_runs_table_name_the_checks_that_refused():
     checks = [*check_thresholds({"accuracy": 0.805}, {"accuracy": {"min": 0.5, "max": None}}),
               check_confidence("accuracy", "max", 0.95, 0.0, _rows_differing(champion, 7, 5), champion)]
     champ = Champion(version="v000002", step=1, metric="accuracy", value=0.795, source="/old", mode="max")
-    decision = apply_checks(decide_promotion(rec(accuracy=0.805), champ, "accuracy", "max"), checks)
+    decision = apply_checks(compare_with_champion(rec(accuracy=0.805), champ, "accuracy", "max"), checks)
     outcome = PromotionOutcome(promoted=None, reason=decision.reason, best_step=5, champion_before="v000002",
                                checks=[check_to_dict(c) for c in decision.checks])
     line, _ = outcome_texts("gate-3", [rec(accuracy=0.805)], "accuracy", outcome)

@@ -1,4 +1,4 @@
-"""select_best and decide_promotion: which checkpoint is best, and does it beat the champion."""
+"""select_best and compare_with_champion: which checkpoint is best, and does its point value beat the champion's."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from podium.core.promotion import decide_promotion, select_best
+from podium.core.promotion import compare_with_champion, select_best
 from podium.core.records import FAILED, PENDING, VALIDATED, Champion, CheckpointRecord
 from podium.core.verdict import judge_training, judge_validation
 
@@ -77,10 +77,10 @@ def test_invalid_mode_is_rejected():
         select_best([rec(1, val_loss=0.1)], "val_loss", "sideways")
 
 
-# --- decide_promotion ----------------------------------------------------------------------------
+# --- compare_with_champion ------------------------------------------------------------------------
 
 def decide(value: float, champion: Champion | None, mode: str = "min", **kw):
-    return decide_promotion(rec(5, val_loss=value), champion, "val_loss", mode, **kw)
+    return compare_with_champion(rec(5, val_loss=value), champion, "val_loss", mode, **kw)
 
 
 def test_first_promotion():
@@ -137,7 +137,7 @@ def test_candidate_already_champion_by_source_uri():
 
 
 def test_nothing_to_promote_carries_the_selection_reason():
-    decision = decide_promotion(None, champ(0.5), "val_loss", "min", why_best="no checkpoints were recorded")
+    decision = compare_with_champion(None, champ(0.5), "val_loss", "min", why_best="no checkpoints were recorded")
     assert not decision.promote and decision.candidate is None
     assert decision.reason == "nothing to promote: no checkpoints were recorded"
 

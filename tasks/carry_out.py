@@ -1,0 +1,367 @@
+"""Carry out: a promotion decision (`podium.core.promotion.decide_promotion`) made real at the serving location and
+in the registry, as a sequence of named steps, each a function of the `Rollout` it moves along:
+
+| step        | what it does                                                                                   |
+|-------------|------------------------------------------------------------------------------------------------|
+| `stage`     | builds the served model and copies it as a new serving version (hashes checked), marked as ours |
+| `verify`    | checks the copy beyond its hashes (`promotion.verify`), logs it into the checkpoint's LoggedModel |
+| `seal`      | writes the version's manifest: it is complete, no longer this process's to withdraw            |
+| `switch`    | makes it CURRENT, by a rename; its history record says why and who started it                  |
+| `alias`     | registers it in MLflow under the promotion's alias                                             |
+| `challenge` | registers it under the `challenger` alias instead, to wait for a person's decision             |
+
+`TO_PROMOTE`, `TO_AWAIT` and `ONCE_APPROVED` are the sequences a decision runs; a step added between `switch`
+and `alias` (a staged rollout) goes into them. Every step that others can see first checks that the promotion
+lock is still held. The decision is recorded on the run before its steps (`record_decision`, the tag
+`podium status` reads), and every attempt, promoted or not, after them, under `<serving>/attempts/`
+(`record_attempt`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from podium.core.approval import challenger_alias
+from podium.core.numbers import format_number
+from podium.core.promotion import Decision, checks_summary, comparison_summary
+from podium.core.records import CheckpointRecord
+from podium.serving import layout, staging
+from podium.serving.location import ensure_location
+from podium.serving.staged import this_process, unmark_staged
+from podium.storage.documents import write_json
+from podium.storage.locations import join, normalize_location
+from podium.tasks.lineage import provenance, provenance_tags
+from podium.tasks.package import ServedModel, build_served_model, load_hint
+from podium.tasks.plan import RunPlan
+from podium.tasks.train import connect_ray
+from podium.tasks.validate import validate
+from podium.tracking.client import TrackingRun
+from podium.tracking.datasets import record_comparison
+from podium.tracking.models import log_model_files
+from podium.tracking.registry import (
+    TAG_LOCATION_ID,
+    alias_target,
+    register_champion,
+    registered_version_for,
+    set_alias,
+)
+from podium.training import promoted as load
+
+logger = logging.getLogger(__name__)
+
+
+class Promoted(BaseModel):
+    """What was promoted: the serving version, where it is, and the metric that won."""
+
+    version: str
+    uri: str
+    step: int
+    metric: str
+    value: float
+    mlflow_version: str | None = None
+    checkpoint_uri: str
+    model: str | None = None  # the model name: registered model `model`, alias, serving location
+    served_as: str | None = None  # "mlflow-model", or "files" for a checkpoint podium cannot load
+    load: str | None = None  # how to load it, in one line
+    provenance: dict[str, Any] | None = None  # the manifest's datasets, lineage and comparison
+
+
+class Candidate(BaseModel):
+    """A candidate staged at the serving location (its manifest not yet written) and registered under the
+    `challenger` alias, waiting for a person's decision."""
+
+    version: str
+    uri: str
+    manifest: dict[str, Any]
+    mlflow_version: str | None
+    step: int
+    value: float
+    checkpoint_uri: str
+    model_id: str | None = None
+    reason: str  # the promotion policy's decision, before the person's
+    provenance: dict[str, Any] | None = None
+
+
+class PromotionOutcome(BaseModel):
+    """The decision in words, and the promoted version if there was one."""
+
+    promoted: Promoted | None
+    reason: str
+    best_step: int | None = None
+    champion_before: str | None = None
+    # what the best was compared against: the champion's value and where it came from
+    champion_before_value: float | None = None
+    champion_before_run: str | None = None
+    comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.core.comparison)
+    checks: list[dict[str, Any]] = []  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
+    awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
+    approval: dict[str, Any] | None = None  # the decision on it (podium.core.approval.Approval), once made
+
+
+@dataclass
+class Rollout:
+    """A decision on its way through the steps: the checkpoint and its value, why and by whom, and what each step
+    made (the staged version, its provenance, its registered version)."""
+
+    plan: RunPlan
+    tracking: TrackingRun
+    still_locked: Callable[[], None]  # raises once the promotion lock is lost (podium.tasks.promote.promotion_lock)
+    record: CheckpointRecord
+    value: float
+    reason: str
+    started_by: dict[str, Any] = field(default_factory=dict)  # the history record's origin
+    decision: Decision | None = None  # the decision being carried out (None: a candidate settled by a person)
+    version: layout.PromotedVersion | None = None
+    provenance: dict[str, Any] | None = None
+    mlflow_version: str | None = None
+    build: tempfile.TemporaryDirectory[str] | None = None  # the served model, built locally until it is verified
+    served: ServedModel | None = None
+
+    @classmethod
+    def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
+           started_by: dict[str, Any] | None = None) -> Rollout:
+        """The rollout of a decision to promote (or to stage a candidate)."""
+        assert decision.candidate is not None and decision.value is not None
+        return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason,
+                   started_by or {}, decision)
+
+    @property
+    def staged(self) -> layout.PromotedVersion:
+        """The version `stage` made."""
+        assert self.version is not None, "stage comes first"
+        return self.version
+
+
+Step = Callable[[Rollout], None]
+
+
+def stage(r: Rollout) -> None:
+    """Build the checkpoint's served model and copy it as a new serving version (not yet sealed; every file's hash
+    checked against the source), marked as this process's; with its provenance (datasets, lineage, comparison)."""
+    p, record, decision = r.plan.config.promotion, r.record, r.decision
+    assert decision is not None
+    r.build = tempfile.TemporaryDirectory(prefix="podium-promote-")
+    r.served = build_served_model(r.plan, r.tracking, record, r.build.name)
+    r.provenance = provenance(r.plan, r.tracking, record, decision)  # podium.tasks.lineage
+    uid = uuid.uuid4().hex  # the version's identity: its registered version is tagged with it
+    info: dict[str, Any] = {"version_uid": uid,
+                            "run_name": r.tracking.run_name, "mlflow_run_id": r.tracking.run_id, "step": record.step,
+                            "metric": p.metric, "mode": p.mode, "value": r.value,
+                            "metrics": record.metrics, "model_id": record.model_id, "model": r.plan.config.model,
+                            "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
+                            **r.served.info, **r.provenance}
+    r.version = staging.stage_version(r.plan.serving, r.served.files_uri, info, r.served.content,
+                                      mark=this_process(r.tracking.run_name, version_uid=uid, checkpoint=record.uri,
+                                                        flow_run_id=_flow_run_id()))
+
+
+def verify(r: Rollout) -> None:
+    """Check the staged copy beyond its hashes (`check_copy`), then log it into the checkpoint's LoggedModel: before
+    the switch, so that a champion is never current without its MLflow model. The local build goes."""
+    assert r.build is not None and r.served is not None
+    check_copy(r.plan, r.record, r.staged)
+    if r.record.model_id:
+        r.still_locked()
+        log_model_files(r.tracking, r.record.model_id, r.served.local_folder)
+    _drop_build(r)
+
+
+def seal(r: Rollout) -> None:
+    """Write the staged version's manifest: it is complete, and no longer this process's to withdraw."""
+    r.still_locked()
+    with _discarded_on_full_disk(r):
+        layout.seal_version(r.plan.serving, r.staged)
+        unmark_staged(join(normalize_location(r.plan.serving), "versions", r.staged.version))
+
+
+def switch(r: Rollout) -> None:
+    """Make the sealed version CURRENT, by a rename (its history record says why and who started it)."""
+    r.still_locked()
+    with _discarded_on_full_disk(r):
+        layout.switch_current(r.plan.serving, r.staged, r.reason, origin=r.started_by)
+
+
+def alias(r: Rollout) -> None:
+    """Register the version in MLflow under the promotion's alias."""
+    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value)
+
+
+def challenge(r: Rollout) -> None:
+    """Register the staged version under the `challenger` alias: CURRENT and the promotion's alias stay as they
+    are until a person decides."""
+    r.still_locked()
+    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value, challenger=True)
+
+
+TO_PROMOTE: tuple[Step, ...] = (stage, verify, seal, switch, alias)
+TO_AWAIT: tuple[Step, ...] = (stage, verify, challenge)
+ONCE_APPROVED: tuple[Step, ...] = (seal, switch)  # a candidate staged and verified, approved by a person
+
+
+def carry_out(steps: Sequence[Step], rollout: Rollout) -> Rollout:
+    """Run `steps` in order on `rollout` (a step that raises stops it; what it staged is withdrawn by the next
+    command, `podium.tasks.reconcile`)."""
+    try:
+        for step in steps:
+            step(rollout)
+    finally:
+        _drop_build(rollout)
+    return rollout
+
+
+def _drop_build(r: Rollout) -> None:
+    if r.build is not None:
+        r.build.cleanup()
+        r.build = None
+
+
+@contextlib.contextmanager
+def _discarded_on_full_disk(r: Rollout) -> Iterator[None]:
+    """A disk that filled up while a version was sealed or made current: CURRENT is switched last, by a rename, so
+    it stayed as it was; the version is discarded and the error says where."""
+    try:
+        yield
+    except OSError as exc:
+        pointer = layout.read_pointer(r.plan.serving) or {}
+        if not layout.is_disk_full(exc) or pointer.get("version") == r.staged.version:
+            raise
+        layout.discard_version(join(normalize_location(r.plan.serving), "versions", r.staged.version),
+                               f"the disk filled up as it was made current ({exc})")
+        raise layout.full_location_error(r.plan.serving, r.staged.version, exc) from None
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
+def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
+    """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
+
+    'load': the copy loads, in this process, the way `load_promoted_model` loads it, and a served
+    model answers its input example as the checkpoint did (other formats: hashes only).
+    'revalidate': a served model is evaluated on the validation data as the built-in validation
+    does; a checkpoint served as files goes through the validation function again (a Ray task).
+    Either must give back the recorded metric.
+    """
+    p = plan.config.promotion
+    if p.verify == "hashes":
+        return
+    load.check_loadable(version)
+    if p.verify != "revalidate":
+        return
+    expected = record.metrics[p.metric]
+    if layout.content_of(version.manifest) == "model":
+        got = evaluate_served(plan, version).get(p.metric)
+    else:
+        connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
+        got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
+    if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
+        raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
+                                  f"was recorded with {expected}: not promoted")
+
+
+def evaluate_served(plan: RunPlan, version: layout.PromotedVersion) -> dict[str, float]:
+    """val_loss and val_accuracy of a served model's torch module on the validation data."""
+    from podium.training.validate import evaluate_module  # torch loads here
+
+    module = load.load_version(version).module
+    if module is None:
+        return {}
+    return evaluate_module(module, plan.validate_kwargs["val_data"], plan.config.data.label_column,
+                           list(plan.data_facts["feature_columns"]))
+
+
+def promoted(r: Rollout) -> Promoted:
+    """What a rollout that made its version current says it promoted."""
+    p, version = r.plan.config.promotion, r.staged
+    logger.info("promoted step %d as %s (MLflow %s v%s @%s)", r.record.step, version.version, p.registered_model,
+                r.mlflow_version, p.alias)
+    return Promoted(version=version.version, uri=version.uri, step=r.record.step, metric=p.metric, value=r.value,
+                    mlflow_version=r.mlflow_version, checkpoint_uri=r.record.uri, model=r.plan.config.model,
+                    served_as=version.manifest.get("served_as"), load=version.manifest.get("load"),
+                    provenance=r.provenance)
+
+
+def candidate(r: Rollout) -> Candidate:
+    """The candidate a rollout staged to await a person's decision."""
+    version = r.staged
+    return Candidate(version=version.version, uri=version.uri, manifest=version.manifest,
+                     mlflow_version=r.mlflow_version, step=r.record.step, value=r.value, checkpoint_uri=r.record.uri,
+                     model_id=r.record.model_id, reason=r.reason, provenance=r.provenance)
+
+
+def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
+             value: float | None, challenger: bool = False) -> str:
+    """A registry version for a serving version (its tags and description say what it is and how to load it),
+    under the promotion's alias, or `challenger` for a candidate awaiting a decision."""
+    p = plan.config.promotion
+    how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
+    tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
+            "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
+            "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
+            TAG_LOCATION_ID: ensure_location(plan.serving, p.registered_model, p.alias).id,  # claimed: read back
+            **provenance_tags(version.manifest)}
+    # the registry's versions table shows the first ~30 characters of the description: the value first
+    shown = format_number(value)
+    challenger_as = challenger_alias(p.alias)
+    what = (f"awaiting approval (alias {challenger_as}) as serving {version.version}" if challenger
+            else f"promoted by podium as serving {version.version}")
+    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
+                   f"Load: {how}. Checkpoint (to resume): {record.uri}")
+    if challenger:
+        tags["podium.approval"] = "pending"
+    return register_champion(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
+                             tags=tags, version_uid=str(version.manifest.get("version_uid") or ""),
+                             description=description, promoted=not challenger)
+
+
+def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
+    """The champion is already current in serving; make sure the registry says so too.
+
+    A promotion interrupted after the pointer switch but before the alias moved
+    is finished here, when promotion runs again (its MLflow model was logged before the switch).
+    """
+    p = plan.config.promotion
+    current = layout.read_current(plan.serving)
+    if current is None:
+        return None
+    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
+                                     current.uri)
+    if version is None:
+        version = register(plan, tracking, record, current, current.manifest.get("value"))
+        logger.info("registered the current champion %s as version %s", current.version, version)
+    elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
+        set_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
+        logger.info("moved alias %s to version %s (the current champion)", p.alias, version)
+    return version
+
+
+def record_decision(tracking: TrackingRun, decision: Decision) -> None:
+    """The decision's numbers and data, as the run tag `podium status` reads (podium.tracking.datasets)."""
+    record_comparison(tracking, {"promote": decision.promote, "reason": decision.reason,
+                                 "comparison": comparison_summary(decision), "checks": checks_summary(decision)})
+
+
+def record_attempt(serving: str, tracking: TrackingRun, outcome: PromotionOutcome) -> None:
+    """Every promotion attempt, promoted or not, is kept under <serving>/attempts/."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns():020d}"
+    try:
+        write_json(join(normalize_location(serving), "attempts", f"{stamp}-{uuid.uuid4().hex[:6]}.json"),
+                   {"run_name": tracking.run_name, "mlflow_run_id": tracking.run_id, "at": time.time(),
+                    **outcome.model_dump(mode="json")})
+    except OSError as exc:  # the decision stands and serving is consistent: only its record is missing
+        if not layout.is_disk_full(exc):
+            raise
+        logger.warning("no space left at %s for the attempt record (%s)", serving, outcome.reason)
