@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from podium.core.approval import challenger_alias, withdrawn
+from podium.errors import AliasTaken
 from podium.serving import layout
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.staged import staged_versions
@@ -28,7 +29,6 @@ from podium.storage.locations import join, normalize_location
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.registry import (
     TAG_VERSION_UID,
-    AliasTaken,
     alias_owner,
     alias_taken,
     alias_target,

@@ -20,8 +20,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.config import ConfigError
-from podium.serving.layout import ServingError, read_json, write_json
+from podium.errors import ConfigError, ServingError
+from podium.serving.layout import read_json, write_json
 from podium.storage.locations import join
 from podium.tasks.plan import RunPlan
 from podium.tracking.runs import flatten_params
@@ -124,7 +124,8 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
 
     # local: Prefect's client and MLflow load only when a resume is checked (`podium run`'s start-up)
     from podium import prefect_api
-    from podium.tracking.client import TAG_FLOW_RUN, TrackingUnavailable, resolve_tracking_uri
+    from podium.errors import TrackingUnavailable
+    from podium.tracking.client import TAG_FLOW_RUN, resolve_tracking_uri
     from podium.tracking.runs import find_tracking_run, run_tags
 
     try:

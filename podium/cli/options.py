@@ -205,7 +205,8 @@ def _table_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> PipelineConfig:
     """Config file, then flags, then embedded defaults for empty locations; validated; the run name's
     placeholders filled for now."""
-    from podium.config import ConfigError, load_config
+    from podium.config import load_config
+    from podium.errors import ConfigError
 
     try:
         config = load_config(args.config, flag_overrides(args), settings)

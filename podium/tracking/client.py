@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import requests
 
-from podium.core.redaction import redact_uri
+from podium.errors import TrackingUnavailable
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -130,21 +130,6 @@ def apply_http_retry_defaults() -> None:
     MLflow reads them on every request, so this takes effect for clients already made."""
     for name, value in HTTP_RETRY_DEFAULTS.items():
         os.environ.setdefault(name, value)
-
-
-class TrackingUnavailable(RuntimeError):
-    """The tracking server did not answer, through all of MLflow's HTTP retries.
-
-    Nothing was recorded by the call that raised it; the run can be resumed once the
-    server answers again."""
-
-    def __init__(self, tracking_uri: str, action: str, reason: str, waited_s: float):
-        self.tracking_uri, self.action, self.reason, self.waited_s = tracking_uri, action, reason, waited_s
-        super().__init__(f"MLflow tracking server {redact_uri(tracking_uri)} unreachable while "
-                         f"{action}: gave up after {waited_s:.0f} s of retries ({reason})")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.tracking_uri, self.action, self.reason, self.waited_s))
 
 
 # Transport failures leave MLflow's REST client as "API request to <url> failed with ...";

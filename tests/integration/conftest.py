@@ -105,14 +105,14 @@ def locations(tmp_path, tracking_uri) -> dict[str, str]:
 
 @pytest.fixture
 def pipeline(prefect_api, ray_cluster):
-    """Run the train-validate-promote flow against the real servers."""
+    """Run the train-validate-promote flow against the real servers; its summary (the RunResult's)."""
     from podium.config import build_config
     from podium.flows.pipeline import train_validate_promote
 
     def run(config: dict, tracking_uri: str, name_suffix: str = ""):
         cfg = build_config(config)
         return train_validate_promote.with_options(flow_run_name=f"{cfg.run_name}{name_suffix}")(
-            config=cfg, tracking_uri=tracking_uri)
+            config=cfg, tracking_uri=tracking_uri).summary
 
     return run
 

@@ -4,7 +4,7 @@
    python/ray/train/v2/tests/test_circular_imports.py reads them): no cycle among podium's modules,
    and no module importing a layer above its own:
 
-       core <- config, settings, imports <- adapters (storage, serving, tracking, Prefect, services, charts)
+       core, errors <- config, settings, imports <- adapters (storage, serving, tracking, Prefect, services, charts)
             <- training <- tasks <- flows <- deployments, cli <- the public API (podium/__init__.py)
 
 2. What each module pulls in, imported alone in a fresh interpreter:
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # the longest matching prefix gives a module's layer; a module may import its own layer or any below
 RANKS = {
-    "podium.core": 0,
+    "podium.core": 0, "podium.errors": 0,  # podium's errors: every layer may raise them
     "podium.config": 1, "podium.settings": 1, "podium.imports": 1,
     "podium.storage": 2, "podium.serving": 2, "podium.tracking": 2, "podium.prefect_api": 2,
     "podium.prefect_events": 2, "podium.services": 2, "podium.charts": 2,
@@ -194,6 +194,7 @@ NOTHING_HEAVY = {"prefect", "mlflow", "torch", "ray"}
 # layer: (forbidden top-level packages, allowed libraries imported up front)
 LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.core": (NOTHING_HEAVY, []),
+    "podium.errors": (NOTHING_HEAVY, []),
     "podium.training": (NOT_IN_WORKERS, ["torch", "ray.train", "ray.train.torch", "ray.util.queue", "pyarrow.dataset",
                                          "numpy", "pydantic", "fsspec", "s3fs"]),
     "podium.flows": ({"torch"}, ["prefect", "prefect.futures", "ray.train", "ray.util.queue", "mlflow.tracking",
