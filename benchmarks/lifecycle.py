@@ -557,7 +557,8 @@ class Sequence:
                                      tuple(c for c in range(1, 256) if c != 0), "the run's process was killed", out))
 
     def rollback(self, step: Step, loc: Location) -> None:
-        from podium.serving.history import HistoryError, rollback_target
+        from podium.errors import HistoryError
+        from podium.serving.history import rollback_target
         from podium.serving.layout import read_current, read_lineage
 
         args = ["rollback", "--json", "--serving", loc.serving, "--model", self.model, "--alias", loc.alias,

@@ -18,9 +18,6 @@ from prefect.runtime import deployment, flow_run
 from podium import prefect_api
 from podium.config import PipelineConfig, merge
 
-# flow run id -> the config its name was made from, taken by its body (one read of the deployment per run)
-_named: dict[str, PipelineConfig] = {}
-
 
 def _started_at() -> datetime:
     return flow_run.scheduled_start_time or datetime.now(timezone.utc)
@@ -32,10 +29,8 @@ def run_config(config: PipelineConfig) -> PipelineConfig:
 
     A run of a deployment started with a `config` that names only some settings (`--param config='{"run_name":
     "night-3"}'`) keeps the deployment's for the rest: Prefect replaces a parameter whole; the settings a run
-    names win. Without a deployment, `config` as is. The flow's name and its body get the same one."""
-    named = _named.pop(str(flow_run.id), None)
-    if named is not None:
-        return named
+    names win. Without a deployment, `config` as is. The flow's name and its body each ask (the same answer: the
+    deployment's parameters and the run's scheduled start do not change)."""
     defaults = prefect_api.deployment_parameter("config")
     given = prefect_api.flow_run_parameter("config")  # what the run was started with, before validation
     if isinstance(defaults, dict) and isinstance(given, dict):
@@ -50,7 +45,7 @@ def flow_run_namer(suffix: str) -> Callable[[], str]:
     def name() -> str:
         config: PipelineConfig = flow_run.parameters["config"]
         try:
-            config = _named[str(flow_run.id)] = run_config(config)
+            config = run_config(config)
         except ValueError:  # invalid once merged: the flow's body fails with it; the name keeps the run's own
             pass
         return f"{config.at(_started_at()).run_name}-{suffix}"

@@ -19,11 +19,12 @@ from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.core.verdict import run_failure
+from podium.errors import TrackingUnavailable
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.promote import promote_and_announce
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
-from podium.flows.summary import RunSummary, final_state, summarize_run
+from podium.flows.summary import RunResult, RunSummary, final_state, summarize_run
 from podium.flows.validation import PolicyCannotBeMet, ValidationQueue
 from podium.progress import say
 from podium.tasks.evidence import promotion_needs_ray
@@ -40,7 +41,7 @@ from podium.tasks.resume import (
 from podium.tasks.retention import served_checkpoints
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
 from podium.tasks.train import EarlyStopSwitch, connect_ray_task, require_checkpoints, train_model
-from podium.tracking.client import TrackingRun, TrackingUnavailable
+from podium.tracking.client import TrackingRun
 from podium.tracking.records import log_training_metrics
 from podium.tracking.runs import close_tracking_run, tag_stopped_early
 from podium.training import cluster
@@ -56,16 +57,19 @@ TRAINING_START_WAIT_S = 30.0  # at most this long before the MLflow run opens an
 @flow(name="train-validate-promote", task_runner=ThreadPoolTaskRunner(max_workers=64),  # type: ignore[arg-type]
       flow_run_name=flow_run_namer("run"), log_prints=False)
 def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = None,
-                           mlflow_ui: str | None = None) -> RunSummary:
+                           mlflow_ui: str | None = None, plan: RunPlan | None = None) -> RunResult:
     """Train on Ray Train, validate each checkpoint as soon as it is persisted, record it in MLflow,
     then promote the best checkpoint if it beats the current champion.
 
-    Returns the run's summary; the flow run ends Completed, its message what was promoted or why nothing was. A
+    `plan`: the run's plan (`podium.tasks.plan.plan_run` of `config`), made by a caller that checked the run before
+    starting anything (`podium run`); without it (a deployment's run), the flow plans.
+
+    Returns the run's RunResult; the flow run ends Completed, its message what was promoted or why nothing was. A
     run that did not do its work (none of its checkpoints could be validated, or its candidate's approval could not
-    be asked for) ends Failed and raises `podium.flows.summary.UnfinishedRun`, which holds the summary."""
+    be asked for) ends Failed and raises `podium.errors.UnfinishedRun`, which holds the result."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
-    plan = plan_run_task(config)
+    plan = plan if plan is not None else plan_run_task(config)
     for warning in plan.data_warnings:
         say("data: %s (allowed by data.allow)", warning)
     # Prefect mirrors the run and is not on its critical path: with its server down, the run goes on.

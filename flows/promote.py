@@ -12,7 +12,7 @@ from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
 from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.stop import RunStopped, stop_on_signals
-from podium.flows.summary import RunSummary, final_state, summarize_run
+from podium.flows.summary import RunResult, final_state, summarize_run
 from podium.tasks.approval import await_approval
 from podium.tasks.news import announce_promotion_task
 from podium.tasks.plan import RunPlan, plan_run_task
@@ -37,15 +37,17 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
 
 @flow(name="promote-run", flow_run_name=flow_run_namer("promote"), log_prints=False)
 def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
-                mlflow_ui: str | None = None) -> RunSummary:
-    """Promote the best validated checkpoint of an existing run if it beats the champion."""
+                mlflow_ui: str | None = None, plan: RunPlan | None = None) -> RunResult:
+    """Promote the best validated checkpoint of an existing run if it beats the champion. `plan`: the run's plan,
+    made by a caller that checked the run before starting anything (`podium promote`); without it, the flow plans.
+    Returns the run's RunResult, as `train_validate_promote` does."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
     # Prefect mirrors the promotion and is not on its critical path. SIGINT / SIGTERM while a candidate awaits
     # approval withdraw it (its staged copy, its registry version and the challenger alias): the flow run ends
     # Cancelled, and the same command asks again
     with prefect_api.watching(), stop_on_signals() as stop:
-        plan = plan_run_task(config)
+        plan = plan if plan is not None else plan_run_task(config)
         tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
         outcome = None if stop.requested else promote_and_announce(plan, tracking, mlflow_ui,
                                                                    stop_requested=lambda: stop.requested)

@@ -6,12 +6,14 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
 
+from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.approval import VIA_UNASKED
 from podium.core.early_stop import EarlyStop
 from podium.core.numbers import format_number
 from podium.core.records import CheckpointRecord
 from podium.core.verdict import run_failure
+from podium.errors import EXIT_FAILED, EXIT_OK, EndNotRecorded, RunEnded, UnfinishedRun
 from podium.settings import PodiumSettings
 from podium.tasks.promote import PromotionOutcome
 from podium.tasks.report import publish_reports
@@ -31,30 +33,6 @@ class RunSummary(BaseModel):
     stopped_early: EarlyStop | None = None  # training stopped because the validations stopped improving
 
 
-# The summaries of flows that ran to their end in this process, by run name. A flow's return value
-# reaches its caller through Prefect's engine, which raises instead when it cannot record the flow
-# run's final state (the server is down): the CLI then reads what the run did from here.
-_FINISHED: dict[str, RunSummary] = {}
-
-
-def hand_off(summary: RunSummary) -> RunSummary:
-    """Keep a finished run's summary for its caller in this process (see `finished_summary`); returns it."""
-    _FINISHED[summary.run_name] = summary
-    return summary
-
-
-class UnfinishedRun(RuntimeError):
-    """A run that ended without doing its work (`run_shortfall`): its flow run ended Failed, and calling the flow
-    raises this. `summary` is what the run did (every checkpoint's record and reason, the promotion's outcome)."""
-
-    def __init__(self, message: str, summary: RunSummary):
-        super().__init__(message)
-        self.summary = summary
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (str(self), self.summary))
-
-
 def run_shortfall(summary: RunSummary) -> str | None:
     """Why a run that reached its end did not do its work, whatever a scheduler would read from a Completed, or None:
     no checkpoint could be validated (podium.core.verdict.run_failure), or its candidate's approval could not be asked
@@ -70,6 +48,7 @@ def run_shortfall(summary: RunSummary) -> str | None:
 
 
 STATE_MESSAGE_CHARS = 1000  # what the Prefect UI shows of a state's message without scrolling, and more
+END_PROBE_S = 5.0  # how long the flow's end waits for the Prefect server's /health
 
 
 def outcome_in_words(summary: RunSummary) -> str:
@@ -81,21 +60,64 @@ def outcome_in_words(summary: RunSummary) -> str:
     return f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
 
 
+class RunResult(BaseModel):
+    """What a flow run of podium's returns to its caller (`podium run`, `podium promote`, Python): the run's summary,
+    the promotion decision it carried out, why the run did not do its work (None: it did), and the exit code that
+    implies for a command."""
+
+    summary: RunSummary
+    shortfall: str | None = None
+
+    @property
+    def decision(self) -> PromotionOutcome:
+        """What promotion decided and did."""
+        return self.summary.promotion
+
+    @property
+    def exit_code(self) -> int:
+        """0: the run did its work; 1 (EXIT_FAILED): it reached its end without (`shortfall` says why)."""
+        return EXIT_FAILED if self.shortfall else EXIT_OK
+
+
+def run_result(summary: RunSummary) -> RunResult:
+    """The result of a run that reached its end."""
+    return RunResult(summary=summary, shortfall=run_shortfall(summary))
+
+
 def final_state(summary: RunSummary) -> State:
-    """The state the flow run ends in, its message what happened: Completed with what was promoted or why
-    nothing was, or Failed when the run did not do its work (`run_shortfall`): calling the flow then raises
-    UnfinishedRun, which holds the summary. `podium run` reads it either way (`hand_off`)."""
-    hand_off(summary)
-    shortfall = run_shortfall(summary)
-    if shortfall:
-        message = f"run {summary.run_name} failed: {shortfall}"
-        return Failed(message=message[:STATE_MESSAGE_CHARS], data=UnfinishedRun(message, summary))
-    return Completed(message=outcome_in_words(summary)[:STATE_MESSAGE_CHARS], data=summary)
+    """The state the flow run ends in, its message what happened: Completed with the run's RunResult, or Failed when
+    the run did not do its work (`run_shortfall`): calling the flow then raises UnfinishedRun, which holds the result.
+
+    Where the Prefect server does not answer, the engine could not record either, and would raise its own error
+    with the result lost: EndNotRecorded, which holds the result, is raised instead (the engine's error then names
+    it as its context: `result_of` finds it)."""
+    result = run_result(summary)
+    link = prefect_api.link()
+    # gone (it refuses connections), or silent for as long as a call of podium's own waits: a server that is only
+    # slow (a busy machine) gets the end from the engine, which waits for it
+    if not link.probe(timeout=END_PROBE_S, slow_down_s=prefect_api.CALL_DEADLINE_S) and link.down:
+        raise EndNotRecorded(f"run {summary.run_name}: {outcome_in_words(summary)}; the Prefect server "
+                             f"{link.api_url} did not answer to record the flow run's end", result)
+    if result.shortfall:
+        message = f"run {summary.run_name} failed: {result.shortfall}"
+        return Failed(message=message[:STATE_MESSAGE_CHARS], data=UnfinishedRun(message, result))
+    return Completed(message=outcome_in_words(summary)[:STATE_MESSAGE_CHARS], data=result)
 
 
-def finished_summary(run_name: str) -> RunSummary | None:
-    """The summary of a flow that ran to its end in this process, whatever Prefect recorded (taken once)."""
-    return _FINISHED.pop(run_name, None)
+def result_of(exc: BaseException) -> RunResult | None:
+    """The result a flow that reached its end holds in `exc` (UnfinishedRun, EndNotRecorded) or in the errors it led
+    to (Prefect's engine failing to record the end after EndNotRecorded); None if the flow did not reach its end."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:  # both links of each: a client's `raise ... from` sets the cause, the flow's error is a context
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RunEnded) and isinstance(current.result, RunResult):
+            return current.result
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return None
 
 
 def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,

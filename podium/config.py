@@ -23,6 +23,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from podium.core.redaction import has_password, redact_uri
+from podium.errors import ConfigError
 
 if TYPE_CHECKING:
     from podium.settings import PodiumSettings
@@ -386,10 +387,6 @@ class PipelineConfig(_Strict):
     def at(self, when: datetime) -> PipelineConfig:
         """This config with the run name's placeholders filled for a run starting at `when`."""
         return self.model_copy(update={"run_name": expand_run_name(self.run_name, when)})
-
-
-class ConfigError(ValueError):
-    """Invalid configuration: names the field, the value and what was expected."""
 
 
 # what a strict field expected, in words (pydantic's error types of a value of another type)

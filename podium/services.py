@@ -32,16 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from podium.core.redaction import redact_uri
+from podium.errors import ServiceError
 from podium.settings import count_start
 
 logger = logging.getLogger(__name__)
 
 
 PORT_ATTEMPTS = 3  # starts of the local Prefect server, each on a port found free, before podium gives up
-
-
-class ServiceError(RuntimeError):
-    """A server podium needs is unreachable or would not start."""
 
 
 class PortTaken(ServiceError):

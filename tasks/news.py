@@ -91,3 +91,9 @@ def announce_rollback(model: str, registered_model: str, outcome: RollbackOutcom
               {"model": model, "registered_model": registered_model, "from_version": outcome.from_version,
                "to_version": outcome.to_version, "mlflow_version": outcome.mlflow_version,
                "withdrawn": outcome.withdrawn, "reason": reason})
+
+
+@task(name="announce-rollback", cache_policy=NO_CACHE)
+def announce_rollback_task(model: str, registered_model: str, outcome: RollbackOutcome, reason: str | None) -> None:
+    """Announce a rollback that switched serving (`announce_rollback`)."""
+    announce_rollback(model, registered_model, outcome, reason)

@@ -19,12 +19,12 @@ from podium.config import (
     BUILTIN_LOOP_SETTINGS,
     BUILTIN_VALIDATE,
     LOOP_CONFIG_PODIUM_KEY,
-    ConfigError,
     PipelineConfig,
     field_default,
 )
 from podium.core.policy import unknown_policy_metrics
 from podium.core.redaction import redact_uri
+from podium.errors import ConfigError, RunInProgress
 from podium.imports import ImportPathError, resolve_callable
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
 from podium.storage.locations import normalize_location
@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 BUILTIN_METRICS = {"val_loss", "val_accuracy", "loss", "accuracy"}
 
 # (location, label column, feature columns) -> the last inspection in this process and the digest of the
-# data it inspected: `podium run` plans before anything starts and its flow plans again, and the float
-# columns' scan for NaN reads every row; the second plan reads none when the files are the same
+# data it inspected: `podium promote` of the latest run plans before anything starts and its flow plans again under
+# the run's name, and the float columns' scan for NaN reads every row; the second plan reads none when the files are
+# the same
 _INSPECTED: dict[tuple[str, str, tuple[str, ...] | None], tuple[DatasetDigest, DatasetInfo]] = {}
 
 
@@ -205,8 +206,8 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     else:  # your loop: exactly your config, and podium's facts under one key of their own
         loop_config = {**cfg.training.train_loop_config,
                        LOOP_CONFIG_PODIUM_KEY: {"run_name": cfg.run_name, **data_facts}}
-    for warning in warnings:
-        logger.warning("%s", warning)
+    for warning in warnings:  # the flow says them on the terminal, from the plan (`data_warnings`)
+        logger.info("%s", warning)
     return RunPlan(config=cfg, storage=storage, serving=serving, train_loop=train_loop,
                    loop_config=loop_config, validate_kwargs=facts, data_warnings=warnings, data=data)
 
@@ -332,10 +333,6 @@ def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str]
 def plan_run_task(config: PipelineConfig) -> RunPlan:
     """Preflight checks (data schema, import paths, writable locations) before anything is trained."""
     return plan_run(config)
-
-
-class RunInProgress(RuntimeError):
-    """Another process is running a run of the same name right now."""
 
 
 @contextlib.contextmanager

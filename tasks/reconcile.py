@@ -22,6 +22,7 @@ import logging
 
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
+from podium.errors import AliasTaken
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
@@ -30,7 +31,6 @@ from podium.storage.locations import join, normalize_location
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.registry import (
     TAG_VERSION_UID,
-    AliasTaken,
     alias_owner,
     alias_taken,
     alias_target,

@@ -25,7 +25,7 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from podium import prefect_api
-from podium.config import ConfigError
+from podium.errors import ConfigError
 from podium.storage.documents import DocumentError, read_json, write_json
 from podium.storage.locations import join
 from podium.tasks.plan import RunPlan

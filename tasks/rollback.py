@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import time
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from podium.errors import HistoryError, ServingError
 from podium.serving import layout
-from podium.serving.history import HistoryError, rollback_target
+from podium.serving.history import rollback_target
 from podium.tasks.promote import origin, promotion_lock
 from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
 from podium.tracking.registry import mark_withdrawn
@@ -24,6 +27,7 @@ class RollbackOutcome(BaseModel):
     mlflow_version: str | None
     withdrawn: str | None = None
     switched: bool = True
+    flow_run_id: str | None = None  # the `rollback` flow run that did it (the Prefect UI shows it)
 
 
 def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str,
@@ -37,7 +41,7 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
     history (the repair after a rollback whose MLflow part did not go through).
     """
     if layout.read_pointer(serving) is None:  # checked before the lock, which would create the folder
-        raise layout.ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+        raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
     with promotion_lock(serving) as still_locked:
         claim_location(serving, tracking_uri, registered_model, alias)
         withdraw_orphans(serving, tracking_uri, registered_model, alias)
@@ -47,10 +51,10 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
             target_name, withdraws = rollback_target(layout.read_lineage(serving), current.version, to_version,
                                                      serving)
         except HistoryError as exc:
-            raise layout.ServingError(str(exc)) from None
+            raise ServingError(str(exc)) from None
         target = layout.read_version(serving, target_name)
         if target is None:
-            raise layout.ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
+            raise ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
         switched = target.version != current.version
         if switched:
             still_locked()
@@ -60,6 +64,13 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
         mlflow_version = sync_registry(serving, tracking_uri, registered_model, alias)
     return RollbackOutcome(from_version=current.version, to_version=target.version, mlflow_version=mlflow_version,
                            withdrawn=withdraws, switched=switched)
+
+
+@task(name="roll-back", cache_policy=NO_CACHE)
+def roll_back_task(serving: str, tracking_uri: str, registered_model: str, alias: str, to_version: str | None = None,
+                   reason: str | None = None) -> RollbackOutcome:
+    """Point serving back one champion (or at `to_version`); the registry follows (`roll_back`)."""
+    return roll_back(serving, tracking_uri, registered_model, alias, to_version, reason)
 
 
 def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias: str) -> str | None:

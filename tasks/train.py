@@ -13,7 +13,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.events import CheckpointEvent, EventSink
-from podium.core.failures import UserCodeError, user_frames
+from podium.core.failures import user_frames
+from podium.errors import NoCheckpointReported, UserCodeError
 from podium.imports import resolve_callable
 from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan
@@ -195,10 +196,6 @@ def train_model(plan: RunPlan, sink: EventSink, step_base: int = 0, fitting: thr
                 stopped_early: EarlyStopSwitch | None = None) -> float:
     """Run distributed training on Ray Train; checkpoints are announced while it runs."""
     return train(plan, sink, step_base, fitting, stopped_early)
-
-
-class NoCheckpointReported(RuntimeError):
-    """Training ended and the run has no checkpoint: nothing to validate or promote."""
 
 
 def require_checkpoints(plan: RunPlan, checkpoints: int, reports: int) -> None:

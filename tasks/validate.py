@@ -12,9 +12,10 @@ from prefect.cache_policies import NO_CACHE
 from podium.core.events import ValidationRequest, ValidationResult
 from podium.core.records import FAILED, PENDING, CheckpointRecord
 from podium.core.verdict import ValidationOutcome, Verdict, decide_verdict
+from podium.errors import TrackingUnavailable
 from podium.imports import resolve_callable
 from podium.tasks.plan import RunPlan
-from podium.tracking.client import TrackingRun, TrackingUnavailable
+from podium.tracking.client import TrackingRun
 from podium.tracking.records import record_verdict
 from podium.training import validation_call
 

@@ -9,7 +9,8 @@ import posixpath
 import tempfile
 from typing import Any
 
-from podium.serving.layout import CHUNK, PromotedVersion, ServingError, parallel, read_current, safe_relpath
+from podium.errors import ServingError
+from podium.serving.layout import CHUNK, PromotedVersion, parallel, read_current, safe_relpath
 from podium.serving.staging import list_objects, verify_files
 from podium.serving.tabular import PROBABILITIES, TabularClassifier
 from podium.storage.locations import fsspec_filesystem, is_remote

@@ -17,6 +17,7 @@ from typing import Any
 from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import checkpoint_json, print_mlflow_links, print_status
+from podium.errors import AliasTaken, ServiceError, ServingError, TrackingUnavailable
 from podium.settings import PodiumSettings, current_user
 
 
@@ -24,7 +25,7 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
     """(config, TrackingRun) of the run a read command is about: the one named (--run-name or the
     config file), else the experiment's latest. Read-only: a store that is not there is not created."""
     config = config_from_args(args, settings)
-    from podium.tracking.client import TrackingUnavailable, store_exists
+    from podium.tracking.client import store_exists
     from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs
 
     tracking_uri = settings.resolved_tracking_uri()
@@ -53,8 +54,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     config, tracking = _find_run(args, settings)
     from podium.cli.output import champion_json
     from podium.cli.provenance import status_report
-    from podium.serving.layout import ServingError, promoted_by
-    from podium.tracking.client import TAG_REASON, TrackingUnavailable
+    from podium.serving.layout import promoted_by
+    from podium.tracking.client import TAG_REASON
     from podium.tracking.records import list_records
     from podium.tracking.runs import run_tags
 
@@ -93,7 +94,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _disagreements(config: Any, tracking_uri: str) -> list[str]:
     """Where the registry and the serving location disagree (podium.tasks.reconcile), or why that was not checked."""
-    from podium.serving.layout import ServingError
     from podium.tasks.reconcile import disagreements
 
     try:
@@ -109,7 +109,7 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
     import socket
 
     from podium.core.approval import signed_by_command
-    from podium.services import ServiceError, running_prefect_server
+    from podium.services import running_prefect_server
 
     settings = PodiumSettings()
     try:
@@ -177,7 +177,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     serves until Ctrl-C)."""
     settings = PodiumSettings()
     config, tracking = _find_run(args, settings)
-    from podium.services import ServiceError, ensure_prefect_server, start_mlflow_ui, stop_process, ui_url
+    from podium.services import ensure_prefect_server, start_mlflow_ui, stop_process, ui_url
     from podium.tracking.client import TAG_FLOW_RUN
     from podium.tracking.runs import artifact_location_for, run_tags
 
@@ -207,21 +207,41 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    """Point the serving location back one champion along its history; the MLflow alias follows."""
+    """Point the serving location back one champion along its history; the MLflow alias follows. Runs as the Prefect
+    flow `rollback` (this home's server, started if needed, or PREFECT_API_URL's), so that the Prefect UI shows it
+    beside the runs that promoted."""
     settings = PodiumSettings()
     from podium.config import MODEL_NAME_RE, default_serving
-    from podium.serving.layout import ServingError, read_pointer
-    from podium.tasks.news import announce_rollback
-    from podium.tasks.rollback import roll_back
-    from podium.tracking.client import TrackingUnavailable
-    from podium.tracking.registry import AliasTaken
+    from podium.serving.layout import read_pointer
 
     if not MODEL_NAME_RE.match(args.model):
         raise CliError(f"--model = {args.model!r}: expected letters, digits, '_', '.', '-' (it names a folder)")
     serving = args.serving or default_serving(settings, args.model)
     try:
         registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
-        out = roll_back(serving, settings.resolved_tracking_uri(), registered_model, alias, args.to, args.reason)
+        if read_pointer(serving) is None:  # before any server starts
+            raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+    except ServingError as exc:
+        raise CliError(str(exc)) from None
+    from podium.cli.run import quiet_command
+    from podium.services import ensure_prefect_server
+
+    quiet_command(settings)
+    try:
+        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
+    except ServiceError as exc:
+        raise ServerUnreachable(f"{exc}: nothing was rolled back (a rollback runs as a Prefect flow, which the "
+                                "Prefect UI shows)") from None
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from podium import prefect_api
+    from podium.flows.rollback import rollback
+
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            out = rollback(serving=serving, tracking_uri=settings.resolved_tracking_uri(),
+                           registered_model=registered_model, alias=alias, model=args.model, to_version=args.to,
+                           reason=args.reason)
     except AliasTaken as exc:
         raise Refused(str(exc)) from None
     except ServingError as exc:
@@ -231,8 +251,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         raise ServerUnreachable(f"{exc}.\n  Serving {serving} serves {now}; the MLflow alias and withdrawn marks "
                                 f"were not updated. Once the server answers, run `podium rollback --serving "
                                 f"{serving} --to {now}`: it updates them without switching again.") from None
-    if out.switched:
-        announce_rollback(args.model, registered_model, out, args.reason)
+    except Exception as exc:
+        if not prefect_api.is_unreachable(exc):
+            raise
+        now = (read_pointer(serving) or {}).get("version")
+        raise ServerUnreachable(f"the Prefect server {api_url} stopped answering ({type(exc).__name__}: {exc}): "
+                                f"serving {serving} serves {now} (`podium history --serving {serving}`)") from None
     if args.json:
         print(json.dumps(out.model_dump()))
         return 0
@@ -264,7 +288,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     from podium.cli.output import print_history
     from podium.config import default_serving
     from podium.serving.history import lineage_of, parse_switch
-    from podium.serving.layout import ServingError, read_history, read_pointer
+    from podium.serving.layout import read_history, read_pointer
 
     serving = args.serving or default_serving(settings, getattr(args, "model", None))
     try:
@@ -307,7 +331,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Become a Prefect process worker for podium's deployments; flow runs inherit its environment."""
-    from podium.services import ServiceError, ensure_prefect_server
+    from podium.services import ensure_prefect_server
 
     settings = PodiumSettings()
     try:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-# `podium run` / `podium promote` did all their work (trained, validated, recorded in MLflow, promoted),
-# but the Prefect server stopped answering: the flow run's end (and what was held for it) is not in Prefect
-NOT_RECORDED_EXIT = 4
+from podium.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
 
 
 class CliError(Exception):
     """A user error: printed without a traceback, exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_REFUSED
 
 
 class Refused(CliError):
@@ -23,14 +21,14 @@ class ServerUnreachable(CliError):
     """A server podium records to stopped answering during a run: printed without a traceback, exit
     code 3. The run can be resumed."""
 
-    exit_code = 3
+    exit_code = EXIT_UNREACHABLE
 
 
 class RunFailed(CliError):
     """The run ended without anything to promote for a reason podium can state (its loop never
     reported a checkpoint): printed without a traceback, exit code 1."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:

@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Atomically point CURRENT back at the previous champion of the serving "
                                           "history (or --to) and move the MLflow alias with it. The version left "
                                           "is withdrawn: never promoted again unless named with --to. Each "
-                                          "rollback goes one champion further back.")
+                                          "rollback goes one champion further back. Runs as the Prefect flow "
+                                          "`rollback` (this home's server, started if needed, or PREFECT_API_URL), "
+                                          "so that the Prefect UI shows it.")
     rollback.add_argument("--model", default=config_default("model"),
                           help=option_help("model", "The model whose champion to restore."))
     rollback.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from podium.cli.errors import CliError
+from podium.errors import ConfigError
 from podium.settings import PodiumSettings
 
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ def _table_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> PipelineConfig:
     """Config file, then flags, then embedded defaults for empty locations; validated; the run name's
     placeholders filled for now."""
-    from podium.config import ConfigError, load_config
+    from podium.config import load_config
 
     try:
         config = load_config(args.config, flag_overrides(args), settings)

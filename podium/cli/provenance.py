@@ -21,6 +21,7 @@ from typing import Any
 from podium.cli.errors import CliError, ServerUnreachable
 from podium.cli.output import approval_text
 from podium.core.numbers import format_number
+from podium.errors import HistoryError, ServingError, TrackingUnavailable
 from podium.settings import PodiumSettings
 
 # Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
@@ -117,9 +118,7 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
 def cmd_lineage(args: argparse.Namespace) -> int:
     """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
     from podium.config import default_serving
-    from podium.serving.history import HistoryError
-    from podium.serving.layout import VERSION_RE, ServingError, read_pointer, read_version
-    from podium.tracking.client import TrackingUnavailable
+    from podium.serving.layout import VERSION_RE, read_pointer, read_version
 
     settings = PodiumSettings()
     serving = args.serving or default_serving(settings, args.model)

@@ -1,5 +1,5 @@
-"""`podium run` and `podium promote`: the start-up (servers, Ray, logging, torch, side by side), then the flow run,
-and what its end is in exit codes.
+"""`podium run` and `podium promote`: the plan (before anything starts: a bad input is refused in seconds), the
+start-up (servers, Ray, logging, torch, side by side), then the flow run, and what its result is in exit codes.
 
 The start-up's phases are timed (`StartupClock`) and reported in `--json`'s `startup` block.
 
@@ -19,9 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podium.cli.errors import NOT_RECORDED_EXIT, CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
+from podium.errors import (
+    EXIT_NOT_RECORDED,
+    AliasTaken,
+    ConfigError,
+    NoCheckpointReported,
+    RunInProgress,
+    ServiceError,
+    ServingError,
+    TrackingUnavailable,
+    UnfinishedRun,
+    UserCodeError,
+)
 from podium.settings import PodiumSettings
 
 
@@ -35,9 +47,17 @@ class _ProgressPrinter(logging.Handler):
         self.stream.flush()
 
 
-def _library_environment(log_file: Path) -> None:
-    """The environment podium's libraries read when they load, and Ray's processes when they start: set
-    before Ray starts (its workers inherit it) and before Prefect and MLflow are imported."""
+def quiet_command(settings: PodiumSettings) -> None:
+    """A command that runs a flow in this process: the libraries' environment set, their records routed to the log
+    file (`<home>/logs/podium.log`); the terminal is for the command's own lines."""
+    log_file = settings.home_dir / "logs" / "podium.log"
+    _library_environment(log_file)
+    _quiet_libraries(log_file)
+
+
+def _library_variables() -> None:
+    """The environment variables podium's libraries read when they load, and Ray's processes when they start: set
+    before the plan, which loads Prefect, and before Ray starts (its workers inherit them). Writes nothing."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "podium")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
@@ -49,6 +69,12 @@ def _library_environment(log_file: Path) -> None:
     # mlflow would add a stderr handler to its logger on import; without it, its records reach the file below
     # (and mlflow is imported when it is needed, not here)
     os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+
+
+def _library_environment(log_file: Path) -> None:
+    """The environment podium's libraries read when they load, and Ray's processes when they start: set
+    before Ray starts (its workers inherit it) and before MLflow is imported; the log file's folder made."""
+    _library_variables()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     # Ray Data configures its logger with a console handler when it is imported (here and in the local
     # Ray's workers), and Ray's own logger above it has one too: Ray Data's configuration file sends its
@@ -135,8 +161,9 @@ class _Servers:
 
 def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Servers:
     """Set the libraries' environment (Ray's processes inherit it), then start the servers in the background:
-    the first thing a command does once its flags are read, so that they start while everything else loads
-    and the preflight runs. A preflight that fails ends the command, and a Ray it started with it."""
+    the first thing a command does once its plan is made (`_plan`), so that they start while everything else
+    loads. A check that fails after it (the tracking store, the serving location) ends the command, and a Ray it
+    started with it."""
     from podium import services
 
     log_file = settings.home_dir / "logs" / "podium.log"
@@ -151,17 +178,30 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
     return servers
 
 
-def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
-    """What must come before the flow, in this thread while the servers start in theirs (`_start_servers`):
-    the demo data, the tracking URI's check and (for a training run) torch; then wait for the servers.
-    Returns (tracking_uri, api_url).
-
-    The preflight and the resume check are the flow's own (`plan_run_task`, `check_resume_task`): a run
-    started here and one started by a deployment are planned by the same code, once, and a refusal comes
-    back from the flow as one sentence (exit 2)."""
+def _plan(config: Any, settings: PodiumSettings, clock: StartupClock) -> Any:
+    """The run's plan (podium.tasks.plan.plan_run, which a deployment's run calls in its flow), made before any server
+    or Ray starts: a bad path, column, import path or metric name is refused here (Refused: one sentence, exit 2),
+    with nothing started or left behind. The flow takes the plan and does not plan again. The demo data is made
+    first where the run asks for it."""
     began = time.monotonic()
     _maybe_make_demo_data(config, settings)
     clock.record("demo_data", began)
+    began = time.monotonic()
+    from podium.tasks.plan import plan_run
+
+    try:
+        plan = plan_run(config)
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+    clock.record("plan", began)
+    return plan
+
+
+def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
+    """What must come before the flow, in this thread while the servers start in theirs (`_start_servers`):
+    the tracking URI's check, the serving location's, and (for a training run) torch; then wait for the servers.
+    Returns (tracking_uri, api_url). The plan came first (`_plan`); the resume check is the flow's own
+    (`check_resume_task`), under the run's lock."""
     from podium import services
 
     tracking_uri = settings.resolved_tracking_uri()
@@ -171,7 +211,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     apply_http_retry_defaults()  # before the first MLflow request
     try:
         services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise Refused(str(exc)) from None
     clock.record("mlflow_check", began)
     _check_serving_location(config, tracking_uri)
@@ -181,11 +221,11 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
 
         # (torch.export's tracing, which promotion needs, loads while training runs: flows.pipeline)
         clock.record("import_torch", began)
-        servers.ray.wait()  # the flow's preflight imports the user's code, which may load Ray Train: Ray first
+        servers.ray.wait()
         clock.record("ray", servers.ray.started, servers.ray.ended)
     try:
         api_url = servers.prefect.result()
-    except services.ServiceError as exc:
+    except ServiceError as exc:
         raise Refused(str(exc)) from None
     clock.record("prefect_server", servers.prefect.started, servers.prefect.ended)
     return tracking_uri, api_url
@@ -194,10 +234,7 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
 def _check_serving_location(config: Any, tracking_uri: str) -> None:
     """Refuse, before anything runs, a promotion to a serving location that belongs to another registered model or
     alias, or under an alias another location of the model owns (podium.tasks.reconcile)."""
-    from podium.serving.layout import ServingError
     from podium.tasks.reconcile import check_location_claim
-    from podium.tracking.client import TrackingUnavailable
-    from podium.tracking.registry import AliasTaken
 
     p = config.promotion
     try:
@@ -227,12 +264,32 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     from podium.flows.stop import stop_before_the_run  # standard library only
 
     stop_before_the_run()
+    progress = _progress(args, clock)
+    progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
+    _library_variables()  # the plan loads Prefect, which reads them
+    plan = _plan(config, settings, clock)
+    began = time.monotonic()
+    # the plan loaded Prefect, whose console handler would print every record from here on (progress lines twice)
+    _quiet_libraries(settings.home_dir / "logs" / "podium.log")
+    clock.record("logging", began)
+    progress.info("run %s: starting %s", config.run_name,
+                  "the Prefect server and Ray" if which == "run" else "the Prefect server")
     servers = _start_servers(config, settings, which)
     try:
-        return _run_started(args, which, settings, clock, config, servers)
+        return _run_started(args, which, settings, clock, config, plan, servers)
     except Refused:
         _stop_what_a_refusal_started(settings, servers)
         raise
+
+
+def _progress(args: argparse.Namespace, clock: StartupClock) -> logging.Logger:
+    """podium's progress lines (the `podium.progress` logger) on the terminal from the command's first second:
+    stdout, or stderr with --json; none with --quiet."""
+    progress = logging.getLogger("podium.progress")
+    if not args.quiet:
+        progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, clock.start))
+    progress.setLevel(logging.INFO)
+    return progress
 
 
 def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) -> None:
@@ -242,7 +299,7 @@ def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) ->
 
     try:
         servers.prefect.result()
-    except services.ServiceError:
+    except ServiceError:
         return
     if services.started_here(settings.home_dir):
         services.stop_prefect_server(settings.home_dir)
@@ -251,7 +308,6 @@ def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) ->
 
 def _latest_run(config: Any, tracking_uri: str) -> Any:
     """`config` naming the model's latest run (what `podium status` shows when no --run-name is given)."""
-    from podium.tracking.client import TrackingUnavailable
     from podium.tracking.runs import latest_run_name
 
     try:
@@ -265,37 +321,22 @@ def _latest_run(config: Any, tracking_uri: str) -> Any:
 
 
 def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings, clock: StartupClock, config: Any,
-                 servers: _Servers) -> int:
+                 plan: Any, servers: _Servers) -> int:
     """run_flow, once the servers are starting."""
     start = clock.start
     clock.record("config_and_servers", start)
-    began = time.monotonic()
-    _quiet_libraries(settings.home_dir / "logs" / "podium.log")
-    clock.record("logging", began)
-    progress = logging.getLogger("podium.progress")
-    if not args.quiet:
-        progress.addHandler(_ProgressPrinter(sys.stderr if args.json else sys.stdout, start))
-    progress.setLevel(logging.INFO)
     tracking_uri, api_url = _prepare(config, settings, clock, servers)
     if which == "promote" and "run_name" not in config.model_fields_set:
         config = _latest_run(config, tracking_uri)  # the run `podium status` shows by default
-    from podium.config import ConfigError
-    from podium.core.failures import UserCodeError
-    from podium.serving.layout import ServingError
-    from podium.tasks.plan import RunInProgress
-    from podium.tasks.train import NoCheckpointReported
-    from podium.tracking.client import TrackingUnavailable
-    from podium.tracking.registry import AliasTaken
+        plan = plan if plan.run_name == config.run_name else None  # planned under another name: the flow plans
 
     began = time.monotonic()
-    from prefect.exceptions import CancelledRun
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from podium.services import ui_url
 
-    progress.info("Prefect UI: %s", ui_url(api_url))
+    logging.getLogger("podium.progress").info("Prefect UI: %s", ui_url(api_url))
     from podium import prefect_api
-    from podium.outages import is_unreachable
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         if which == "run":
@@ -304,60 +345,15 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
             from podium.flows.promote import promote_run as flow_fn
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
-        from podium.flows.summary import finished_summary, run_shortfall
-
-        flow_end_recorded = True
         from podium.flows.stop import stop_if_signalled
 
         stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
-        try:
-            try:
-                summary = flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}")(
-                    config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri))
-                finished_summary(config.run_name)
-            except Exception as exc:
-                done = finished_summary(config.run_name)
-                unreachable = is_unreachable(exc)
-                # the run reached its end: its flow run ended Failed on purpose (the run did not do its work), or
-                # Prefect's engine could not record the flow run's final state
-                if done is None or not (unreachable or run_shortfall(done)):
-                    raise
-                summary = done
-                if unreachable:
-                    logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: "
-                                                        "%s: %s", type(exc).__name__, exc)
-                    flow_end_recorded = False
-        except TrackingUnavailable as exc:
-            raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
-        except (RunInProgress, ConfigError, AliasTaken) as exc:
-            # refused by the flow's preflight: a bad input, a run in progress, a resume that changes the model
-            raise Refused(str(exc)) from None
-        except (ServingError, LookupError) as exc:
-            # a serving location that is full or corrupt, a run to promote that does not exist: the run's
-            # records stay in the Prefect UI, its server up
-            raise CliError(str(exc)) from None
-        except NoCheckpointReported as exc:
-            raise RunFailed(str(exc)) from None
-        except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log
-            raise RunFailed(f"{exc}\n(the full trace, with Ray's frames: {settings.home_dir / 'logs' / 'podium.log'})"
-                            ) from None
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                raise  # a signal's exit (Ray's SIGTERM handler): its code stands
-            # something inside the flow (a library) asked the process to exit as if it had succeeded: the run
-            # did not finish, and the exit code must not say it did
-            raise RunFailed(f"the run {config.run_name!r} ended before it finished: sys.exit({exc.code!r}) was "
-                            f"called inside the flow (see {settings.home_dir / 'logs' / 'podium.log'}); the same "
-                            "command resumes it") from None
-        except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
-            from podium.flows.stop import STOP, exit_code
-
-            if STOP.signum is None:
-                raise  # cancelled from Prefect's side: Prefect's own handling stands
-            prefect_api.link().settle(True)
-            print(f"podium: {exc}", file=sys.stderr, flush=True)
-            return exit_code(STOP.signum)
-        shortfall = run_shortfall(summary)
+        ended = _flow_result(flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}"), config, plan,
+                             tracking_uri, settings, which)
+        if isinstance(ended, int):
+            return ended  # stopped by a signal
+        result, flow_end_recorded = ended
+        summary, shortfall = result.summary, result.shortfall
         if not flow_end_recorded:  # the server may be back by now: then the CLI records the end itself
             flow_end_recorded = prefect_api.record_flow_end(
                 summary.flow_run_id, f"run {config.run_name} failed: {shortfall}" if shortfall else f"{config.run_name}: done",
@@ -377,9 +373,72 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
     if shortfall:  # the summary above says what each checkpoint got; a scheduler reads the exit code
         unrecorded = f" Prefect has not recorded it either: {not_recorded}." if not_recorded else ""
         print(f"podium: run {config.run_name!r} failed: {shortfall}.{unrecorded}", file=sys.stderr, flush=True)
-        return RunFailed.exit_code
+        return result.exit_code
     if not_recorded:
         print(f"podium: done, but not recorded in Prefect: {not_recorded}. The work itself is complete: MLflow "
               "and the serving location have it.", file=sys.stderr, flush=True)
-        return NOT_RECORDED_EXIT
-    return 0
+        return EXIT_NOT_RECORDED
+    return result.exit_code
+
+
+def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settings: PodiumSettings,
+                 which: str) -> Any:
+    """Run the flow; its RunResult and whether Prefect recorded the flow run's end, or the exit code of a run stopped
+    by a signal. podium's errors become the command's (podium.cli.errors): a refusal of the flow's own checks (a run
+    in progress, a resume that changes the model's shape) exit 2, a server gone exit 3, a run that could not do its
+    work exit 1."""
+    from prefect.exceptions import CancelledRun
+
+    from podium import prefect_api
+    from podium.flows.summary import result_of
+    from podium.outages import is_unreachable
+
+    log = settings.home_dir / "logs" / "podium.log"
+    try:
+        try:
+            result = flow_fn(config=config, tracking_uri=tracking_uri, mlflow_ui=settings.mlflow_ui(tracking_uri),
+                             plan=plan)
+            return result, True
+        except Exception as exc:
+            ended = result_of(exc)  # the run reached its end: what it did comes back with the error
+            if ended is None:
+                if is_unreachable(exc):  # Prefect's engine, as the flow run started or ended
+                    raise ServerUnreachable(
+                        f"the Prefect server stopped answering ({type(exc).__name__}: {exc}): the run "
+                        f"{config.run_name!r} may have done its work, which MLflow and the serving location "
+                        f"hold (`podium status --run-name {config.run_name}`); running the same command resumes it"
+                    ) from None
+                raise
+            recorded = isinstance(exc, UnfinishedRun)  # its flow run ended Failed on purpose
+            if not recorded:
+                logging.getLogger(__name__).warning("the flow run's final state was not recorded in Prefect: %s: %s",
+                                                    type(exc).__name__, exc)
+            return ended, recorded
+    except TrackingUnavailable as exc:
+        raise ServerUnreachable(tracking_outage_message(exc, config.run_name, which)) from None
+    except (RunInProgress, ConfigError, AliasTaken) as exc:
+        # refused by the flow's own checks: a run in progress, a resume that changes the model, an alias taken
+        raise Refused(str(exc)) from None
+    except (ServingError, LookupError) as exc:
+        # a serving location that is full or corrupt, a run to promote that does not exist: the run's
+        # records stay in the Prefect UI, its server up
+        raise CliError(str(exc)) from None
+    except NoCheckpointReported as exc:
+        raise RunFailed(str(exc)) from None
+    except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log
+        raise RunFailed(f"{exc}\n(the full trace, with Ray's frames: {log})") from None
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise  # a signal's exit (Ray's SIGTERM handler): its code stands
+        # something inside the flow (a library) asked the process to exit as if it had succeeded: the run
+        # did not finish, and the exit code must not say it did
+        raise RunFailed(f"the run {config.run_name!r} ended before it finished: sys.exit({exc.code!r}) was "
+                        f"called inside the flow (see {log}); the same command resumes it") from None
+    except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
+        from podium.flows.stop import STOP, exit_code
+
+        if STOP.signum is None:
+            raise  # cancelled from Prefect's side: Prefect's own handling stands
+        prefect_api.link().settle(True)
+        print(f"podium: {exc}", file=sys.stderr, flush=True)
+        return exit_code(STOP.signum)

@@ -65,14 +65,3 @@ def user_frames(traceback_text: str) -> str:
         skipping = False
         out.append(line)
     return "\n".join(out)
-
-
-class UserCodeError(RuntimeError):
-    """The user's training loop raised: their exception and their own frames, said once.
-
-    `where` names the code (and the rank); `traceback_text` holds the user's frames only (the full Ray
-    trace is in the log file)."""
-
-    def __init__(self, where: str, traceback_text: str):
-        self.where, self.traceback_text = where, traceback_text
-        super().__init__(f"{where} raised:\n{traceback_text}")

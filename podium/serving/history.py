@@ -12,11 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from podium.errors import HistoryError
+
 PROMOTE, ROLLBACK = "promote", "rollback"
-
-
-class HistoryError(ValueError):
-    """A rollback the history does not allow: nothing earlier to go back to, or an unknown version."""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from podium.errors import ServingError
 from podium.serving.history import Lineage, lineage_of, parse_switch
 from podium.storage.documents import read_json, write_json
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
@@ -92,10 +93,6 @@ T = TypeVar("T")
 
 
 R = TypeVar("R")
-
-
-class ServingError(RuntimeError):
-    """The serving location is missing, inconsistent, or a copy failed verification."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from podium.serving.layout import LOCATION, ServingError
+from podium.errors import ServingError
+from podium.serving.layout import LOCATION
 from podium.storage.documents import read_json
 from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
 

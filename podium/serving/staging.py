@@ -23,11 +23,11 @@ from typing import Any
 
 import fsspec
 
+from podium.errors import ServingError
 from podium.serving.layout import (
     CHUNK,
     STAGED,
     PromotedVersion,
-    ServingError,
     claim_version,
     content_of,
     discard_version,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from podium.core.redaction import redact_uri
+from podium.errors import TrackingUnavailable
 from podium.outages import is_unreachable
 
 if TYPE_CHECKING:
@@ -131,19 +131,6 @@ def apply_http_retry_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server did not answer, through all of MLflow's HTTP retries.
-
-    Nothing was recorded by the call that raised it; the run can be resumed once the
-    server answers again."""
-
-    def __init__(self, tracking_uri: str, action: str, reason: str, waited_s: float):
-        self.tracking_uri, self.action, self.reason, self.waited_s = tracking_uri, action, reason, waited_s
-        super().__init__(f"MLflow tracking server {redact_uri(tracking_uri)} unreachable while "
-                         f"{action}: gave up after {waited_s:.0f} s of retries ({reason})")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.tracking_uri, self.action, self.reason, self.waited_s))
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from podium.core.records import CheckpointRecord
+from podium.errors import AliasTaken
 from podium.outages import is_unreachable
 from podium.tracking.client import (
     TAG_SERVED_URI,
@@ -24,10 +25,6 @@ logger = logging.getLogger(__name__)
 TAG_VERSION_UID = "podium.version_uid"  # a registered version's serving version, by the manifest's identity
 TAG_LOCATION_OF = "podium.location."  # + alias: on the registered model, the id of the serving location owning it
 TAG_LOCATION_ID = "podium.location_id"  # a registered version's serving location (its LOCATION.json id)
-
-
-class AliasTaken(ValueError):
-    """An alias of the registered model belongs to another serving location."""
 
 
 def version_source(tr: TrackingRun, model_id: str) -> str:

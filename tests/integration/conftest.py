@@ -109,13 +109,13 @@ def locations(tmp_path, tracking_uri) -> dict[str, str]:
 
 def run_pipeline(config: dict, tracking_uri: str, name_suffix: str = ""):
     """The train-validate-promote flow, in this process, on the servers the caller's fixtures started; its flow
-    run named after the run (and `name_suffix`)."""
+    run named after the run (and `name_suffix`); its summary (the RunResult's)."""
     from podium.config import build_config
     from podium.flows.pipeline import train_validate_promote
 
     cfg = build_config(config)
     return train_validate_promote.with_options(flow_run_name=f"{cfg.run_name}{name_suffix}")(
-        config=cfg, tracking_uri=tracking_uri)
+        config=cfg, tracking_uri=tracking_uri).summary
 
 
 @pytest.fixture(scope="module")

@@ -322,6 +322,25 @@ def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_re
     assert read_current(str(serving)).version == "v000002"
     rolled = json.loads(podium(["rollback", "--json", "--serving", str(serving)], cli_env).stdout)
     assert rolled["to_version"] == "v000001" and os.path.isdir(checkpoints[3]["uri"])
+    # the rollback is a flow run of its own, which the Prefect UI shows: its end says what serves now
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+    from prefect_queries import flow_run_state
+
+    state = flow_run_state(run_id=rolled["flow_run_id"])
+    assert state.is_completed() and state.message.startswith(f"{serving}: v000002 -> v000001; @champion -> version"), \
+        state.message
+    deadline = time.monotonic() + 60  # task runs reach the server as events, in batches
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(rolled["flow_run_id"])
+        assert client.read_flow(flow_run.flow_id).name == "rollback" and flow_run.name == "podium-rollback"
+        while True:
+            tasks = [r.name for r in client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id={"any_": [rolled["flow_run_id"]]}))]
+            if any(name.startswith("roll-back") for name in tasks):
+                break
+            assert time.monotonic() < deadline, f"no roll-back task run: {tasks}"
+            time.sleep(0.5)
     status = json.loads(podium(["status", "--json", "--run-name", "kept", "--storage", str(storage),
                                 "--serving", str(serving)], cli_env).stdout)
     assert status["champion"]["checkpoint"] == checkpoints[3]["uri"] and status["disagreements"] == []
@@ -354,25 +373,37 @@ def _signals_as_in_a_terminal() -> None:
 
 
 def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
-    """Runs refused by the preflight, on the embedded defaults (no Prefect server configured), one on its data
-    and one on its storage: each started the local Prefect server for itself, and each stops it again;
-    `podium server stop` has nothing left to find. (Every kind of refusal and its message: test_plan,
-    test_datasets, in-process.) Then a run stopped by a signal while the server starts."""
+    """Runs refused by the plan, on the embedded defaults (no Prefect server configured): a bad path, an unwritable
+    storage, an import path that does not import, a metric the built-in validation does not report, a column the data
+    lacks. Each is refused before any server or Ray starts: one sentence naming what was wrong, exit 2, and nothing
+    started or left behind (no Prefect server, no home folder, where its logs and Ray's would be). (Every kind of
+    refusal and its message: test_plan, test_datasets, in-process; the time to the refusal: benchmarks/startup.py.)
+    Then a run stopped by a signal while the server starts."""
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
     a_file.write_text("")
-    refusals = {"missing": ["--train-data", str(tmp_path / "missing.parquet")],
-                "unwritable": ["--storage", str(a_file / "storage")]}
-    for what, flags in refusals.items():
+    missing = str(tmp_path / "missing.parquet")
+    refusals = {"missing": (["--train-data", missing], f"data.train = {missing!r}: no such file or directory"),
+                "unwritable": (["--storage", str(a_file / "storage")], f"storage = {str(a_file / 'storage')!r}: "),
+                "import": (["--validate-fn", "no_such_module:validate"],
+                           "validation.fn = 'no_such_module:validate': cannot import module 'no_such_module'"),
+                "metric": (["--metric", "val_acc"], "promotion.metric = 'val_acc': no such metric; the built-in loop "
+                                                    "and validation report ['accuracy', 'loss', 'val_accuracy', "
+                                                    "'val_loss']"),
+                "column": (["--label-column", "no_label"], "has no label column 'no_label'")}
+    for what, (flags, sentence) in refusals.items():
         args = ["run", "--run-name", f"refused-{what}", "--epochs", "1", "--train-data", dataset[0],
                 "--val-data", dataset[1], *flags]
         proc = podium(args, env, check=False)
         assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert not (home / "prefect" / "server.json").exists(), what
+        assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, proc.stderr
+        assert "checking its data" in proc.stdout and "starting" not in proc.stdout, proc.stdout  # said, not started
+        assert not home.exists(), f"{what}: {sorted(str(p) for p in home.rglob('*'))}"
         assert _prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
+        assert not (tmp_path / "storage").exists()
 
     # stopped while the server starts: Ctrl-C (SIGINT to the command's process group, as a terminal sends it), and a
     # scheduler's SIGTERM to the command: exit 128 + the signal, one line, and no server left that server.json

@@ -15,8 +15,7 @@ import torch
 from helpers.prefect_queries import artifact_keys, checkpoint_events, task_runs
 from mlflow.tracking import MlflowClient
 
-from podium.config import ConfigError
-from podium.flows.summary import UnfinishedRun
+from podium.errors import ConfigError, UnfinishedRun
 from podium.serving.layout import read_current, read_history, read_version
 from podium.tracking.client import TAG_CHECKPOINT, TAG_CONFIG_PREFIX
 from podium.training.data import load_arrays
@@ -192,7 +191,7 @@ def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp
     diverging["data"]["allow"] = ["non_finite_features"]
     with pytest.raises(UnfinishedRun, match="run gate-nan failed: every validation failed") as failed:
         pipeline(diverging, locations["tracking_uri"])  # its flow run ends Failed: nothing could be validated
-    third = failed.value.summary
+    third = failed.value.result.summary
     assert third.checkpoints and all(r.status == "failed" for r in third.checkpoints)
     assert all("training metric(s) not finite" in r.failure and "loss = nan" in r.failure for r in third.checkpoints)
     assert third.promotion.promoted is None and "was validated successfully" in third.promotion.reason

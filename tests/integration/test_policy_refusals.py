@@ -1,6 +1,6 @@
 """A policy that cannot be met is refused as early as it can be known, through the `podium` command.
 
-Before anything starts (no training): a threshold on a metric the built-in validation does not report (a typo),
+Before anything starts (no server, no Ray, no training): a threshold on a metric the built-in validation does not report (a typo),
 `keep = true` and `keep = "2"` in a TOML config, a bad integer flag, `promotion.confidence` with a validation
 function that cannot give per-row values.
 
@@ -64,6 +64,8 @@ def test_a_policy_or_a_value_that_cannot_be_right_is_refused_before_anything_sta
     assert ("promotion.confidence = 0.95 needs per-row values, and validation.fn = 'podium_user_code:validate_fn' "
             "takes no per_row argument") in err, err
     assert not (tmp_path / "storage" / "conf").exists()
+    # each was refused before anything started: no home folder, where the command's and Ray's logs would be
+    assert not (tmp_path / "home").exists(), sorted(str(p) for p in (tmp_path / "home").rglob("*"))
 
 
 def _config(name: str, tmp_path, loop: dict, promotion: dict, fn: str = "podium_nightly_code:validate_fn",

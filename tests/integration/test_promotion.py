@@ -20,7 +20,8 @@ from podium import load_promoted_model
 from podium.config import PipelineConfig
 from podium.core.events import CheckpointEvent
 from podium.core.verdict import decide_verdict
-from podium.serving.layout import ServingError, read_current, read_history
+from podium.errors import ServingError
+from podium.serving.layout import read_current, read_history
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import promote_best_checkpoint
 from podium.tasks.rollback import roll_back

@@ -25,8 +25,9 @@ import torch
 from helpers.s3_server import FAKE_KEY_ID, FAKE_SECRET, Relay, S3Server, free_port, start_s3_server
 from mlflow.tracking import MlflowClient
 
-from podium.config import ConfigError, build_config
+from podium.config import build_config
 from podium.core.events import CheckpointEvent
+from podium.errors import ConfigError
 from podium.serving.layout import read_current, read_history
 from podium.serving.staging import stage_version
 from podium.storage.locations import arrow_filesystem

@@ -1,6 +1,6 @@
-"""`podium run` starts Ray in a background thread first thing, while its main thread loads Prefect, MLflow and
-torch and runs the preflight: the thread must load nothing but Ray's own modules and what was loaded before it
-started, and the flow must take the warm-up it submitted instead of starting another."""
+"""`podium run` plans first (a bad input is refused before anything starts), then starts Ray in a background thread,
+while its main thread loads Prefect, MLflow and torch: the thread must load nothing but Ray's own modules and what
+was loaded before it started, and the flow must take the warm-up it submitted instead of starting another."""
 
 from __future__ import annotations
 
@@ -42,7 +42,6 @@ from podium.cli import run as commands
 from podium.cli.main import build_parser
 from podium.cli.options import config_from_args
 from podium.settings import PodiumSettings
-from podium.tasks.plan import plan_run
 from podium.training.resources import warm_up_of
 from podium.tasks.train import connect_ray
 
@@ -51,14 +50,15 @@ args = build_parser().parse_args(["run", "--epochs", "1", "--num-workers", "1", 
                                   "--storage", sys.argv[3] + "/storage", "--serving", sys.argv[3] + "/serving"])
 settings = PodiumSettings()
 config = config_from_args(args, settings)
-servers = commands._start_servers(config, settings, "run")  # first thing, as `podium run` does
-commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
 clock = commands.StartupClock()
+commands._library_variables()
+plan = commands._plan(config, settings, clock)  # first, as `podium run` does: nothing has started yet
+commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
+servers = commands._start_servers(config, settings, "run")
 commands._prepare(config, settings, clock, servers)
 # what the main thread loaded of `ray` while the Ray thread was starting it
 ray_meanwhile = sorted({n for n, t in ray_loaded_by_main if t < servers.ray.ended})
 assert ray.is_initialized()
-plan = plan_run(config)
 handed = cluster._started is not None and cluster._started.warm_up == warm_up_of(plan.config)
 submitted = []
 original_prewarm = cluster.prewarm_validation_workers
@@ -106,10 +106,11 @@ def test_ray_starts_in_the_background_loading_only_ray_and_is_released_when_done
     # a package first loaded by the Ray thread could be initialised by both threads at once: add it to
     # podium.training.cluster.RAY_LAZY_IMPORTS
     assert out["new"] == [], out["new"]
-    # nor may the main thread load other parts of `ray` meanwhile (the flow plans once Ray is up)
+    # nor may the main thread load other parts of `ray` meanwhile (the plan, which may import the user's code and
+    # Ray Train with it, came before Ray's start)
     assert out["ray_meanwhile"] == [], out["ray_meanwhile"]
     assert out["handed"] and out["prewarmed_again"] == 0
-    assert {"demo_data", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
+    assert {"demo_data", "plan", "mlflow_check", "ray", "prefect_server"} <= set(out["phases"])
     assert out["released"] and out["kept_others"]
     assert out["job_env"] == {} and out["worker_env"] == out["poll"]
     assert out["pythonpath"] == env.get("PYTHONPATH")

@@ -40,7 +40,8 @@ def test_flags_become_the_nested_config(tmp_path):
 
 def test_verify_modes_and_the_old_bool(tmp_path):
     assert config_for(["run", "--verify", "revalidate"], tmp_path).promotion.verify == "revalidate"
-    from podium.config import ConfigError, build_config
+    from podium.config import build_config
+    from podium.errors import ConfigError
     assert build_config({"promotion": {"verify": True}}).promotion.verify == "revalidate"
     assert build_config({"promotion": {"verify": False}}).promotion.verify == "hashes"
     with pytest.raises(ConfigError, match="verify"):
@@ -286,3 +287,29 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
         sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_a_run_that_ended_hands_its_result_back_inside_the_error_that_followed_it():
+    """The flow's end raised EndNotRecorded (the Prefect server did not answer), and Prefect's engine, recording that
+    in turn, failed with a client error raised `from` its transport's: the command still finds the run's result."""
+    from podium.errors import EXIT_FAILED, EndNotRecorded, UnfinishedRun
+    from podium.flows.summary import RunResult, result_of
+
+    result = RunResult.model_construct(summary=None, shortfall="every validation failed")
+    assert result.exit_code == EXIT_FAILED
+
+    def engine_records_the_failure() -> None:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as transport:
+            raise RuntimeError("the client gave up") from transport
+
+    try:
+        try:
+            raise EndNotRecorded("run r: promoted v000001; the Prefect server did not answer", result)
+        except EndNotRecorded:
+            engine_records_the_failure()
+    except RuntimeError as engine_error:
+        assert result_of(engine_error) is result
+    assert result_of(UnfinishedRun("run r failed", result)) is result
+    assert result_of(RuntimeError("before the run's end")) is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podium.config import ConfigError, PipelineConfig, build_config
+from podium.config import PipelineConfig, build_config
+from podium.errors import ConfigError
 
 
 def test_defaults_build():
@@ -87,7 +88,8 @@ def test_old_builtin_import_paths_keep_working_with_a_warning():
 def test_a_config_file_that_is_not_a_table_is_refused(tmp_path):
     import pytest
 
-    from podium.config import ConfigError, load_config_file
+    from podium.config import load_config_file
+    from podium.errors import ConfigError
 
     for text in ("[1, 2]", '"podium"'):
         path = tmp_path / "c.json"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podium.serving.history import HistoryError, Lineage, lineage_of, parse_switch, rollback_target
+from podium.errors import HistoryError
+from podium.serving.history import Lineage, lineage_of, parse_switch, rollback_target
 
 
 def promote(version: str) -> dict:

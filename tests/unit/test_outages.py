@@ -304,7 +304,8 @@ class _FreezesMidAnswer:
 def test_an_answer_cut_short_mid_body_is_asked_for_again(monkeypatch):
     """MLflow's HTTP retries cover no answer at all, not an answer whose body stopped coming (requests reads the
     body after urllib3's Retry is done): podium's tracking calls are asked again, on MLflow's schedule."""
-    from podium.tracking.client import TrackingUnavailable, answer_cut_short, tracking_call, tracking_client
+    from podium.errors import TrackingUnavailable
+    from podium.tracking.client import answer_cut_short, tracking_call, tracking_client
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from podium.config import ConfigError, PipelineConfig, build_config
+from podium.config import PipelineConfig, build_config
+from podium.errors import ConfigError
 from podium.tasks.plan import RunPlan, plan_run
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from podium.config import ConfigError, build_config
+from podium.config import build_config
 from podium.core.events import PER_ROW_KEY, read_validation_result
 from podium.core.policy import (
     bootstrap_interval,
@@ -21,6 +21,7 @@ from podium.core.policy import (
 )
 from podium.core.promotion import apply_checks, compare_with_champion
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
+from podium.errors import ConfigError
 from podium.tracking.datasets import fitted_json
 
 

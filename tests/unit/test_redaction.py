@@ -20,7 +20,8 @@ def test_secret_keys_and_uri_credentials_are_redacted():
 def test_credentials_in_location_uris_are_refused_without_echoing_them():
     import pytest
 
-    from podium.config import ConfigError, build_config
+    from podium.config import build_config
+    from podium.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         build_config({"storage": "s3://AKIAEXAMPLE:topsecret@bucket/x", "data": {"val": "s3://a:b@c/v"}})

@@ -24,7 +24,8 @@ from torch import nn
 
 from podium.config import build_config
 from podium.core.records import CheckpointRecord
-from podium.serving.layout import ServingError, seal_version, switch_current
+from podium.errors import ServingError
+from podium.serving.layout import seal_version, switch_current
 from podium.serving.staging import stage_version
 from podium.tasks.package import build_served_model
 from podium.tasks.plan import plan_run

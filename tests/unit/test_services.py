@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from podium.services import ServiceError, _reuse, check_mlflow, process_start_time, stop_prefect_server
+from podium.errors import ServiceError
+from podium.services import _reuse, check_mlflow, process_start_time, stop_prefect_server
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
+from podium.errors import ServingError
 from podium.serving.layout import (
     PromotedVersion,
-    ServingError,
     read_current,
     read_history,
     read_lineage,

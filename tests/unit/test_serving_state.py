@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from podium.core.approval import challenger_alias
-from podium.serving.layout import DISCARDED, ServingError, claim_version, discard_version
+from podium.errors import ServingError
+from podium.serving.layout import DISCARDED, claim_version, discard_version
 from podium.serving.location import ensure_location, read_location
 from podium.serving.staged import is_alive, mark_staged, staged_versions, this_process
 

@@ -11,14 +11,10 @@ from mlflow.exceptions import MlflowException, RestException
 from mlflow.tracking import MlflowClient
 from prefect.states import Failed
 
+from podium.errors import TrackingUnavailable
 from podium.outages import is_unreachable
 from podium.tasks.validate import retry_unless_tracking_down
-from podium.tracking.client import (
-    HTTP_RETRY_DEFAULTS,
-    TrackingUnavailable,
-    apply_http_retry_defaults,
-    reaching_tracking,
-)
+from podium.tracking.client import HTTP_RETRY_DEFAULTS, apply_http_retry_defaults, reaching_tracking
 
 
 def _closed_port() -> int:

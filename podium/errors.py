@@ -1,0 +1,118 @@
+"""podium's errors: what a run, a promotion or a rollback raises that a caller can act on.
+
+The one public module of them (as Ray Train's `ray/train/v2/api/exceptions.py`): the `podium` command maps
+these to its sentences and exit codes (`podium.cli.errors`), and code that calls podium's flows or functions
+from Python catches them here. Each message is one sentence that names what was wrong and what was expected.
+
+- `PodiumError`: the base of them all
+- `ConfigError`: invalid configuration or input, found before anything runs (a bad path, column, import path)
+- `RunInProgress`: another process runs a run of the same name
+- `ServiceError`: a server podium needs (Prefect) is unreachable or would not start
+- `TrackingUnavailable`: the MLflow tracking server did not answer through all of MLflow's retries
+- `ServingError`: the serving location is missing, inconsistent, or a copy failed verification
+- `HistoryError`: a rollback the serving history does not allow
+- `AliasTaken`: a registered model's alias belongs to another serving location
+- `UserCodeError`: the user's training loop raised (their exception and their own frames)
+- `NoCheckpointReported`: training ended and the run has no checkpoint
+- `RunEnded`: a run that reached its end, raised; it holds the run's result, as do:
+- `UnfinishedRun`: a run reached its end without doing its work; it holds the run's result
+- `EndNotRecorded`: a run reached its end, and the Prefect server did not answer to record it; it holds the result
+
+Imports nothing of podium but `podium.core`: every layer may raise them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podium.core.redaction import redact_uri
+
+# What a command's exit code says (docs/exit codes): the work finished; the run reached its end without doing its
+# work; refused or bad input, nothing started; a server podium records to stopped answering (the run resumes); the
+# work finished, but the Prefect server did not record its end
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_RECORDED = 0, 1, 2, 3, 4
+
+
+class PodiumError(Exception):
+    """The base of podium's errors."""
+
+
+class ConfigError(PodiumError, ValueError):
+    """Invalid configuration: names the field, the value and what was expected."""
+
+
+class RunInProgress(PodiumError, RuntimeError):
+    """Another process is running a run of the same name right now."""
+
+
+class ServiceError(PodiumError, RuntimeError):
+    """A server podium needs is unreachable or would not start."""
+
+
+class TrackingUnavailable(PodiumError, RuntimeError):
+    """The tracking server did not answer, through all of MLflow's HTTP retries.
+
+    Nothing was recorded by the call that raised it; the run can be resumed once the
+    server answers again."""
+
+    def __init__(self, tracking_uri: str, action: str, reason: str, waited_s: float):
+        self.tracking_uri, self.action, self.reason, self.waited_s = tracking_uri, action, reason, waited_s
+        super().__init__(f"MLflow tracking server {redact_uri(tracking_uri)} unreachable while "
+                         f"{action}: gave up after {waited_s:.0f} s of retries ({reason})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tracking_uri, self.action, self.reason, self.waited_s))
+
+
+class ServingError(PodiumError, RuntimeError):
+    """The serving location is missing, inconsistent, or a copy failed verification."""
+
+
+class HistoryError(PodiumError, ValueError):
+    """A rollback the history does not allow: nothing earlier to go back to, or an unknown version."""
+
+
+class AliasTaken(PodiumError, ValueError):
+    """An alias of the registered model belongs to another serving location."""
+
+
+class UserCodeError(PodiumError, RuntimeError):
+    """The user's training loop raised: their exception and their own frames, said once.
+
+    `where` names the code (and the rank); `traceback_text` holds the user's frames only (the full Ray
+    trace is in the log file)."""
+
+    def __init__(self, where: str, traceback_text: str):
+        self.where, self.traceback_text = where, traceback_text
+        super().__init__(f"{where} raised:\n{traceback_text}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.where, self.traceback_text))
+
+
+class NoCheckpointReported(PodiumError, RuntimeError):
+    """Training ended and the run has no checkpoint: nothing to validate or promote."""
+
+
+class RunEnded(PodiumError, RuntimeError):
+    """A run that reached its end, raised rather than returned; `result` is what it did (a
+    `podium.flows.summary.RunResult`: every checkpoint's record and reason, the promotion's outcome, the
+    shortfall)."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.result))
+
+
+class UnfinishedRun(RunEnded):
+    """A run that reached its end without doing its work (none of its checkpoints could be validated, or its
+    candidate's approval could not be asked for): its flow run ended Failed, and calling the flow raises this."""
+
+
+class EndNotRecorded(RunEnded):
+    """A run reached its end (its work done, or not: `result.shortfall`), and the Prefect server did not answer to
+    record the flow run's end. Prefect's engine, failing to record the end in turn, raises its own error with this
+    one as its context (`podium.flows.summary.result_of` finds it)."""
