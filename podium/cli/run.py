@@ -267,7 +267,12 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
-    plan = _plan(config, settings, clock)
+    created = _missing_local_folders(config.storage, config.serving)  # the plan creates them: a refusal removes them
+    try:
+        plan = _plan(config, settings, clock)
+    except Refused:
+        _remove_if_empty(created)
+        raise
     began = time.monotonic()
     # the plan loaded Prefect, whose console handler would print every record from here on (progress lines twice)
     _quiet_libraries(settings.home_dir / "logs" / "podium.log")
@@ -279,7 +284,22 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
         return _run_started(args, which, settings, clock, config, plan, servers)
     except Refused:
         _stop_what_a_refusal_started(settings, servers)
+        _remove_if_empty(created)
         raise
+
+
+def _missing_local_folders(*locations: str) -> list[Path]:
+    """The local folders among `locations` that do not exist yet."""
+    return [Path(uri) for uri in locations if "://" not in uri and not os.path.exists(uri)]
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """A refused command leaves no folder it made: each of `folders` that is still empty is removed again."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # not there, or something was written to it: it stays
 
 
 def _progress(args: argparse.Namespace, clock: StartupClock) -> logging.Logger:
@@ -402,7 +422,8 @@ def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settin
         except Exception as exc:
             ended = result_of(exc)  # the run reached its end: what it did comes back with the error
             if ended is None:
-                if is_unreachable(exc):  # Prefect's engine, as the flow run started or ended
+                # Prefect's engine, as the flow run started or ended (MLflow's own outage is said below)
+                if not isinstance(exc, TrackingUnavailable) and is_unreachable(exc):
                     raise ServerUnreachable(
                         f"the Prefect server stopped answering ({type(exc).__name__}: {exc}): the run "
                         f"{config.run_name!r} may have done its work, which MLflow and the serving location "

@@ -323,9 +323,9 @@ def test_keep_checkpoints_leaves_the_best_and_the_newest_in_storage_and_every_re
     rolled = json.loads(podium(["rollback", "--json", "--serving", str(serving)], cli_env).stdout)
     assert rolled["to_version"] == "v000001" and os.path.isdir(checkpoints[3]["uri"])
     # the rollback is a flow run of its own, which the Prefect UI shows: its end says what serves now
+    from helpers.prefect_queries import flow_run_state
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter
-    from prefect_queries import flow_run_state
 
     state = flow_run_state(run_id=rolled["flow_run_id"])
     assert state.is_completed() and state.message.startswith(f"{serving}: v000002 -> v000001; @champion -> version"), \
