@@ -133,7 +133,9 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     assert validate_runs == sorted(f"validate-step-{r.step}" for r in records)
     assert all(r.state.is_completed() for r in runs)
     events = checkpoint_events("e2e", expect=6)
-    assert sorted(int(e.resource["podium.step"]) for e in events) == [r.step for r in records]
+    steps = [int(e.resource["podium.step"]) for e in events]  # the resume's 2 may be there too: same run name
+    assert len(steps) == len(set(steps)) and {r.step for r in records} <= set(steps) <= \
+        {r.step for r in e2e.second.checkpoints}, "one event per checkpoint"
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
 
 
