@@ -1,8 +1,15 @@
 """What a person sees: the links podium prints, opened in headless Chromium (Debian's package), as a
 new user would, on the embedded defaults, with port 4200 held by another server.
 
-One podium run serves every test of this module. Screenshots go to $PODIUM_SCREENSHOTS if set
-(the README's timeline picture was taken this way), else to the test's temporary folder.
+Two trainings:
+- the module's `podium run` (2 epochs, its own local Ray), started while another project folder's
+  `podium server start` races it for a port: it carries the Prefect flow run's page (a validation per
+  checkpoint), the chart artifact, MLflow's pages (runs, the run, the chart, the models, the registry),
+  and the approval form (`podium promote --approval required` of that run, which trains nothing);
+- the nightly deployment's run, by a `podium worker`: its flow run's page.
+
+Screenshots go to $PODIUM_SCREENSHOTS if set (the README's timeline picture was taken this way), else to the
+test's temporary folder.
 """
 
 from __future__ import annotations
@@ -86,31 +93,28 @@ def _embedded_env(work: Path) -> dict[str, str]:
     return env | {"PODIUM_HOME": str(work / ".podium")}
 
 
-def _runs_in_two_folders_at_once(work: Path, others: list[Path], dataset, ray_env: dict[str, str]) -> str:
-    """`podium run` in `work` and in another project folder, started at the same moment: each starts its own
-    Prefect server (port 4200 is taken, so each picks a free port, and both may pick the same one before either
-    binds it) and each succeeds, on two servers. The other folder's server is stopped; `work`'s output is
-    returned, its server left up for the UI. `work` runs on the embedded defaults whole; the other trains on
-    the session's Ray head (`ray_env`): what matters of it is its server's start, not two local Rays starting
-    at once on two cores."""
+def _run_while_another_folder_starts_its_server(work: Path, other: Path, dataset) -> str:
+    """`podium run` in `work` on the embedded defaults, and `podium server start` in another project folder, at the
+    same moment: each starts its own Prefect server (port 4200 is taken, so each picks a free port, and both may
+    pick the same one before either binds it: the same `ensure_prefect_server` a `podium run` starts its server
+    with) and each succeeds, on two servers. The other folder's server is stopped; `work`'s output is returned,
+    its server left up for the UI. The other folder trains nothing: what matters of it is its server's start."""
     data = ["--train-data", dataset[0], "--val-data", dataset[1]]
-    small = ["--epochs", "1", "--num-workers", "1"]
-    procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", RUN, *size, *data],
-                              env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for folder, size, env in [(work, ["--epochs", "2"], _embedded_env(work)),
-                                       *((o, small, _embedded_env(o) | ray_env) for o in others)]]
+    procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=_embedded_env(folder), cwd=folder,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for folder, args in [(work, ["run", "--run-name", RUN, "--epochs", "2", *data]),
+                                  (other, ["server", "start"])]]
     outs = [p.communicate(timeout=600) for p in procs]
     try:
         for (out, err), proc in zip(outs, procs):
             assert proc.returncode == 0, f"exit {proc.returncode}:\n{out}\n{err[-4000:]}"
-        servers = {_link(out, r"Prefect UI:\s+http://127\.0\.0\.1:(\d+)/runs/") for out, _ in outs}
+        servers = {_link(out, r"Prefect UI:\s+http://127\.0\.0\.1:(\d+)") for out, _ in outs}
         assert len(servers) == 2 and "4200" not in servers, servers
     except BaseException:
         _stop_server(work)  # the caller keeps it only for a run that went through
         raise
     finally:
-        for folder in others:
-            _stop_server(folder)
+        _stop_server(other)
     return outs[0][0]
 
 
@@ -121,13 +125,12 @@ def _stop_server(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, dataset, port_4200_held, shared_ray):
-    """`podium run` on the embedded defaults (its own Prefect server, MLflow on SQLite), started together with
-    another in another folder, then `podium ui`."""
+def run(tmp_path_factory, dataset, port_4200_held):
+    """The module's `podium run`, on the embedded defaults (its own Prefect server, MLflow on SQLite, its own local
+    Ray), started together with another folder's server, then `podium ui`."""
     work = tmp_path_factory.mktemp("browser")
     env = _embedded_env(work)
-    out = _runs_in_two_folders_at_once(work, [tmp_path_factory.mktemp("other-project")], dataset,
-                                         shared_ray.driver_env())
+    out = _run_while_another_folder_starts_its_server(work, tmp_path_factory.mktemp("other-project"), dataset)
     steps = [int(s) for s in re.findall(r"^\s+step\s+(\d+)\s+validated", out, re.M)]
     ui = subprocess.Popen([sys.executable, "-m", "podium.cli", "ui"], env=env, cwd=work, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

@@ -5,11 +5,12 @@ The helper functions below run inside Ray workers (this folder is on their path)
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import shutil
 import signal
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -126,77 +127,89 @@ def _config(run_name: str, dataset: tuple[str, str], locations: dict[str, str], 
     return cfg
 
 
-def validate_once_training_is_done(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str,
-                                   feature_columns: list[str], run_dir: str, checkpoints: int,
-                                   wait_s: float = 300.0) -> dict[str, float]:
-    """The built-in validation, started only once `checkpoints` checkpoints exist: meanwhile this task holds
-    its CPU, as a long validation would."""
+PER_EPOCH, EPOCHS = steps_per_epoch(12000, 2, 8), 2  # 12000 rows, 2 workers, batches of 8: 750 steps an epoch
+FINAL_STEP = PER_EPOCH * EPOCHS
+
+
+def kill_a_training_worker_once_then_hold(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str,
+                                          feature_columns: list[str], step: int, marker: str, run_dir: str,
+                                          starts_log: str, wait_s: float = 840.0) -> dict[str, float]:
+    """The built-in validation, started only once training has written its last checkpoint: meanwhile this task
+    holds its CPU, as a long validation would. The first time, it also SIGKILLs one of this Ray's training workers
+    (a child of the raylet that started this worker, never anyone else's) while training runs. Each call writes
+    down, as it starts, whether training had finished."""
+    import psutil
+
+    final = os.path.join(run_dir, f"checkpoint_{FINAL_STEP:08d}")
+    with open(starts_log, "a") as f:
+        f.write(json.dumps({"step": step, "training_finished": os.path.exists(final)}) + "\n")
+    if not os.path.exists(marker):
+        raylet = psutil.Process(os.getppid())
+        workers = [p for p in raylet.children() if "RayTrainWorker" in " ".join(p.cmdline())]
+        Path(marker).write_text(json.dumps({"step": step, "killed": [p.pid for p in workers[:1]],
+                                            "training_finished": os.path.exists(final)}))
+        if workers:
+            os.kill(workers[0].pid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while len(glob.glob(os.path.join(run_dir, "checkpoint_*"))) < checkpoints:
+    while not os.path.exists(final):
         if time.monotonic() > deadline:
             raise TimeoutError("training did not go on while the validations held their CPUs")
         time.sleep(0.5)
     return validate_checkpoint(checkpoint, val_data, label_column, feature_columns)
 
 
-def test_validations_holding_every_cpu_of_theirs_do_not_stall_training(pipeline, dataset, locations):
-    # 2 workers + 1 CPU for Ray Data + 2 validations: the local Ray has exactly these 5 CPUs. The first two
-    # checkpoints' validations hold both validation CPUs until training has written all four; training
-    # needs Ray Data to read epochs 3 and 4 meanwhile. Without CPUs of its own for Ray Data, that read
-    # would wait for the validations, and they for it.
+@pytest.fixture(scope="module")
+def built_in_run(module_pipeline, dataset, tmp_path_factory, mlflow_template_db):
+    """The module's one training of the whole pipeline with the built-in loop: 2 epochs read from Parquet each
+    epoch (`cache = never`), batches of 8, a checkpoint every 200 steps (most of them mid-epoch). Its validations
+    hold both validation CPUs until training has written its last checkpoint, and the first one SIGKILLs a
+    training worker while training runs: the restarted worker group resumes from a mid-epoch checkpoint and
+    reads the next epoch through Ray Data while the validations hold their CPUs. Two tests check it."""
     import ray
 
-    assert ray.cluster_resources()["CPU"] == 5
-    run_dir = os.path.join(locations["storage"], "held")
-    cfg = _config("held", dataset, locations, training={"epochs": 4, "cache": "never"},  # read each epoch
-                  validation={"fn": "test_ray_data:validate_once_training_is_done", "timeout_s": 600, "retries": 0,
-                              "kwargs": {"run_dir": run_dir, "checkpoints": 4}})
-    summary = pipeline(cfg, locations["tracking_uri"])
-    assert [r.status for r in summary.checkpoints] == ["validated"] * 4
-    assert summary.promotion.promoted is not None
+    root = tmp_path_factory.mktemp("built-in")
+    shutil.copy(mlflow_template_db, root / "mlflow.db")
+    locations = {"storage": str(root / "storage"), "serving": str(root / "serving"),
+                 "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
+    marker, starts = root / "killed.json", root / "starts.jsonl"
+    cfg = _config("held-resume-mid", dataset, locations,
+                  training={"epochs": EPOCHS, "batch_size": 8, "checkpoint_every_steps": 200, "cache": "never"},
+                  validation={"fn": "test_ray_data:kill_a_training_worker_once_then_hold", "timeout_s": 900,
+                              "retries": 0,
+                              "kwargs": {"marker": str(marker), "starts_log": str(starts),
+                                         "run_dir": os.path.join(locations["storage"], "held-resume-mid")}})
+    cpus = ray.cluster_resources()["CPU"]
+    summary = module_pipeline(cfg, locations["tracking_uri"])
+    return types.SimpleNamespace(summary=summary, cpus=cpus, killed=json.loads(marker.read_text()),
+                                 starts=[json.loads(line) for line in starts.read_text().splitlines()])
 
 
-def kill_a_training_worker_once(checkpoint: ray.train.Checkpoint, val_data: str, label_column: str,
-                                feature_columns: list[str], step: int, marker: str, run_dir: str,
-                                final_step: int) -> dict[str, float]:
-    """The built-in validation; the first time, it also SIGKILLs one of this Ray's training workers
-    (a child of the raylet that started this worker, never anyone else's) while training runs."""
-    import psutil
-
-    if not os.path.exists(marker):
-        raylet = psutil.Process(os.getppid())
-        workers = [p for p in raylet.children() if "RayTrainWorker" in " ".join(p.cmdline())]
-        finished = os.path.exists(os.path.join(run_dir, f"checkpoint_{final_step:08d}"))
-        Path(marker).write_text(json.dumps({"step": step, "killed": [p.pid for p in workers[:1]],
-                                            "training_finished": finished}))
-        if workers:
-            os.kill(workers[0].pid, signal.SIGKILL)
-    return validate_checkpoint(checkpoint, val_data, label_column, feature_columns)
+def test_validations_holding_every_cpu_of_theirs_do_not_stall_training(built_in_run):
+    # 2 workers + 1 CPU for Ray Data + 2 validations: the local Ray has exactly these 5 CPUs. The validations
+    # hold both validation CPUs until training has written its last checkpoint; training needs Ray Data to read
+    # the second epoch (and the restarted workers their epoch) meanwhile. Without CPUs of its own for Ray Data,
+    # that read would wait for the validations, and they for it.
+    assert built_in_run.cpus == 5
+    held = [s for s in built_in_run.starts if not s["training_finished"]]
+    assert len(held) >= 2, f"both validation CPUs must be held while training runs: {built_in_run.starts}"
+    summary = built_in_run.summary
+    assert [r.status for r in summary.checkpoints] == ["validated"] * len(summary.checkpoints)
+    assert summary.checkpoints[-1].step == FINAL_STEP and summary.promotion.promoted is not None
 
 
-def test_a_restarted_worker_group_resumes_mid_epoch_at_the_right_step(pipeline, dataset, locations, tmp_path):
-    # 12000 rows, 2 workers, batches of 8: 750 steps an epoch; a checkpoint every 200 steps, most of them mid-epoch
-    per_epoch, epochs = steps_per_epoch(12000, 2, 8), 2
-    marker = tmp_path / "killed.json"
-    run_dir = os.path.join(locations["storage"], "resume-mid")
-    cfg = _config("resume-mid", dataset, locations,
-                  training={"epochs": epochs, "batch_size": 8, "checkpoint_every_steps": 200},
-                  validation={"fn": "test_ray_data:kill_a_training_worker_once", "retries": 0,
-                              "kwargs": {"marker": str(marker), "run_dir": run_dir,
-                                         "final_step": per_epoch * epochs}})
-    summary = pipeline(cfg, locations["tracking_uri"])
-    killed = json.loads(marker.read_text())
+def test_a_restarted_worker_group_resumes_mid_epoch_at_the_right_step(built_in_run):
+    killed, summary = built_in_run.killed, built_in_run.summary
     assert killed["killed"] and not killed["training_finished"], "the kill must land while training runs"
 
     steps = [r.step for r in summary.checkpoints]
     # resumed from a checkpoint in the middle of an epoch: the rest of that epoch, then the next ones; had
     # the epoch started over, the steps would run past epochs x steps-per-epoch
-    assert steps == [*range(200, per_epoch * epochs, 200), per_epoch * epochs]
+    assert steps == [*range(200, FINAL_STEP, 200), FINAL_STEP]
     assert all(r.status == "validated" for r in summary.checkpoints)
     last = summary.checkpoints[-1]
-    assert last.metrics["epoch"] == epochs and last.metrics["step"] == per_epoch * epochs
+    assert last.metrics["epoch"] == EPOCHS and last.metrics["step"] == FINAL_STEP
     for r in summary.checkpoints[:-1]:  # a mid-epoch checkpoint counts the epochs completed before it
-        assert r.metrics["epoch"] == r.step // per_epoch
+        assert r.metrics["epoch"] == r.step // PER_EPOCH
 
 
 def test_a_users_loop_gets_ray_datasets_split_across_workers(pipeline, dataset, locations):
