@@ -4,6 +4,8 @@ Each with a validation function of the user's: every checkpoint the framework's 
 reports is validated (Lightning's passes `validation=False` to every report unless told otherwise), the best
 is promoted, and the loader shipped with podium turns its checkpoint into the served MLflow model, which
 `mlflow.pyfunc.load_model("models:/<model>@champion")` loads and answers with.
+
+Two trainings, one per guide (two distinct loops: neither can carry the other's checks).
 """
 
 from __future__ import annotations

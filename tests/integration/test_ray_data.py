@@ -1,5 +1,14 @@
 """Training data through Ray Data, for real: a local Ray, Ray Train workers, the whole pipeline.
 
+Three trainings:
+- `raytrain.fit` of a loop that writes down the rows the built-in loop's batches hold, on two datasets
+  (`cache = never` and `always`): each row read once per epoch, in all, across the workers;
+- the module's one run of the whole pipeline with the built-in loop (`built_in_run`): its validations hold
+  every validation CPU while training reads its next epoch through Ray Data, and the first one kills a training
+  worker; it carries "validations do not stall training" and "a restarted worker group resumes mid-epoch";
+- a user's loop given Ray Datasets (`data.ray_datasets`): split across the workers.
+The validation workers' own pool and the statistics pass train nothing.
+
 The helper functions below run inside Ray workers (this folder is on their path).
 """
 

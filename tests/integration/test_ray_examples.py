@@ -7,6 +7,11 @@
 - a loop of every form of `validation=`, whose training worker process is SIGKILLed once (the restart).
 
 Each: every checkpoint validated exactly once, with its own arguments, and the best promoted.
+
+Five trainings, the floor for these loops: each distinct loop is trained once, and the checkpoint guide's twice,
+as its test is about its second start under the same run name (a loop that reports only `{"loss"}` and does
+not resume: its checkpoints numbered on from the first start's, none validated again). The restart of the
+loop of every form of `validation=` is a worker-group restart inside its one training.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A model sharded across 2 workers (FSDP2, `torch.distributed.checkpoint`) through the `podium` command: every
-checkpoint holds both ranks' shards, is validated in one process, and the best is consolidated and served."""
+checkpoint holds both ranks' shards, is validated in one process, and the best is consolidated and served.
+One training, its test's."""
 
 from __future__ import annotations
 
