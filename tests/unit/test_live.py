@@ -2,6 +2,7 @@
 location with real served models (no training: checkpoints in podium's format, promoted as a run promotes):
 MLflow's scoring protocol, the version header, following CURRENT, and a version that must not be switched to."""
 
+# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are test_served_model's, imported by name)
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import torch
 from starlette.requests import Request
 from test_served_model import FEATURES, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
