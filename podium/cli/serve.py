@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import threading
@@ -73,17 +74,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     serving = _checked(args)
     use_ray_address(args.ray_address)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    try:
+        from ray import serve
+    except ImportError as exc:  # ray[serve]'s own dependencies (grpc, uvicorn, ...) are an extra of podium's
+        raise CliError(f"podium serve needs Ray Serve, which is not installed ({exc}): pip install 'podium[serve]' "
+                       "(or \"ray[serve]\" at podium's ray version)") from None
     say("starting Ray Serve")
     import ray
-    from ray import serve
 
     from podium.training.cluster import ensure_ray
     from podium.training.live import ChampionServer
 
     ensure_ray(args.num_cpus * args.replicas)
+    stop = threading.Event()  # after Ray's start: ray.init installs a SIGTERM handler of its own
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its per-start INFO lines; this command says what serves
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         deployment = serve.deployment(ChampionServer, name="champion", num_replicas=args.replicas,
