@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.responses import Response
+
 from podium.errors import ServingError
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.staging import verify_files
@@ -123,8 +125,6 @@ class ChampionServer:
         self._stop.set()
 
     async def __call__(self, request: Any) -> Any:
-        from starlette.responses import Response
-
         path = request.url.path.rstrip("/") or "/"
         active = self._active  # the one version this whole request runs on
         headers = {VERSION_HEADER: active.version} if active else {}
@@ -146,7 +146,6 @@ async def _invoke(active: Serving, body: bytes, content_type: str, headers: dict
     """MLflow's scoring server's own handling of one request (parsing, schema, predictions to JSON, errors)."""
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import invocations
-    from starlette.responses import Response
 
     try:
         result = await asyncio.to_thread(invocations, body, content_type, active.model, active.input_schema)

@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from podium.cli.errors import CliError
+from podium.cli.options import use_ray_address
 from podium.config import default_serving
 from podium.errors import ServingError
 from podium.progress import say
@@ -70,8 +71,6 @@ def _checked(args: argparse.Namespace) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from podium.cli.options import use_ray_address
-
     serving = _checked(args)
     use_ray_address(args.ray_address)
     try:
