@@ -109,14 +109,30 @@ def _load_local(version: PromotedVersion, path: str) -> Any:
                                       "label_column": meta.label_column})
 
 
-def load_version(version: PromotedVersion) -> PromotedModel:
+def load_version(version: PromotedVersion, check_answers: bool = False) -> PromotedModel:
     """A complete version as a model. A local version is loaded where it is; a remote one is
-    fetched and checked against its manifest first."""
+    fetched and checked against its manifest first. `check_answers`: a served model must answer its input
+    example as it did when it was built (`example_predictions` in the manifest), or ServingError."""
     if not is_remote(version.uri):
-        return PromotedModel(version, _load_local(version, version.uri))
+        return _load_checked(version, version.uri, check_answers)
     with tempfile.TemporaryDirectory(prefix="podium-serving-") as tmp:
         fetch_version(version, tmp)
-        return PromotedModel(version, _load_local(version, tmp))
+        return _load_checked(version, tmp, check_answers)
+
+
+def _load_checked(version: PromotedVersion, folder: str, check_answers: bool) -> PromotedModel:
+    model = PromotedModel(version, _load_local(version, folder))
+    expected = version.manifest.get("example_predictions")
+    if not check_answers or expected is None or MLMODEL not in version.manifest["files"]:
+        return model
+    import mlflow.models
+
+    example = mlflow.models.Model.load(os.path.join(folder, MLMODEL)).load_input_example(folder)
+    got = [v.item() if hasattr(v, "item") else v for v in model.predict(example)]
+    if got != list(expected):
+        raise ServingError(f"{version.uri}: the served model predicts {got} on its input example, the "
+                           f"checkpoint predicted {list(expected)}: not promoted")
+    return model
 
 
 def load_version_model(version: PromotedVersion) -> Any:
@@ -131,25 +147,7 @@ def check_loadable(version: PromotedVersion) -> None:
     if MLMODEL not in files and CHECKPOINT_META not in files:
         logger.info("%s is not a model podium can load: checked by its hashes only", version.uri)
         return
-
-    def check(folder: str) -> None:
-        model = PromotedModel(version, _load_local(version, folder))
-        expected = version.manifest.get("example_predictions")
-        if expected is None or MLMODEL not in files:
-            return
-        import mlflow.models
-
-        example = mlflow.models.Model.load(os.path.join(folder, MLMODEL)).load_input_example(folder)
-        got = [v.item() if hasattr(v, "item") else v for v in model.predict(example)]
-        if got != list(expected):
-            raise ServingError(f"{version.uri}: the served model predicts {got} on its input example, the "
-                               f"checkpoint predicted {list(expected)}: not promoted")
-
-    if not is_remote(version.uri):
-        check(version.uri)
-        return
-    with tempfile.TemporaryDirectory(prefix="podium-check-") as tmp:
-        check(fetch_version(version, tmp))
+    load_version(version, check_answers=True)
 
 
 def load_promoted_model(serving: str) -> PromotedModel:

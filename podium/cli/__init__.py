@@ -6,6 +6,7 @@
 - `run`: `podium run` and `podium promote`: the start-up beside the servers, the flow run, its exit codes
 - `commands`: what the other commands do once their arguments are parsed
 - `output`: what the commands print (a summary for people, or one JSON object)
+- `serve`: `podium serve`: a serving location's champion over HTTP on Ray Serve, following its promotions
 - `provenance`: `podium lineage`, and what `podium status` says about data and origins
 """
 

@@ -1,4 +1,4 @@
-"""The `podium` command: run, promote, status, ui, rollback, history, worker, make-data, server.
+"""The `podium` command: run, promote, status, ui, rollback, history, serve, worker, make-data, server.
 
 Import paths given on the command line (`--train-loop`, `--validate-fn`) resolve from the current
 directory first, as uvicorn and celery do: run podium from your repository's root.
@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
     history.add_argument("--json", action="store_true", help="Print the history as JSON.")
     history.set_defaults(func=commands.cmd_history)
+    from podium.cli import serve
+
+    serve.add_parser(sub, config_default("model"))
     from podium.cli import provenance
 
     lineage = sub.add_parser("lineage", help="Where a served version came from, or which runs and champions used a "

@@ -366,6 +366,13 @@ ALLOWED: dict[str, dict[str, str]] = {
                                                        "datasets are built, not at `podium run`'s start-up"},
     "podium.training.loaders": {"lightning": "Lightning (8.5 s), an optional framework, only for its checkpoints",
                                 "transformers": "Transformers (0.6 s), an optional framework, only for its checkpoints"},
+    "podium.training.live": {"mlflow": MLFLOW + "; podium.training loads no MLflow at import",
+                             "podium.training.promoted": "the replica loads MLflow and torch (promoted's loaders), "
+                                                         "not `podium serve`'s driver, which only names the class"},
+    "podium.cli.serve": {"ray": RAY, "podium.training.cluster": RAY + " (cluster: 1.1 s)",
+                         "podium.training.live": RAY + " (Ray Serve loads with the deployment's class)",
+                         "podium.serving.layout": COMMAND.format("0.2"),
+                         "podium.storage.locations": COMMAND.format("0.14")},
     "podium.training.promoted": {"mlflow": MLFLOW + "; podium.training loads no MLflow at import",
                                  "podium.training.checkpoint": TORCH},
     "podium.training.raytrain": {"ray": TORCH + " (ray.train.torch loads torch, 3 s with Ray Train)"},
@@ -375,6 +382,7 @@ ALLOWED: dict[str, dict[str, str]] = {
                                         "podium.training.raytrain": RAY_DATA + " (raytrain: 2.4 s)"},
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
     "podium.cli.main": {"podium.cli.commands": HELP, "podium.cli.run": HELP, "podium.cli.provenance": HELP,
+                        "podium.cli.serve": HELP,
                         "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
     "podium.cli.options": {"datetime": PENDING.format("0.001"), "podium.config": PENDING.format("0.03")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},

@@ -1,0 +1,122 @@
+"""`podium serve`: a serving location's champion over HTTP, on Ray Serve, following its promotions and rollbacks.
+
+It runs until stopped (Ctrl-C or SIGTERM: exit 0 once Serve and the Ray it started are down). It speaks
+MLflow's scoring protocol at /invocations, so clients of `mlflow models serve` work unchanged; every answer
+names the version that gave it (the X-Podium-Version header). When a promotion or a rollback switches the
+location's CURRENT, each replica loads the new version beside the old one and switches once it is loaded and
+checked; a version that does not load is never switched to, and this command says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from podium.cli.errors import CliError
+from podium.cli.options import use_ray_address
+from podium.config import default_serving
+from podium.errors import ServingError
+from podium.progress import say
+from podium.settings import PodiumSettings
+
+APP = "podium"
+
+
+def add_parser(sub: Any, model_default: str | None) -> None:
+    serve = sub.add_parser("serve", help="Serve a serving location's champion over HTTP (Ray Serve), following "
+                                         "its promotions.", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--model", default=model_default, help="The model whose serving location to serve "
+                                                              "(default: %(default)s).")
+    serve.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
+    serve.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: %(default)s).")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port (default: %(default)s).")
+    serve.add_argument("--replicas", type=int, default=1, help="Replicas of the model (default: %(default)s).")
+    serve.add_argument("--num-cpus", type=float, default=1.0,
+                       help="Ray CPUs each replica reserves (default: %(default)s).")
+    serve.add_argument("--poll-s", type=float, default=1.0,
+                       help="How often each replica reads CURRENT, in seconds (default: %(default)s).")
+    serve.add_argument("--ray-address", help="Ray cluster to serve on (default: RAY_ADDRESS, else a local Ray).")
+    serve.set_defaults(func=cmd_serve)
+
+
+def _checked(args: argparse.Namespace) -> str:
+    """The serving location, and every value checked before Ray starts."""
+    serving = args.serving or default_serving(PodiumSettings(), args.model)
+    wrong = [f"--{name.replace('_', '-')} {value}: expected {what}"
+             for name, value, what in [("port", args.port, "a port from 1 to 65535"),
+                                       ("replicas", args.replicas, "1 or more"),
+                                       ("num_cpus", args.num_cpus, "0 or more"),
+                                       ("poll_s", args.poll_s, "more than 0")]
+             if not ((1 <= value <= 65535) if name == "port" else value >= 1 if name == "replicas"
+                     else value >= 0 if name == "num_cpus" else value > 0)]
+    if wrong:
+        raise CliError("; ".join(wrong))
+    from podium.serving.layout import read_pointer
+    from podium.storage.locations import is_remote
+
+    if not is_remote(serving) and not os.path.isdir(serving):
+        raise CliError(f"no serving location at {serving}: expected a folder `podium run` or `podium promote` "
+                       "promotes to (--serving PATH, or --model NAME for .podium/serving/NAME)")
+    try:
+        read_pointer(serving)
+    except ServingError as exc:
+        raise CliError(f"{serving}: {exc}") from None
+    return serving
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    serving = _checked(args)
+    use_ray_address(args.ray_address)
+    try:
+        from ray import serve
+    except ImportError as exc:  # ray[serve]'s own dependencies (grpc, uvicorn, ...) are an extra of podium's
+        raise CliError(f"podium serve needs Ray Serve, which is not installed ({exc}): pip install 'podium[serve]' "
+                       "(or \"ray[serve]\" at podium's ray version)") from None
+    say("starting Ray Serve")
+    import ray
+
+    from podium.training.cluster import ensure_ray
+    from podium.training.live import ChampionServer
+
+    ensure_ray(args.num_cpus * args.replicas)
+    stop = threading.Event()  # after Ray's start: ray.init installs a SIGTERM handler of its own
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its per-start INFO lines; this command says what serves
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        deployment = serve.deployment(ChampionServer, name="champion", num_replicas=args.replicas,
+                                      ray_actor_options={"num_cpus": args.num_cpus})
+        handle = serve.run(deployment.bind(serving, args.poll_s), name=APP, route_prefix="/")
+        url = f"http://{args.host}:{args.port}"
+        said: dict[str, Any] = {}
+        while True:
+            status = handle.status.remote().result()
+            if status != said:
+                _say_status(status, said, url)
+                said = status
+            if stop.wait(args.poll_s):
+                break
+        say("stopping")
+        return 0
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _say_status(status: dict[str, Any], before: dict[str, Any], url: str) -> None:
+    """What changed in what a replica serves, in words."""
+    if status.get("version") != before.get("version") or not before:
+        now = status.get("version") or "nothing (no version promoted yet: answers 503 until one is)"
+        print(f"serving {status['serving']}: {now} at {url}/invocations", flush=True)
+    for version, why in status.get("refused", {}).items():
+        if version not in before.get("refused", {}):
+            print(f"NOT switched to {version}, still serving {status.get('version')}: {why}", flush=True)
+    if not before:
+        print(json.dumps({"url": url, **status}), flush=True)
