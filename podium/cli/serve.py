@@ -91,8 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its per-start INFO lines; this command says what serves
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        deployment = serve.deployment(ChampionServer, name="champion", num_replicas=args.replicas,
-                                      ray_actor_options={"num_cpus": args.num_cpus})
+        deployment = serve.deployment(name="champion", num_replicas=args.replicas,
+                                      ray_actor_options={"num_cpus": args.num_cpus})(ChampionServer)
         handle = serve.run(deployment.bind(serving, args.poll_s), name=APP, route_prefix="/")
         url = f"http://{args.host}:{args.port}"
         said: dict[str, Any] = {}
