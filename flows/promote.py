@@ -25,13 +25,14 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
                          records: list[CheckpointRecord] | None = None,
                          stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
     """Promote the best checkpoint if it beats the champion; with approval required, the candidate waits for a
-    person's decision first (the flow run pauses). Each decision is announced as a Prefect event."""
+    person's decision first (the flow run pauses). Each decision is announced as a Prefect event. The records only
+    lend the announcement the candidate's metrics: passed as context, they draw no edge from every validation."""
     outcome = promote_best_checkpoint_task(context(plan), context(tracking))
     if outcome.awaiting is not None:
-        announce_promotion_task(context(plan), context(tracking), outcome, records)
+        announce_promotion_task(context(plan), context(tracking), outcome, context(records))
         approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
         outcome = settle_candidate_task(context(plan), context(tracking), outcome, approval)
-    announce_promotion_task(context(plan), context(tracking), outcome, records)
+    announce_promotion_task(context(plan), context(tracking), outcome, context(records))
     return outcome
 
 

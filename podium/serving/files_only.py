@@ -11,13 +11,13 @@ Standalone: imports nothing of podium. Its words are podium.core.served's (a uni
 
 from __future__ import annotations
 
-SERVED_AS_FILES = "served as files"
-MAKE_LOADABLE = "name a --model-class or --model-loader to get a loadable model"
+_SERVED_AS_FILES = "served as files"
+_MAKE_LOADABLE = "name a --model-class or --model-loader to get a loadable model"
 
 
 def _load_pyfunc(path: str) -> None:
     """MLflow's pyfunc entry point: raise, naming the files (`path`, where MLflow put them) and the way out."""
     from mlflow.exceptions import MlflowException
 
-    raise MlflowException(f"{SERVED_AS_FILES}: {path}; {MAKE_LOADABLE} (the checkpoint's files are in that folder, "
+    raise MlflowException(f"{_SERVED_AS_FILES}: {path}; {_MAKE_LOADABLE} (the checkpoint's files are in that folder, "
                           "for your own code to load)")

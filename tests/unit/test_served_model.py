@@ -231,7 +231,7 @@ def test_without_a_loader_another_format_is_served_as_its_files(tmp_path, data, 
     from podium.core import served as words
     from podium.serving import files_only
 
-    assert (files_only.SERVED_AS_FILES, files_only.MAKE_LOADABLE) == (words.SERVED_AS_FILES, words.MAKE_LOADABLE)
+    assert (files_only._SERVED_AS_FILES, files_only._MAKE_LOADABLE) == (words.SERVED_AS_FILES, words.MAKE_LOADABLE)
     assert set(os.listdir(own_format[0])) <= set(os.listdir(served.local_folder))
     with pytest.raises(MlflowException, match=r"served as files: .*; name a --model-class or --model-loader to get a "
                                               r"loadable model"):
