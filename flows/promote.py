@@ -10,7 +10,7 @@ from prefect.states import Cancelled
 from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
-from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config
+from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config, whole
 from podium.flows.stop import RunStopped, stop_on_signals
 from podium.flows.summary import RunResult, final_state, summarize_run
 from podium.tasks.approval import await_approval
@@ -29,10 +29,10 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
     lend the announcement the candidate's metrics: passed as context, they draw no edge from every validation."""
     outcome = promote_best_checkpoint_task(context(plan), context(tracking))
     if outcome.awaiting is not None:
-        announce_promotion_task(context(plan), context(tracking), outcome, context(records))
+        announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
         approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
-        outcome = settle_candidate_task(context(plan), context(tracking), outcome, approval)
-    announce_promotion_task(context(plan), context(tracking), outcome, context(records))
+        outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval)
+    announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
     return outcome
 
 

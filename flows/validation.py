@@ -17,7 +17,7 @@ from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
 from podium.core.policy import unknown_policy_metrics
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
-from podium.flows.naming import context
+from podium.flows.naming import context, whole
 from podium.progress import say
 from podium.tasks.plan import RunPlan
 from podium.tasks.retention import keep_best_checkpoints
@@ -133,7 +133,7 @@ class ValidationQueue:
             raise unreachable
         while start and self.pending and len(self.running) < self.concurrency:
             record, arguments = self.pending.popleft()
-            future = validation_task(self.plan, record).submit(context(self.plan), context(self.tracking), record,
+            future = validation_task(self.plan, record).submit(context(self.plan), context(self.tracking), whole(record),
                                                               arguments)
             self.running[record.uri] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
 
