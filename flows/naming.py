@@ -12,11 +12,31 @@ import logging
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import TypeVar, cast
 
 from prefect.runtime import deployment, flow_run
+from prefect.utilities.annotations import opaque, quote
 
 from podium import prefect_api
 from podium.config import PipelineConfig, merge
+
+T = TypeVar("T")
+
+
+def context(value: T) -> T:
+    """A task input that is context, not data the task waits for (the run's plan, its MLflow run): Prefect draws an
+    edge in the run's graph from the task that returned an input to each task it is passed to, and the MLflow run
+    opened once and passed to every task drew a fan of edges from `open-tracking-run`. `quote` passes the value
+    as it is, and Prefect draws no edge for it (prefect.utilities.annotations.quote)."""
+    return cast(T, quote(value))
+
+
+def whole(value: T) -> T:
+    """A task's result passed on as one thing: Prefect draws the edge from the task that returned it, not one from
+    each task whose result shares a piece of it (it links the strings and dicts inside a result to that result's
+    task, by identity: the run name and a checkpoint's URI inside the promotion outcome drew edges from
+    `open-tracking-run` and the last validation). `opaque` resolves the value without looking inside it."""
+    return cast(T, opaque(value))
 
 
 def _started_at() -> datetime:

@@ -20,7 +20,7 @@ from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.core.verdict import run_failure
 from podium.errors import TrackingUnavailable
-from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
+from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.promote import promote_and_announce
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
@@ -35,7 +35,7 @@ from podium.tasks.report import Progress
 from podium.tasks.resume import (
     Resume,
     check_resume_task,
-    mark_abandoned_flow_run_task,
+    mark_abandoned_flow_run,
     remove_unregistered_checkpoints,
 )
 from podium.tasks.retention import served_checkpoints
@@ -75,7 +75,7 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
     # Prefect mirrors the run and is not on its critical path: with its server down, the run goes on.
     # SIGINT / SIGTERM stop it cleanly: the flow run ends Cancelled, and running the same name resumes.
     with prefect_api.watching(), stop_on_signals() as stop, run_lock(plan):  # a second run of the name is refused
-        resume = check_resume_task(plan)  # a resume that would change the model's shape is refused here
+        resume = check_resume_task(context(plan))  # a resume that would change the model's shape is refused here
         say_resume(plan, resume)
         try:
             # a State returned ends the flow run in it: its message says what the run did
@@ -153,11 +153,12 @@ def _open_tracking(plan: RunPlan, tracking_uri: str | None, stream: CheckpointSt
     before the error is raised, its persisted checkpoints kept for a resume."""
     config = plan.config
     try:
-        mark_abandoned_flow_run_task(tracking_uri, config.experiment, config.run_name)  # a killed attempt's flow run
+        mark_abandoned_flow_run(tracking_uri, config.experiment, config.run_name)  # a killed attempt's flow run
         tracking = open_tracking_run_task(tracking_uri, config.experiment, config.run_name,
                                           config.model_dump(mode="json"))
         say("run %s: MLflow run %s", config.run_name, tracking.run_id)
-        record_lineage_task(plan, tracking)  # its data by digest, the flow run, deployment, schedule, code version
+        # its data by digest, the flow run, deployment, schedule, code version
+        record_lineage_task(context(plan), context(tracking))
         return tracking
     except BaseException:
         if training is not None and not stream.stop_training(training):
@@ -192,7 +193,7 @@ def _stop_early_if_plateaued(plan: RunPlan, validations: ValidationQueue, stream
 def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: str | None,
                             stop: StopRequest, fresh: bool, resumed_after: int | None = None) -> RunSummary:
     config = plan.config
-    connect_ray_task(plan)
+    connect_ray_task(context(plan))
     stream = CheckpointStream()
     training: PrefectConcurrentFuture | None = None
     stopping_early = EarlyStopSwitch()
@@ -200,7 +201,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     if fresh:  # nothing persisted, nothing to catch up: training starts now, and the MLflow run opens meanwhile
         fitting = threading.Event()
         training = cast(PrefectConcurrentFuture,  # the flow's thread pool
-                        train_model.submit(plan, stream.sink, 0, fitting, stopping_early))
+                        train_model.submit(context(plan), stream.sink, 0, fitting, stopping_early))
         training.wrapped_future.add_done_callback(lambda _: fitting.set())  # a task that ends before Ray Train
         # until training's own work in this process is done (the data's statistics, the datasets' plan):
         # MLflow's import and store would take the interpreter from it; Ray Train's start leaves it idle
@@ -219,7 +220,8 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         if training is None:  # a resumed run: an earlier attempt's checkpoints still awaiting a verdict, first
             validations.catch_up(seen)
             training = cast(PrefectConcurrentFuture,
-                            train_model.submit(plan, stream.sink, validations.last_step, None, stopping_early))
+                            train_model.submit(context(plan), stream.sink, validations.last_step, None,
+                                              stopping_early))
         for events in stream.follow(training):
             for event in events:
                 if isinstance(event, TrainingRestart):
@@ -238,7 +240,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
                 announced += 1
                 preload_packaging()  # what promotion and the reports will load, loaded while training goes on (once)
                 preload_charts()
-                validations.add(record_checkpoint_task(tracking, event), event.validation)
+                validations.add(record_checkpoint_task(context(tracking), event), event.validation)
                 progress.update(epoch=event.epoch)
             validations.pump()
             stopped_early = stopped_early or _stop_early_if_plateaued(plan, validations, stream, training,

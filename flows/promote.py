@@ -10,7 +10,7 @@ from prefect.states import Cancelled
 from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
-from podium.flows.naming import flow_run_namer, podium_logs_at_info, run_config
+from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config, whole
 from podium.flows.stop import RunStopped, stop_on_signals
 from podium.flows.summary import RunResult, final_state, summarize_run
 from podium.tasks.approval import await_approval
@@ -25,13 +25,14 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
                          records: list[CheckpointRecord] | None = None,
                          stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
     """Promote the best checkpoint if it beats the champion; with approval required, the candidate waits for a
-    person's decision first (the flow run pauses). Each decision is announced as a Prefect event."""
-    outcome = promote_best_checkpoint_task(plan, tracking)
+    person's decision first (the flow run pauses). Each decision is announced as a Prefect event. The records only
+    lend the announcement the candidate's metrics: passed as context, they draw no edge from every validation."""
+    outcome = promote_best_checkpoint_task(context(plan), context(tracking))
     if outcome.awaiting is not None:
-        announce_promotion_task(plan, tracking, outcome, records)
+        announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
         approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
-        outcome = settle_candidate_task(plan, tracking, outcome, approval)
-    announce_promotion_task(plan, tracking, outcome, records)
+        outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval)
+    announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
     return outcome
 
 

@@ -16,6 +16,7 @@ from prefect.runtime import flow_run
 from podium.config import PipelineConfig
 from podium.core.events import CheckpointPayload
 from podium.core.records import CheckpointRecord
+from podium.flows.naming import context
 from podium.progress import say
 from podium.tasks.plan import plan_run_task
 from podium.tasks.tracking import open_tracking_run_task, record_checkpoint_task
@@ -61,7 +62,7 @@ def validate_announced_checkpoint(
     with concurrency(RECORD_LOCK, occupy=1, strict=False):
         tracking = open_tracking_run_task(tracking_uri, config.experiment, run_name,
                                           config.model_dump(mode="json"))
-        record = record_checkpoint_task(tracking, event)
+        record = record_checkpoint_task(context(tracking), event)
     verdict, record = carry_out_before(plan, tracking, record, event.validation)
     if verdict.unchanged:
         say("checkpoint step %d of %s is already %s: not validated again", step, run_name, record.status)
@@ -69,9 +70,9 @@ def validate_announced_checkpoint(
     if not verdict.validate:
         say("checkpoint step %d of %s %s: %s", step, run_name, record.status, verdict.reason)
         return record
-    connect_ray_task(plan)
+    connect_ray_task(context(plan))
     try:
-        record = carry_out_result(plan, validation_task(plan, record)(plan, tracking, record))
+        record = carry_out_result(plan, validation_task(plan, record)(context(plan), context(tracking), record))
     except TrackingUnavailable:
         raise  # validated, but the verdict could not be written: it stays pending, to be validated again
     except Exception as exc:

@@ -17,6 +17,7 @@ from podium.core.events import ValidationRequest
 from podium.core.failures import plain_text
 from podium.core.policy import unknown_policy_metrics
 from podium.core.records import FAILED, PENDING, SKIPPED, VALIDATED, CheckpointRecord
+from podium.flows.naming import context, whole
 from podium.progress import say
 from podium.tasks.plan import RunPlan
 from podium.tasks.retention import keep_best_checkpoints
@@ -92,7 +93,7 @@ class ValidationQueue:
         (adding their names to `seen`); records are created only where missing."""
         events = missed_checkpoints(self.plan, seen)
         seen.update(e.checkpoint_name for e in events if e.checkpoint_name)
-        records = record_checkpoints_task(self.tracking, events) if events else []
+        records = record_checkpoints_task(context(self.tracking), events) if events else []
         for record in records:
             logger.info("checkpoint step %d found in storage (%s)", record.step, record.status)
             self.add(record)
@@ -132,7 +133,8 @@ class ValidationQueue:
             raise unreachable
         while start and self.pending and len(self.running) < self.concurrency:
             record, arguments = self.pending.popleft()
-            future = validation_task(self.plan, record).submit(self.plan, self.tracking, record, arguments)
+            future = validation_task(self.plan, record).submit(context(self.plan), context(self.tracking), whole(record),
+                                                              arguments)
             self.running[record.uri] = (record, cast(PrefectConcurrentFuture, future))  # the flow's thread pool
 
     def _check_policy_on_first_result(self, announced: CheckpointRecord, done: CheckpointRecord) -> None:

@@ -287,13 +287,16 @@ class PromotionConfig(_Strict):
     model_loader: str | None = Field(
         None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "
-        "podium builds the served MLflow model from it. Without one such checkpoints are served as files.")
+        "podium builds the served MLflow model from it. Without one (and without promotion.model_class) such "
+        "checkpoints are served as files: podium.load_promoted_model and mlflow.pyfunc cannot load them.")
 
     model_class: str | None = Field(
-        None, description="'package.module:Class' handed to the model loader as model_class=, for the loaders "
-        "shipped with podium that build a model from its class: the LightningModule for "
-        "podium.training.loaders:lightning, the torch module for podium.training.loaders:sharded. Needs "
-        "promotion.model_loader.")
+        None, description="'package.module:Class', the model's class, named once. Without promotion.model_loader, "
+        "for a loop of your own that saves its module's state_dict() with torch.save: podium builds Class() (its "
+        "arguments need defaults; checked before training) and loads the checkpoint's model.pt, or its only .pt / "
+        ".pth file, into it (podium.training.loaders:state_dict); the champion is a served MLflow model. With a "
+        "loader, it is handed to it as model_class=: the LightningModule for podium.training.loaders:lightning, "
+        "the torch module for podium.training.loaders:sharded.")
 
     @field_validator("model_loader", "model_class")
     @classmethod

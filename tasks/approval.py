@@ -54,8 +54,11 @@ def approval_form(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcom
              f"{c.version}, MLflow `{p.registered_model}` v{c.mlflow_version} @{challenger_alias(p.alias)}",
              f"- **Champion**: {champion}", f"- **Decision so far**: {c.reason}"]
     lines += [f"- {check['text']}" for check in outcome.checks]
-    if mlflow_ui:
-        lines += ["", f"[MLflow run]({tracking.run_url(mlflow_ui)}) · [checkpoints]({tracking.models_url(mlflow_ui)})"
+    if mlflow_ui:  # what deciding needs first: this candidate, and every checkpoint against the champion
+        candidate = (f"[the candidate's metrics]({tracking.logged_model_url(mlflow_ui, c.model_id)}) · "
+                     if c.model_id else "")
+        lines += ["", f"{candidate}[{p.metric} of every checkpoint, the champion marked]"
+                      f"({tracking.chart_url(mlflow_ui, p.metric)}) · [MLflow run]({tracking.run_url(mlflow_ui)})"
                       f" · [registered model]({tracking.registry_url(mlflow_ui, p.registered_model)})"]
     lines += ["", f"Without a decision in {p.approval_timeout_s:g} s: {p.approval_on_timeout}. From the project "
                   f"folder: `podium approve --run-name {tracking.run_name} --reason \"...\"` or `podium reject ...`."]

@@ -3,8 +3,8 @@
 From the chosen checkpoint podium builds an MLflow model folder: the weights alone (no optimizer
 state) as a `torch.export` program with the preprocessing inside, the feature names and types in
 order, the class labels, a signature and an input example (the first rows of the validation
-data). A checkpoint that is neither in podium's format nor covered by `promotion.model_loader` is
-served as its files. The raw checkpoint stays in storage, for resuming; the manifest names it.
+data). A checkpoint that is neither in podium's format nor covered by `promotion.model_class` or
+`promotion.model_loader` is served as its files. The raw checkpoint stays in storage, for resuming; the manifest names it.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Any
 import pandas as pd
 
 from podium.core.records import CheckpointRecord
+from podium.core.served import FILES, MAKE_LOADABLE, SERVED_AS_FILES
 from podium.imports import Preload
 from podium.serving.staging import list_objects
 from podium.storage.locations import is_remote
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun
-from podium.tracking.models import package_model, package_python_model
+from podium.tracking.models import package_files, package_model, package_python_model
 from podium.training.data import open_dataset
 from podium.training.promoted import fetch_folder
 
@@ -49,8 +50,8 @@ def load_hint(plan: RunPlan, content: str) -> str:
     uri = f"models:/{p.registered_model}@{p.alias}"
     if content == "model":
         return f"mlflow.pyfunc.load_model('{uri}').predict(df), or podium.load_promoted_model('{plan.serving}')"
-    return (f"files only (no --model-loader for this checkpoint format): mlflow.artifacts.download_artifacts('{uri}') "
-            "and load them with your own code")
+    return (f"{SERVED_AS_FILES} ({MAKE_LOADABLE}): mlflow.artifacts.download_artifacts('{uri}') fetches them, "
+            "for your own code to load")
 
 
 def _folder_size(folder: str) -> int:
@@ -102,12 +103,14 @@ def build_served_model(plan: RunPlan, tracking: TrackingRun, record: CheckpointR
     local = record.uri if not is_remote(record.uri) else fetch_folder(record.uri, os.path.join(workdir, "checkpoint"))
     loaded, facts = load_servable(local, plan.config.promotion.model_loader, plan.config.promotion.model_class)
     sizes = {"checkpoint_size_bytes": checkpoint_size}
-    if loaded is None:
-        return ServedModel(record.uri, local, "checkpoint", {**sizes, "served_as": "files",
-                                                           "load": load_hint(plan, "checkpoint")})
-    features, example = _features(plan, facts)
     metadata = {"podium": {"model": plan.config.model, "checkpoint": record.uri, "step": record.step,
                            "run_name": tracking.run_name, "checkpoint_format": facts.get("format")}}
+    if loaded is None:  # served as files: MLflow gets them with an MLmodel that says so when loaded
+        logged = package_files(local, os.path.join(workdir, "mlflow-files"), model_id=record.model_id,
+                               run_id=tracking.run_id, metadata=metadata)
+        return ServedModel(record.uri, logged, "checkpoint", {**sizes, "served_as": FILES,
+                                                            "load": load_hint(plan, "checkpoint")})
+    features, example = _features(plan, facts)
     out = os.path.join(workdir, "mlflow-model")
     if facts["kind"] == "torch":  # exported, with podium's pyfunc around it
         rows = example[[f["name"] for f in features]].to_numpy("float32")

@@ -105,14 +105,37 @@ def check_writable(uri: str, field: str) -> str:
         raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
 
 
+def _is_torch_module(cls: type) -> bool:
+    """Whether `cls` derives from torch.nn.Module, read from its MRO (torch is not imported here: the user's
+    module that defines the class has loaded it)."""
+    return any(f"{c.__module__}.{c.__qualname__}" == "torch.nn.modules.module.Module" for c in inspect.getmro(cls))
+
+
 def model_class_errors(cfg: PipelineConfig, functions: dict[str, Callable[..., Any]]) -> list[str]:
-    """`promotion.model_class` goes to a loader that takes it, and only with one."""
+    """`promotion.model_class` goes to a loader that takes it. Without a loader, podium's own
+    (podium.training.loaders:state_dict) loads the checkpoint's state dict into `model_class()`: the class
+    is built here once, so that one that cannot be is refused before anything starts."""
     p = cfg.promotion
     if not p.model_class:
         return []
     if not p.model_loader:
-        return [f"promotion.model_class = {p.model_class!r} is set without promotion.model_loader: expected a "
-                "loader that builds the model from it (podium.training.loaders:lightning, podium.training.loaders:sharded)"]
+        if cfg.training.train_loop in (None, BUILTIN_LOOP):
+            return [f"promotion.model_class = {p.model_class!r} is set with the built-in loop, whose checkpoints "
+                    "podium serves as they are: expected a training.train_loop of your own, or no model_class"]
+        cls = functions.get("promotion.model_class")
+        if cls is None:  # not importable: said by the import check
+            return []
+        if not (inspect.isclass(cls) and _is_torch_module(cls)):
+            return [f"promotion.model_class = {p.model_class!r} is not a torch.nn.Module class: podium builds it "
+                    "with no arguments and loads the checkpoint's state dict into it (or name a "
+                    "promotion.model_loader that takes model_class=)"]
+        try:
+            cls()
+        except Exception as exc:  # the user's constructor: whatever it raises says why it cannot be built
+            return [f"promotion.model_class = {p.model_class!r} cannot be built with no arguments "
+                    f"({type(exc).__name__}: {exc}): podium builds it as {cls.__name__}() and loads the checkpoint's "
+                    "state dict into it; give its arguments defaults, or name a promotion.model_loader of your own"]
+        return []
     loader = functions.get("promotion.model_loader")
     if loader is not None and "model_class" not in inspect.signature(loader).parameters:
         return [f"promotion.model_loader = {p.model_loader!r} takes no model_class argument, but promotion.model_class "

@@ -23,6 +23,7 @@ from podium.core.numbers import format_number, format_signed
 from podium.core.policy import interval_text
 from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
+from podium.core.served import files_note
 from podium.tasks.promote import PromotionOutcome
 from podium.tracking.client import MAX_TAG, TAG_REASON, TrackingRun, reaching_tracking
 from podium.tracking.runs import tag_outcome
@@ -134,7 +135,7 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
         p = outcome.promoted
         lines += [f"**Promoted** step {p.step} as serving version `{p.version}` "
                   f"({p.metric} = {_fmt(p.value)}).", "",
-                  f"- serving copy: `{p.uri}` ({p.served_as or 'files'})",
+                  f"- serving copy: `{p.uri}` ({files_note(p.served_as) or p.served_as})",
                   f"- source checkpoint (kept for resuming): `{p.checkpoint_uri}`",
                   f"- MLflow registered version: {p.model or ''} {p.mlflow_version}",
                   *([f"- load: `{p.load}`"] if p.load else []),

@@ -123,7 +123,8 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
     """An earlier attempt of this run whose process died (SIGKILL, a lost machine) left its Prefect flow
     run Running: mark it Crashed, saying so. The earlier attempt is the flow run the MLflow run names
     (tag `podium.prefect_flow_run_id`); returns its id if it was marked. Bounded and skipped while the Prefect
-    server does not answer (podium.prefect_api)."""
+    server does not answer (podium.prefect_api). A plain call, not a task: housekeeping of Prefect's own records,
+    which the run's graph does not show (its log says when it marks one)."""
 
 
 
@@ -150,8 +151,3 @@ def mark_abandoned_flow_run(tracking_uri: str | None, experiment: str, run_name:
         return earlier
     return None
 
-
-@task(name="mark-abandoned-flow-run", cache_policy=NO_CACHE)
-def mark_abandoned_flow_run_task(tracking_uri: str | None, experiment: str, run_name: str) -> str | None:
-    """Mark Crashed the flow run of an earlier attempt of this run that was left Running."""
-    return mark_abandoned_flow_run(tracking_uri, experiment, run_name)

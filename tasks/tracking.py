@@ -24,7 +24,7 @@ def open_tracking_run_task(tracking_uri: str | None, experiment: str, run_name: 
     return open_tracking_run(resolve_tracking_uri(tracking_uri), experiment, run_name, params, set_tags=tags)
 
 
-@task(name="record-checkpoint", cache_policy=NO_CACHE)
+@task(name="record-checkpoint", task_run_name="record-step-{event.step}", cache_policy=NO_CACHE)
 def record_checkpoint_task(tracking: TrackingRun, event: CheckpointEvent) -> CheckpointRecord:
     """Create the checkpoint's MLflow record (idempotent)."""
     return record_checkpoint(tracking, event)

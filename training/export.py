@@ -21,6 +21,7 @@ from torch.export import Dim
 from podium.imports import resolve_callable
 from podium.serving.tabular import MODULE_FILE, SPEC_FILE
 from podium.training.checkpoint import META_FILE, load_model
+from podium.training.loaders import DEFAULT_CLASS_LOADER
 from podium.training.model import Standardize
 
 
@@ -34,13 +35,16 @@ def load_servable(checkpoint_dir: str, model_loader: str | None,
 
     podium's format loads with its safe loader (weights only). Another format goes through
     `model_loader` ('package.module:function', called with the folder, and `model_class=` the class
-    `model_class` names when set): a torch module, or an object with `predict`. Neither: (None, {}),
-    the checkpoint is served as files."""
+    `model_class` names when set): a torch module, or an object with `predict`. `model_class` without a
+    loader: the state dict the checkpoint holds, loaded into `model_class()` (podium.training.loaders:state_dict).
+    Neither: (None, {}), the checkpoint is served as files."""
     if os.path.exists(os.path.join(checkpoint_dir, META_FILE)) and model_loader is None:
         model, meta = load_model(checkpoint_dir)
         return model, {"step": meta.step, "epoch": meta.epoch, "feature_columns": meta.feature_columns,
                        "label_column": meta.label_column, "num_classes": meta.model.num_classes,
                        "format": "podium", "kind": "torch"}
+    if model_loader is None and model_class:
+        model_loader = DEFAULT_CLASS_LOADER
     if model_loader is None:
         return None, {}
     loader = resolve_callable(model_loader, "promotion.model_loader")

@@ -9,6 +9,7 @@ import posixpath
 import tempfile
 from typing import Any
 
+from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES
 from podium.errors import ServingError
 from podium.serving.layout import CHUNK, PromotedVersion, parallel, read_current, safe_relpath
 from podium.serving.staging import list_objects, verify_files
@@ -96,10 +97,9 @@ def _load_local(version: PromotedVersion, path: str) -> Any:
     from podium.training.checkpoint import CheckpointFormatError, load_model  # torch loads only here
 
     if CHECKPOINT_META not in files:
-        raise ServingError(f"{version.uri} holds the files of a checkpoint that is not in podium's format: fetch "
-                           "them with podium.training.promoted.fetch_version, or from MLflow with "
-                           "mlflow.artifacts.download_artifacts('models:/<model>@champion'); promote with "
-                           "--model-loader to serve a loadable model")
+        raise ServingError(f"{SERVED_AS_FILES}: {version.uri}; {MAKE_LOADABLE} (the files: "
+                           "mlflow.artifacts.download_artifacts('models:/<model>@champion'), or "
+                           "podium.training.promoted.fetch_version)")
     try:  # a version promoted before podium built served models: the checkpoint itself
         module, meta = load_model(path)
     except CheckpointFormatError as exc:

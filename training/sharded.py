@@ -58,9 +58,15 @@ def load_sharded(checkpoint_dir: str, model_class: type) -> nn.Module:
                                      "that takes no arguments")
     try:
         model.load_state_dict(model_state(load_sharded_state(checkpoint_dir)))
-    except RuntimeError as exc:  # missing or unexpected keys, shape mismatches: one per line after torch's heading
-        details = [line.strip().rstrip(".") for line in str(exc).splitlines()[1:] if line.strip()] or [str(exc)]
-        more = f" (and {len(details) - 2} more)" if len(details) > 2 else ""
+    except RuntimeError as exc:
         raise ShardedCheckpointError(f"{checkpoint_dir}: its state does not fit {model_class.__name__}: "
-                                     f"{'; '.join(details[:2])}{more}") from None
+                                     f"{mismatch_text(exc)}") from None
     return model.eval()
+
+
+def mismatch_text(exc: RuntimeError) -> str:
+    """`load_state_dict`'s refusal in one line: its first two reasons (missing or unexpected keys, shape
+    mismatches: one per line after torch's heading) and how many more."""
+    details = [line.strip().rstrip(".") for line in str(exc).splitlines()[1:] if line.strip()] or [str(exc)]
+    more = f" (and {len(details) - 2} more)" if len(details) > 2 else ""
+    return f"{'; '.join(details[:2])}{more}"

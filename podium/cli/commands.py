@@ -260,12 +260,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out.model_dump()))
         return 0
-    alias = f"alias {alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved")
-    if not out.switched:
-        print(f"serving {serving}: {out.to_version} is already current; {alias}")
-    else:
-        withdrawn = f" ({out.withdrawn} withdrawn)" if out.withdrawn else ""
-        print(f"serving {serving}: {out.from_version} -> {out.to_version}{withdrawn}; {alias}")
+    from podium.cli.output import print_rollback
+
+    print_rollback(serving, out, alias)
     return 0
 
 

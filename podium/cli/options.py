@@ -142,8 +142,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "For checkpoints not in podium's format: 'package.module:function' from the checkpoint folder to a torch "
      "module or an object with predict(DataFrame); podium serves and registers the MLflow model built from it."),
     ("--model-class", "promotion.model_class", str,
-     "'package.module:Class' for a loader shipped with podium that builds the model from its class (the "
-     "LightningModule for podium.training.loaders:lightning)."),
+     "'package.module:Class', the model's class: alone, for a loop that saves its module's state_dict() (model.pt, "
+     "or the one .pt/.pth file), podium loads it into Class() and serves an MLflow model; with --model-loader, "
+     "handed to it (the LightningModule for podium.training.loaders:lightning)."),
     ("--approval", "promotion.approval", str,
      "'required': a candidate that passes the gate waits for `podium approve` / `podium reject` or the Prefect "
      "UI's form; 'none': promote unattended."),

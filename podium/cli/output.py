@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from podium.core.approval import Approval
 from podium.core.numbers import format_number
+from podium.core.served import files_note
 from podium.services import ui_url
 from podium.serving.history import parse_switch
 
@@ -81,6 +83,16 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
     print(f"champion of model {config.model} at {config.serving}: " + (
         f"{champion['version']} (step {champion['step']}, {champion['metric']}={format_number(champion['value'])}, "
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))
+    if champion and files_note(champion["served_as"]):
+        print(f"  {files_note(champion['served_as'])}; load: {champion['load']}")
+
+
+def embedded_store_uri(settings: Any) -> str:
+    """The embedded MLflow store as MLFLOW_TRACKING_URI names it from here: relative to the current folder when it is
+    under it (the project folder), as README.md writes it; else absolute."""
+    store = os.path.join(settings.home_dir, "mlflow.db")
+    relative = os.path.relpath(store)
+    return f"sqlite:///{store if relative.startswith('..') else relative}"
 
 
 def print_mlflow_links(tracking: Any, mlflow_ui: str, registered_model: str, metric: str) -> None:
@@ -112,6 +124,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
         print(f"  MLflow: models:/{registered.registered_model}@{registered.alias} = version {p.mlflow_version}")
     if p and p.load:
         print(f"  load:  {p.load}")
+        if settings.tracking_uri is None:  # the embedded store: MLflow alone would look for ./mlflow.db
+            print(f"         with MLFLOW_TRACKING_URI={embedded_store_uri(settings)}   (the embedded store)")
     if p:
         print(f"  lineage: podium lineage {p.version}" + (f" --serving {config.serving}" if config.serving else ""))
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}   (Artifacts tab: checkpoints, "
@@ -121,8 +135,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
         print_mlflow_links(summary.tracking, mlflow_ui, registered.registered_model, registered.metric)
     else:
         print(f"MLflow UI:   podium ui   (serves the MLflow UI on {tracking_uri} and prints the links)")
-    if p and p.served_as == "files":  # a checkpoint format podium cannot load: the `load:` line says how
-        print(f"Serving:     {config.serving}  (model {config.model}; your checkpoint's files, to load as `load:` says)")
+    if p and files_note(p.served_as):  # a checkpoint format podium cannot load: never suggest `mlflow models serve`
+        print(f"Serving:     {config.serving}  (model {config.model}; {files_note(p.served_as)})")
     else:
         print(f"Serving:     {config.serving}  (model {config.model}; load with podium.load_promoted_model, or serve "
               f"with: mlflow models serve -m models:/{registered.registered_model}@{registered.alias} --env-manager local)")
@@ -145,12 +159,33 @@ def approval_text(approval: dict[str, Any]) -> str:
     return f"{Approval(**approval).describe()} ({when})"
 
 
+def served_note(serving: str, version: str | None) -> str:
+    """'; served as files (name a --model-class ...)' when `version` at `serving` is served as files, else ''."""
+    from podium.serving.layout import read_version
+
+    found = read_version(serving, version) if version else None
+    note = files_note(found.manifest.get("served_as")) if found else ""
+    return f"; {note}" if note else ""
+
+
+def print_rollback(serving: str, out: Any, alias: str) -> None:
+    """What a rollback did: the switch (or none), where the MLflow alias points, and how the version now serving
+    is served when it is its files."""
+    alias = f"alias {alias} -> " + (f"version {out.mlflow_version}" if out.mlflow_version else "not moved")
+    if not out.switched:
+        print(f"serving {serving}: {out.to_version} is already current; {alias}{served_note(serving, out.to_version)}")
+    else:
+        withdrawn = f" ({out.withdrawn} withdrawn)" if out.withdrawn else ""
+        print(f"serving {serving}: {out.from_version} -> {out.to_version}{withdrawn}; {alias}"
+              f"{served_note(serving, out.to_version)}")
+
+
 def print_history(serving: str, switches: list[dict[str, Any]], current: str | None, withdrawn: set[str]) -> None:
     """Every switch of a serving location's CURRENT, oldest first: when, what, why, and what started it."""
     if not switches:
         print(f"serving {serving}: nothing has been promoted")
         return
-    print(f"serving {serving}: {len(switches)} switch(es), current {current}")
+    print(f"serving {serving}: {len(switches)} switch(es), current {current}{served_note(serving, current)}")
     for s in switches:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(s.get("switched_at") or 0)))
         switch = parse_switch(s)

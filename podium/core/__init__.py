@@ -12,5 +12,6 @@
 - `numbers`: finite or not, listed for people
 - `failures`: failure reasons as people read them
 - `redaction`: credentials kept out of messages, logs and records
+- `served`: how a promoted version is served (an MLflow model, or its files), in the words every output uses
 - `version`: podium's version
 """

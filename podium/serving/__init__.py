@@ -6,4 +6,5 @@
 - `staging`: a new version's copy, hashed once and verified, inside the store where it can
 - `staged`: versions being staged, and whether the process staging them is still there to finish them
 - `tabular`: the served classifier (a torch graph and what feeds it), as MLflow's pyfunc loads it
+- `files_only`: the MLflow loader of a version served as files: it loads nothing and says why
 """

@@ -236,6 +236,10 @@ class TrackingRun:
         """Link to the experiment's models: one LoggedModel per checkpoint."""
         return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models{_ML_VIEW}"
 
+    def logged_model_url(self, ui: str, model_id: str) -> str:
+        """Link to one checkpoint's LoggedModel: its metrics, params and status."""
+        return f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/models/{quote(model_id)}{_ML_VIEW}"
+
     def chart_url(self, ui: str, metric: str) -> str:
         """Link to the run's chart of `metric` per checkpoint (an artifact): every value, the champion marked."""
         return (f"{ui.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}/artifacts/podium/"

@@ -10,6 +10,9 @@ which a promotion (possibly of another process's run) must not do.
   `mlflow.pytorch.load_model` gives the module). Signature and input example included.
 - `package_python_model`: a user's object with `predict(DataFrame)` (from `promotion.model_loader`),
   saved the pyfunc way (cloudpickle: its code must be importable where it is loaded).
+- `package_files`: a checkpoint podium can build no model from, as its files (linked, not copied) with an
+  MLmodel whose loader (`podium_files_only`, shipped in `code/`) raises "served as files: ...", so that
+  pyfunc says what the champion is instead of "Could not find an MLmodel configuration file".
 - `log_model_files`: upload a folder into the LoggedModel's artifact location.
 """
 
@@ -23,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from podium.serving import tabular
+from podium.serving import files_only, tabular
 from podium.tracking.client import TrackingRun, tracking_call
 
 if TYPE_CHECKING:
     from mlflow.models import ModelSignature
 
 LOADER_MODULE = "podium_tabular"  # the name tabular.py is shipped under, inside each model's code/
+FILES_LOADER_MODULE = "podium_files_only"  # the name files_only.py is shipped under
 
 
 def column_type(arrow_type: str) -> str:
@@ -110,6 +114,32 @@ def package_python_model(loaded: Any, out_dir: str, *, features: list[dict[str, 
         out_dir, python_model=predict, signature=signature_for(features, None, with_probabilities=False),
         input_example=example, pip_requirements=requirements(None), metadata=metadata,
         mlflow_model=Model(model_id=model_id, run_id=run_id))
+    return out_dir
+
+
+def package_files(checkpoint_dir: str, out_dir: str, *, model_id: str | None, run_id: str | None,
+                  metadata: dict[str, Any]) -> str:
+    """A checkpoint's files at `out_dir` (symbolic links: uploading reads through them) beside an MLmodel whose
+    pyfunc loader says the model is served as files. A checkpoint that has files of the stub's names (MLmodel,
+    code/...) is left as it is: `out_dir` is then the checkpoint's folder."""
+    import mlflow
+    from mlflow.models import Model
+
+    with tempfile.TemporaryDirectory(prefix="podium-code-") as code:
+        loader = os.path.join(code, f"{FILES_LOADER_MODULE}.py")
+        shutil.copyfile(files_only.__file__, loader)
+        mlflow.pyfunc.save_model(out_dir, loader_module=FILES_LOADER_MODULE, code_paths=[loader],
+                                 pip_requirements=[f"mlflow=={mlflow.__version__}"], metadata=metadata,
+                                 mlflow_model=Model(model_id=model_id, run_id=run_id))
+    stub = set(os.listdir(out_dir))
+    if stub & set(os.listdir(checkpoint_dir)):
+        shutil.rmtree(out_dir)
+        return checkpoint_dir
+    for root, _, names in os.walk(checkpoint_dir):
+        target = os.path.join(out_dir, os.path.relpath(root, checkpoint_dir))
+        os.makedirs(target, exist_ok=True)
+        for name in names:
+            os.symlink(os.path.abspath(os.path.join(root, name)), os.path.join(target, name))
     return out_dir
 
 

@@ -170,7 +170,7 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset,
     proc = subprocess.run(
         [console_script, "run", "--json", "--run-name", "own-packages-v1.2-{date}", "--loop-config", "epochs=2",
          "--num-workers", "1", "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
-         "--model-loader", "training.train:load_model", "--train-data", dataset[0], "--val-data", dataset[1],
+         "--model-class", "training.train:Net", "--train-data", dataset[0], "--val-data", dataset[1],
          "--metric", "accuracy", "--mode", "max", "--storage", str(tmp_path / "storage"),
          "--serving", str(tmp_path / "serving")],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600)

@@ -31,9 +31,10 @@ def test_the_docs_import_only_the_public_api(page):
 
 
 def test_the_own_loop_guides_complete_example_validates_and_loads_a_checkpoint(tmp_path):
-    """The complete example of docs/bring-your-own-loop.md, as written: a checkpoint its `save` writes is loaded by
-    its model loader and scored by its validation function, through a Ray Train Checkpoint (no training: the
-    integration test test_a_repository_with_its_own_training_and_tasks_packages runs its loop)."""
+    """The complete example of docs/bring-your-own-loop.md, as written: a checkpoint of its `Net`'s state dict,
+    saved as its loop saves one, is loaded by its `load_model` and by podium's loader for `--model-class` alike,
+    and scored by its validation function, through a Ray Train Checkpoint (no training: the integration test
+    test_a_repository_with_its_own_training_and_tasks_packages runs its loop)."""
     import importlib.util
 
     import pyarrow as pa
@@ -49,15 +50,19 @@ def test_the_own_loop_guides_complete_example_validates_and_loads_a_checkpoint(t
     example = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(example)  # type: ignore[union-attr]
 
-    pq.write_table(pa.table({"a": [0.0, 1.0, 2.0, 3.0], "b": [1.0, 0.0, 1.0, 0.0], "label": [0, 1, 1, 0]}),
+    from podium.training.loaders import state_dict
+
+    columns = [f"f{i}" for i in range(16)]  # the demo data's 16 features, as the example's Net expects
+    pq.write_table(pa.table({**{c: [float(i), 1.0, 0.0, 2.0] for i, c in enumerate(columns)}, "label": [0, 1, 3, 2]}),
                    tmp_path / "val.parquet")
-    model = torch.nn.Linear(2, 2)
+    torch.manual_seed(1)
+    model = example.Net()
     (tmp_path / "ckpt").mkdir()
-    example.save(model, str(tmp_path / "ckpt"))
-    loaded = example.load_model(str(tmp_path / "ckpt"))
-    x = torch.tensor([[0.0, 1.0], [3.0, 0.0]])
-    assert torch.equal(loaded(x), model(x)) and not loaded.training
+    torch.save(model.state_dict(), tmp_path / "ckpt" / "model.pt")  # as the example's loop saves it
+    x = torch.randn(3, 16)
+    for loaded in (example.load_model(str(tmp_path / "ckpt")), state_dict(str(tmp_path / "ckpt"), example.Net)):
+        assert torch.equal(loaded(x), model(x)) and not loaded.training
     metrics = example.validate_fn(ray.train.Checkpoint.from_directory(str(tmp_path / "ckpt")),
-                                  val_data=str(tmp_path / "val.parquet"), feature_columns=["a", "b"],
+                                  val_data=str(tmp_path / "val.parquet"), feature_columns=columns,
                                   label_column="label")
     assert set(metrics) == {"accuracy"} and 0.0 <= metrics["accuracy"] <= 1.0

@@ -348,6 +348,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.prefect_api": {"prefect": PREFECT_LATE},
     "podium.services": {"mlflow": MLFLOW},
     "podium.serving.tabular": {"torch": TORCH + ": MLflow's pyfunc imports this module to find the class"},
+    "podium.serving.files_only": {"mlflow": MLFLOW + "; shipped inside a files model, it raises MLflow's error only "
+                                            "when MLflow loads it"},
     "podium.storage.preflight": {"botocore": "botocore (0.15 s) only for an s3:// location; a local run never loads it"},
     "podium.storage.s3": {"s3fs": "s3fs and aiohttp (0.35 s) only for an s3:// location; a local run never loads them"},
     "podium.tracking.client": {"mlflow": MLFLOW,

@@ -280,3 +280,20 @@ def test_planning_the_same_files_again_reads_no_rows(make_config, demo_data, mon
     pq.write_table(pq.read_table(demo_data[0]).slice(0, 30), demo_data[0])  # the same path, other data
     assert plan_run(config).loop_config["train_rows"] == 30
     assert inspected.count(demo_data[0]) == 2
+
+
+def test_a_model_class_without_a_loader_is_built_before_anything_starts(make_config):
+    """`--model-class` alone (podium's state-dict loader): a class that builds with no arguments plans; one that
+    cannot be imported, built with no arguments, or is not a torch module is refused naming it, as is a model class
+    with the built-in loop (whose checkpoints podium serves as they are)."""
+    own = {"train_loop": LINEAR}
+    assert plan_run(make_config(training=own, promotion={"model_class": "podium_model_classes:Net"}))
+    message = plan_error(make_config(training=own, promotion={"model_class": "podium_model_classes:NeedsArguments"}))
+    assert "promotion.model_class = 'podium_model_classes:NeedsArguments' cannot be built with no arguments" in message
+    assert "missing 1 required positional argument: 'features'" in message
+    assert "is not a torch.nn.Module class" in plan_error(
+        make_config(training=own, promotion={"model_class": "podium_model_classes:NotAModule"}))
+    assert "promotion.model_class" in plan_error(
+        make_config(training=own, promotion={"model_class": "podium_model_classes:Missing"}))
+    assert "is set with the built-in loop" in plan_error(
+        make_config(promotion={"model_class": "podium_model_classes:Net"}))

@@ -57,3 +57,34 @@ def test_mlflow_ui_links_come_from_configuration(monkeypatch, env, tracking_uri,
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert PodiumSettings().mlflow_ui(tracking_uri) == expected
+
+
+def test_a_version_served_as_files_says_so_in_the_report_and_the_runs_summary(tmp_path, monkeypatch, capsys):
+    """A checkpoint podium could build no model from: the promotion report and `podium run`'s end say it is served
+    as files and how to make it loadable, and never suggest `mlflow models serve`; the `load:` line names the
+    embedded store's MLFLOW_TRACKING_URI."""
+    from types import SimpleNamespace
+
+    from podium.cli.output import print_summary
+    from podium.config import build_config
+    from podium.tasks.report import promotion_markdown
+
+    files = Promoted(version="v000002", uri="/s/v2/checkpoint", step=20, metric="val_loss", value=0.1914,
+                     mlflow_version="2", checkpoint_uri="/c/20", served_as="files",
+                     load="served as files (...): mlflow.artifacts.download_artifacts('models:/podium@champion')")
+    outcome = PromotionOutcome(promoted=files, reason="first promotion", best_step=20)
+    report = promotion_markdown("r", outcome, None)
+    assert "- serving copy: `/s/v2/checkpoint` (served as files (name a --model-class or --model-loader to get a " \
+           "loadable model))" in report
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PODIUM_TRACKING_URI", raising=False)
+    summary = SimpleNamespace(run_name="r", checkpoints=RECORDS[:2], stopped_early=None, promotion=outcome,
+                              flow_run_id="f", tracking=None)
+    print_summary(summary, build_config({"serving": "/s"}), PodiumSettings(), "sqlite:///x", "http://127.0.0.1:1/api",
+                  1.0)
+    said = capsys.readouterr().out
+    assert "with MLFLOW_TRACKING_URI=sqlite:///.podium/mlflow.db   (the embedded store)" in said
+    assert "Serving:     /s  (model podium; served as files (name a --model-class or --model-loader to get a " \
+           "loadable model))" in said
+    assert "mlflow models serve" not in said

@@ -213,13 +213,42 @@ def test_model_loader_returning_something_else_is_refused(tmp_path, data, own_fo
         _served(tmp_path, data, own_format[0], model_loader="test_served_model:load_nothing")
 
 
-def test_without_a_loader_another_format_is_served_as_its_files(tmp_path, data, own_format):
+def test_without_a_loader_another_format_is_served_as_its_files(tmp_path, data, own_format, capsys):
+    """Served as files: its `load:` line, load_promoted_model, `podium history`'s and `podium rollback`'s output say
+    so and how to make it loadable; nothing suggests `mlflow models serve`."""
+    from types import SimpleNamespace
+
+    from podium.cli.output import print_history, print_rollback
+
     plan, served = _served(tmp_path, data, own_format[0])
     assert (served.content, served.files_uri, served.info["served_as"]) == ("checkpoint", own_format[0], "files")
+    assert served.info["load"].startswith("served as files (name a --model-class or --model-loader to get a loadable ")
     assert "download_artifacts('models:/churn@champion')" in served.info["load"]
-    _promote(plan, served)
-    with pytest.raises(ServingError, match="--model-loader"):
+    # what MLflow gets: the checkpoint's files, and an MLmodel whose pyfunc says so instead of MLflow's "Could not
+    # find an MLmodel configuration file" (the docs' load line, `mlflow models serve`)
+    from mlflow.exceptions import MlflowException
+
+    from podium.core import served as words
+    from podium.serving import files_only
+
+    assert (files_only._SERVED_AS_FILES, files_only._MAKE_LOADABLE) == (words.SERVED_AS_FILES, words.MAKE_LOADABLE)
+    assert set(os.listdir(own_format[0])) <= set(os.listdir(served.local_folder))
+    with pytest.raises(MlflowException, match=r"served as files: .*; name a --model-class or --model-loader to get a "
+                                              r"loadable model"):
+        mlflow.pyfunc.load_model(served.local_folder)
+    version = _promote(plan, served)
+    with pytest.raises(ServingError, match=r"^served as files: .*/v000001/checkpoint; name a --model-class or "
+                                           r"--model-loader to get a loadable model"):
         load_promoted_model(plan.serving)
+    print_history(plan.serving, [{"version": "v000001", "action": "promote"}], "v000001", set())
+    print_rollback(plan.serving, SimpleNamespace(switched=False, to_version=version.version, mlflow_version="1"),
+                   "champion")
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].endswith("current v000001; served as files (name a --model-class or --model-loader to get a "
+                            "loadable model)"), said
+    assert said[-1].endswith("alias champion -> version 1; served as files (name a --model-class or --model-loader "
+                             "to get a loadable model)"), said
+    assert "mlflow models serve" not in "\n".join(said)
 
 
 @pytest.mark.parametrize("arrow, mlflow_type", [("int32", "long"), ("uint8", "long"), ("float", "double"),
