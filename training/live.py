@@ -31,6 +31,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.errors import ServingError
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.staging import verify_files
@@ -56,9 +57,8 @@ def load_serving(version: PromotedVersion) -> Serving:
     """A complete version, loaded and checked (hashes, input example); only MLflow models serve live."""
     from podium.training.promoted import MLMODEL, load_version  # MLflow and torch load only here
 
-    if MLMODEL not in version.manifest.get("files", {}):
-        raise ServingError(f"{version.version} is served as files (a checkpoint podium could not build an MLflow "
-                           "model from): it cannot be served live; promote with --model-class or --model-loader")
+    if MLMODEL not in version.manifest.get("files", {}) or is_served_as_files(version.manifest.get("served_as")):
+        raise ServingError(f"{version.version} is {SERVED_AS_FILES}: it cannot be served live; {MAKE_LOADABLE}")
     if not is_remote(version.uri):  # served in place: its files are checked against the manifest first
         verify_files(posixpath.dirname(version.uri.rstrip("/")), version.manifest)
     promoted = load_version(version, check_answers=True)
