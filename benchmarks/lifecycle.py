@@ -249,7 +249,6 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
     pool made (each run's checkpoint written and recorded as a `podium run` would have: no training). Returns the
     world and its teardown, which stops what was started here, gives this process its environment back and returns
     the servers' CPU-seconds."""
-    from helpers.checkpoints import make_trained_run
     from helpers.servers import RayHead, free_port
     from podium_nightly_code import write_data
 
@@ -295,6 +294,9 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
         if prefect_api is None:
             stop_prefect_server(home / "prefect-home")
         return cpu
+
+    # imported once this process has its Prefect settings (above): it imports Prefect, which reads them once
+    from helpers.checkpoints import make_trained_run
 
     trained_file = home / "pool.json"  # a --workdir whose pool was made by an earlier soak keeps it
     trained = json.loads(trained_file.read_text()) if trained_file.exists() else {}
