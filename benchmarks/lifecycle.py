@@ -11,12 +11,14 @@ subprocesses (each in its own process group, signalled as a terminal or a schedu
 process (an approval pauses its flow run there), MLflow on SQLite and one local Ray head (`ray start --head`,
 which the commands join through RAY_ADDRESS instead of each starting a Ray of their own).
 
-Cost. A training is what an operation costs (a Ray Train start is ~20 CPU-s on 2 cores), so trainings are
-shared: a pool of runs is trained once (the linear model of tests/integration/podium_nightly_code.py, one
-worker, one epoch, each turned by another `angle_deg` so that their quality differs, and one validated on
-other data), and most operations are `podium promote --run-name <pool run>` against the sequence's own serving
-locations and its own registered model (`model` = the sequence's, `experiment` = the pool's, so the run is
-found). Operations that need a training of their own (run, early stop, retention, resume) are rare.
+Cost. A training is what an operation costs (a Ray Train start is ~20 CPU-s on 2 cores), so the runs that
+exist only to be promoted are not trained: a pool of runs is made once, without Ray Train (the linear model of
+tests/integration/podium_nightly_code.py, one epoch, each turned by another `angle_deg` so that their quality
+differs, and one validated on other data: its checkpoint written to storage and recorded in MLflow with podium's
+own functions, validated by the real validation function; tests/helpers/checkpoints.py), and most operations are
+`podium promote --run-name <pool run>` against the sequence's own serving locations and its own registered model
+(`model` = the sequence's, `experiment` = the pool's, so the run is found). Operations that need a training of their
+own (run, early stop, retention, resume) are rare.
 
 Operations (a sequence's plan is drawn from its seed before it starts; the plan, not the outcomes, is seeded):
 
@@ -119,7 +121,7 @@ POOL_EXPERIMENT = "lifecycle-pool"
 # the pool: (run name, angle_deg, validation data). The smaller the angle, the better the model.
 POOL = [("pool-40", 40.0, "val"), ("pool-25", 25.0, "val"), ("pool-12", 12.0, "val"), ("pool-5", 5.0, "val"),
         ("pool-other", 18.0, "val2")]
-SMALL_POOL = POOL[1:2] + POOL[3:4]  # the suite's: two trainings
+SMALL_POOL = POOL[1:2] + POOL[3:4]  # the suite's: two runs
 OPS = {"promote": 6, "approve": 4, "reject": 3, "timeout": 1, "rollback": 4, "second": 2, "same-alias": 1,
        "new-data": 1, "ctrl-c": 1, "sigterm": 1, "sigkill": 2, "run": 0.8, "early-stop": 0.3, "retention": 0.8,
        "resume": 0.3}
@@ -244,8 +246,9 @@ class World:
 def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str | None = None,
                 ray_env: dict[str, str] | None = None) -> tuple[World, Callable[[], float]]:
     """The Prefect server and the Ray head (those given, else new ones), the MLflow store, the data, and the
-    pool trained (one `podium run` each). Returns the world and its teardown, which stops what was started here,
-    gives this process its environment back and returns the servers' CPU-seconds."""
+    pool made (each run's checkpoint written and recorded as a `podium run` would have: no training). Returns the
+    world and its teardown, which stops what was started here, gives this process its environment back and returns
+    the servers' CPU-seconds."""
     from helpers.servers import RayHead, free_port
     from podium_nightly_code import write_data
 
@@ -292,7 +295,10 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
             stop_prefect_server(home / "prefect-home")
         return cpu
 
-    trained_file = home / "pool.json"  # a --workdir whose pool was trained by an earlier soak keeps it
+    # imported once this process has its Prefect settings (above): it imports Prefect, which reads them once
+    from helpers.checkpoints import make_trained_run
+
+    trained_file = home / "pool.json"  # a --workdir whose pool was made by an earlier soak keeps it
     trained = json.loads(trained_file.read_text()) if trained_file.exists() else {}
     try:
         for name, angle, val in pool:
@@ -300,15 +306,14 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
                 world.pool, world.other_data = trained[name]["pool"], trained[name]["other"]
                 continue
             config = world.base_config(name, POOL_EXPERIMENT, str(home / "pool-serving"), "champion", val, angle)
-            rc, out = run_podium(world, ["run", "--json", "--config", write_config(home, name, config)])
-            world.trainings += 1
-            if rc != 0:
-                raise RuntimeError(f"the pool's run {name} exited {rc}:\n" + "\n".join(out[-40:]))
+            made = make_trained_run(config, tracking_uri)
+            if [r.status for r in made.records] != ["validated"]:
+                raise RuntimeError(f"the pool's run {name} was not validated: {made.records}")
             if val == "val":
                 world.pool.append(name)
             else:
                 world.other_data = name
-            log(f"pool: {name} trained (angle {angle:g}, validated on {val})")
+            log(f"pool: {name} made (angle {angle:g}, validated on {val})")
             trained[name] = {"pool": world.pool, "other": world.other_data}
             trained_file.write_text(json.dumps(trained))
     except BaseException:
@@ -967,7 +972,7 @@ def check_version_numbers(ctx: Checking) -> list[str]:
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
-    """Train the pool, run every sequence, check every step; the results."""
+    """Make the pool, run every sequence, check every step; the results."""
     home = Path(args.workdir or tempfile.mkdtemp(prefix="podium-lifecycle-"))
     began, cpu0 = time.monotonic(), time.process_time() + _children_cpu_s()
     world, teardown = start_world(home, SMALL_POOL if args.small_pool else POOL)
@@ -1024,7 +1029,8 @@ def summarize(args: argparse.Namespace, out: dict[str, Any], loads: list[str]) -
         f"`{command}` on {m['cpu']}, {m['cores']} cores ({m['versions']}); load " + "; ".join(loads) + ": "
         f"{len(seqs)} seeded sequences, {len(steps)} operations ("
         + ", ".join(f"{k} {n}" for k, n in sorted(ops.items())) + f"); {out['trainings']} Ray Train starts "
-        f"({len(SMALL_POOL if args.small_pool else POOL)} for the shared pool). Wall {out['wall_s'] / 60:.1f} min "
+        f"(none for the shared pool of {len(SMALL_POOL if args.small_pool else POOL)} runs, made without training). "
+        f"Wall {out['wall_s'] / 60:.1f} min "
         f"(the pool {out['pool_s'] / 60:.1f} min), {out['cpu_s']:.0f} CPU-s (the soak, its commands, the Prefect "
         "server and the Ray head).",
         # a table only of what was violated: the front page stays short (tests/unit/test_docs.py)

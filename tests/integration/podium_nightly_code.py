@@ -40,17 +40,21 @@ def expected_accuracy(angle_deg: float, label_noise: float) -> float:
     return (1 - err) * (1 - label_noise) + err * label_noise
 
 
+def weights(config: dict, epoch: int) -> dict:
+    """What epoch `epoch` of a run with loop config `config` saves as weights.json (see the module)."""
+    epochs, angle, scale = int(config["epochs"]), float(config["angle_deg"]), float(config.get("scale", 1.0))
+    theta = math.radians(angle * (epochs - epoch))
+    return {"w": [math.cos(theta), math.sin(theta), 0.0, 0.0], "epoch": epoch, "scale": scale}
+
+
 def train_func(config: dict) -> None:
     """Report one checkpoint per epoch; the weights come from the config (see the module)."""
-    epochs, angle, scale = int(config["epochs"]), float(config["angle_deg"]), float(config.get("scale", 1.0))
-    for epoch in range(epochs):
-        theta = math.radians(angle * (epochs - epoch))
-        w = [math.cos(theta), math.sin(theta), 0.0, 0.0]
+    for epoch in range(int(config["epochs"])):
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if ray.train.get_context().get_world_rank() == 0:
                 with open(os.path.join(tmp, "weights.json"), "w") as f:
-                    json.dump({"w": w, "epoch": epoch, "scale": scale}, f)
+                    json.dump(weights(config, epoch), f)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report({"epoch": epoch}, checkpoint=checkpoint)
 

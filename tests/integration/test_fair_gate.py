@@ -1,8 +1,12 @@
 """Nightly training with fresh data every night: the champion and the challenger are compared on the same data.
 
-Four nights of the pipeline flow (what the nightly deployment runs), with the promotion defaults and one
-Ray Train worker, a linear model whose quality each night's config sets, and validation sets whose
-difficulty is label noise (tests/integration/podium_nightly_code.py):
+Four nights, none trained: a linear model whose quality each night's config sets, and validation sets whose
+difficulty is label noise (tests/integration/podium_nightly_code.py). What is checked is the decision, not the
+training, so each night's checkpoint is made directly in storage and recorded in the test's MLflow store with podium's
+own functions, its number computed by the real validation function on that night's data, inside a Prefect flow run
+of its own (the run's lineage names it; tests/helpers/checkpoints.py); then the promote-run flow (what `podium
+promote` and the promote-on-demand deployment run) decides, in this process, on the real Prefect server and a local
+Ray (the champion's re-score), with the promotion defaults:
 
 night 1  clean validation data, model error 0.2          -> first champion (accuracy 0.80)
 night 2  30 % label noise, a BETTER model (error 0.1)    -> 0.66 on night 2's data; the old rule compares it with
@@ -18,15 +22,17 @@ import json
 import os
 
 import pytest
+from helpers.checkpoints import make_trained_run
 from mlflow.tracking import MlflowClient
 from podium_nightly_code import FEATURES, expected_accuracy, write_data
 
 from podium.cli import main
 from podium.cli.provenance import digest_report
-from podium.config import PipelineConfig
+from podium.config import PipelineConfig, build_config
 from podium.core.events import CheckpointEvent
 from podium.core.promotion import compare_with_champion
 from podium.core.records import Champion
+from podium.flows.promote import promote_run
 from podium.serving.layout import read_current, read_version
 from podium.storage.fingerprint import dataset_digest
 from podium.tasks.plan import RunPlan
@@ -41,7 +47,9 @@ pytestmark = pytest.mark.integration
 ROWS = 20000  # the accuracy of a model on this many rows is within about 0.01 of its expectation
 
 
-def _night(pipeline, tmp_path, locations, calls_log, night: int, angle: float, val: str):
+def _night(tmp_path, locations, calls_log, night: int, angle: float, val: str):
+    """Night `night`'s run, made (not trained), then promoted by the promote-run flow: (its summary, the made run,
+    its training data's digest)."""
     train = write_data(str(tmp_path / f"night-{night}" / "train.parquet"), 2000, 0.0, seed=100 + night)
     cfg = {"run_name": f"night-{night}", "storage": locations["storage"], "serving": locations["serving"],
            "data": {"train": train, "val": val, "feature_columns": list(FEATURES)},  # for the validation function
@@ -52,7 +60,10 @@ def _night(pipeline, tmp_path, locations, calls_log, night: int, angle: float, v
            "validation": {"fn": "podium_nightly_code:validate_fn", "kwargs": {"calls_log": calls_log},
                           "concurrency": 1},
            "promotion": {"metric": "accuracy", "mode": "max"}}
-    return pipeline(cfg, locations["tracking_uri"]), dataset_digest(train).digest
+    made = make_trained_run(cfg, locations["tracking_uri"], in_flow_run=True)
+    promote = promote_run.with_options(flow_run_name=f"night-{night}-promote")
+    return promote(config=build_config(cfg), tracking_uri=locations["tracking_uri"]).summary, made, \
+        dataset_digest(train).digest
 
 
 def _rescores(calls_log: str, before: int) -> list[str]:
@@ -66,7 +77,8 @@ def _old_rule(summary, stored: float) -> bool:
     return compare_with_champion(best, Champion("v", 0, "accuracy", stored), "accuracy", "max").promote
 
 
-def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_path, locations, monkeypatch, capsys):
+def test_champion_and_challenger_are_compared_on_the_same_data(prefect_api, ray_cluster, tmp_path, locations,
+                                                                monkeypatch, capsys):
     serving, tracking_uri = locations["serving"], locations["tracking_uri"]
     calls_log = str(tmp_path / "validations.txt")
     vals = {n: write_data(str(tmp_path / f"night-{n}" / "val.parquet"), ROWS, noise, seed=n)
@@ -75,7 +87,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_pat
     assert len(set(digests.values())) == 3
 
     # night 1: the first champion, measured on night 1's data
-    one, train_1 = _night(pipeline, tmp_path, locations, calls_log, 1, 36.0, vals[1])
+    one, _, train_1 = _night(tmp_path, locations, calls_log, 1, 36.0, vals[1])
     assert one.promotion.promoted.version == "v000001"
     assert one.promotion.promoted.value == pytest.approx(expected_accuracy(36, 0.0), abs=0.015)
     assert one.promotion.comparison["candidate"]["digest"] == digests[1]
@@ -85,7 +97,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_pat
 
     # night 2: harder data, better model. The old rule would refuse it; re-scored, the champion is worse
     calls = len(open(calls_log).read().split())
-    two, train_2 = _night(pipeline, tmp_path, locations, calls_log, 2, 18.0, vals[2])
+    two, made_2, train_2 = _night(tmp_path, locations, calls_log, 2, 18.0, vals[2])
     assert not _old_rule(two, one.promotion.promoted.value)
     assert two.promotion.promoted is not None and two.promotion.promoted.version == "v000002"
     c = two.promotion.comparison
@@ -112,16 +124,18 @@ def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_pat
     assert v2["comparison"]["champion"]["who"] == "champion v000001"
     lineage = v2["lineage"]
     assert lineage["mlflow"]["run_id"] == two.tracking.run_id and lineage["mlflow"]["model_id"] == v2["model_id"]
-    assert lineage["tags"]["podium.prefect.flow_run_id"] == two.flow_run_id
-    assert lineage["tags"]["podium.prefect.flow_run_url"].endswith(two.flow_run_id)
+    # where the run comes from (the flow run that recorded it), and the flow run that promoted it
+    assert made_2.flow_run_id and lineage["tags"]["podium.prefect.flow_run_id"] == made_2.flow_run_id
+    assert lineage["tags"]["podium.prefect.flow_run_url"].endswith(made_2.flow_run_id)
+    assert lineage["promoted_by"]["flow_run_id"] == two.flow_run_id
     registry = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     version = registry.get_model_version_by_alias("podium", "champion")
     assert version.tags["podium.data.val.digest"] == digests[2]
-    assert version.tags["podium.prefect.flow_run_id"] == two.flow_run_id
+    assert version.tags["podium.prefect.flow_run_id"] == made_2.flow_run_id
 
     # night 3: easier data, worse model. The old rule would promote it; re-scored, the champion is better
     calls = len(open(calls_log).read().split())
-    three, _ = _night(pipeline, tmp_path, locations, calls_log, 3, 54.0, vals[3])
+    three, _, _ = _night(tmp_path, locations, calls_log, 3, 54.0, vals[3])
     assert _old_rule(three, two.promotion.promoted.value)
     assert three.promotion.promoted is None
     c = three.promotion.comparison
@@ -134,7 +148,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_pat
 
     # night 4: night 2's validation files again: the champion's number was measured on them, no re-score
     calls = len(open(calls_log).read().split())
-    four, _ = _night(pipeline, tmp_path, locations, calls_log, 4, 9.0, vals[2])
+    four, _, _ = _night(tmp_path, locations, calls_log, 4, 9.0, vals[2])
     c = four.promotion.comparison
     assert c["champion"]["how"] == "stored" and c["champion"]["digest"] == c["digest"] == digests[2]
     assert _rescores(calls_log, calls) == []
@@ -154,7 +168,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(pipeline, tmp_pat
     assert "night-2-rescore-v000001" in capsys.readouterr().out
     assert main(["lineage", "v000002", "--serving", serving]) == 0
     out = capsys.readouterr().out
-    assert two.flow_run_id in out and digests[2] in out and train_2 in out and "re-scored" in out
+    assert made_2.flow_run_id in out and digests[2] in out and train_2 in out and "re-scored" in out
     assert main(["status", "--run-name", "night-3", "--serving", serving, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["last_decision"]["promote"] is False

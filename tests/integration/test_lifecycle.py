@@ -5,8 +5,10 @@ checked after every step: what serves is what the registry's alias loads, every 
 current version, nothing staged or pending outlives its command, the history's checkpoints are there, `podium
 status` and `podium history` agree, and every exit code says what happened.
 
-Cost: two trainings (the module's pool: two runs of the cheap linear model), shared by both sequences; every
-operation of a sequence is a `podium promote`, `approve`, `reject` or `rollback` of them. The soak draws the
+Cost: no training. The module's pool (two runs of the cheap linear model, SMALL_POOL) exists only to be promoted: its
+checkpoints are made directly in storage and recorded in the module's MLflow store with podium's own functions,
+validated by the real validation function (tests/helpers/checkpoints.py). Both sequences share it; every operation
+of a sequence is a `podium promote`, `approve`, `reject` or `rollback` of them (the real process). The soak draws the
 operations that train (run, early stop, retention, resume) and the run validated on other data; the suite does
 not (`trainings=False`, the small pool).
 
@@ -34,7 +36,7 @@ OPS = 5  # 8 in the soak; 5 keeps the module near 3 minutes on 2 cores
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, prefect_api, shared_ray):
     """The soak's world on the session's Prefect server and Ray head: an MLflow store, the data, and the pool of
-    two trained runs every sequence promotes from."""
+    two runs (made, not trained) every sequence promotes from."""
     from benchmarks.lifecycle import SMALL_POOL, start_world
 
     world, teardown = start_world(tmp_path_factory.mktemp("lifecycle"), SMALL_POOL, prefect_api,

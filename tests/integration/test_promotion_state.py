@@ -1,11 +1,13 @@
 """What is served is what was decided, whatever a team does in whatever order: through the `podium` command.
 
-One training (the nightly tests' linear model, 2 epochs on 1 worker: epoch 0 is the worse checkpoint, epoch 1 the
-better) carries every case; each case is `podium promote` of that run to serving locations of its own, with its own
-registered model, so the cases do not depend on each other. After each step the stores are checked against one
-another (`assert_state_agrees`): the served version's identity is the one the alias's registered version carries,
-the bytes the alias loads are the bytes served, no candidate is left pending or staged, and `podium history` names
-what CURRENT names.
+No training: one run of the nightly tests' linear model (2 epochs: epoch 0 is the worse checkpoint, epoch 1 the
+better), its checkpoints made directly in storage and recorded in the module's MLflow store with podium's own
+functions, validated by the real validation function (tests/helpers/checkpoints.py), carries every case: the cases
+are about the promotion, not the training. Each case is `podium promote` (the real process) of that run to serving
+locations of its own, with its own registered model, so the cases do not depend on each other. After each step the
+stores are checked against one another (`assert_state_agrees`): the served version's identity is the one the alias's
+registered version carries, the bytes the alias loads are the bytes served, no candidate is left pending or staged,
+and `podium history` names what CURRENT names.
 
   rejected, then approved      a rejected candidate keeps its number (a tombstone); the next, approved, is what the
                                alias loads (on podium <= 0.3 the alias named the rejected model)
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.checkpoints import make_trained_run
 from helpers.commands import awaiting_approval, podium
 from podium_nightly_code import FEATURES, write_data
 
@@ -41,8 +44,8 @@ RUN = "state"
 
 @pytest.fixture(scope="module")
 def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
-    """A module's own podium home and MLflow store, the session's Prefect server and Ray head, and one trained run
-    (`state`: 2 checkpoints, epoch 1 the better) whose training promoted to a location no case uses."""
+    """A module's own podium home and MLflow store, the session's Prefect server and Ray head, and one run (`state`:
+    2 checkpoints, epoch 1 the better), made and recorded without training."""
     root = tmp_path_factory.mktemp("promotion-state")
     shutil.copy(mlflow_template_db, root / "mlflow.db")
     env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
@@ -50,9 +53,8 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
     write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
-    out = json.loads(podium(["run", "--json", "--config", str(_config(root, "trained", "state-train"))],
-                            env).stdout.strip().splitlines()[-1])
-    assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"], out
+    made = make_trained_run(json.loads(_config(root, "trained", "state-train").read_text()), env["MLFLOW_TRACKING_URI"])
+    assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env
 
 
