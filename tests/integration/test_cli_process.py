@@ -426,10 +426,10 @@ def test_a_resume_after_an_early_stop_trains_on_from_the_newest_checkpoint_in_th
     effect, are said, and the MLflow run records the values in effect beside the first ones."""
     first, out, proc = beta_resumed.first, _resumed_out(beta_resumed), beta_resumed.proc
     n = len(first["checkpoints"])
-    assert "early stopping: the best so far stands; patience (3) counts this start's checkpoints" in proc.stdout
-    assert f"run kept resumes from step {first['checkpoints'][-1]['step']}" in proc.stdout, proc.stdout
-    epochs = f"training.train_loop_config.epochs = {beta_resumed.epochs} (was 40): takes effect"
-    assert epochs in proc.stdout, proc.stdout
+    said = proc.stdout + proc.stderr  # with --json, what it says goes to stderr
+    assert "early stopping: the best so far stands; patience (3) counts this start's checkpoints" in said, said
+    assert f"run kept resumes from step {first['checkpoints'][-1]['step']}" in said, said
+    assert f"training.train_loop_config.epochs = {beta_resumed.epochs} (was 40): takes effect" in said, said
     steps = [c["step"] for c in out["checkpoints"]]
     assert steps[:n] == [c["step"] for c in first["checkpoints"]] and len(steps) == n + 2, steps
     assert [c["metrics"]["score"] for c in out["checkpoints"][n:]] == [10, 11]
