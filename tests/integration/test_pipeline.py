@@ -191,24 +191,23 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
     promoted in the user's own checkpoint format."""
     paths_log = tmp_path / "validated-paths.txt"
     cfg = _config("byo", dataset, locations, scaling={"num_workers": 1},  # DDP: the e2e test above
-                  training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 5}},
+                  training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 4}},
                   validation={"fn": "podium_user_code:validate_fn",
-                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "none_epoch": 4, "paths_log": str(paths_log)},
+                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "none_epoch": 0, "paths_log": str(paths_log)},
                               "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
                   promotion={"metric": "score", "mode": "max", "verify": "revalidate"})
     del cfg["training"]["epochs"]  # the built-in loop's setting: the user's loop has its own, in train_loop_config
     summary = pipeline(cfg, locations["tracking_uri"])
     by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
-    assert sorted(by_epoch) == [0, 1, 2, 3, 4]
+    assert sorted(by_epoch) == [0, 1, 2, 3]
     # epoch 1's validation always fails: marked failed with the reason, never promoted, training unaffected
     assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
     # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
     assert by_epoch[2].status == "failed" and "longer than 12 s" in by_epoch[2].failure
-    # epoch 4's validation returns None (a function that forgot its `return`): failed, saying what it returned
-    assert by_epoch[4].status == "failed" and "returned NoneType, expected a dict" in by_epoch[4].failure
-    assert all(by_epoch[s].status == "validated" for s in (0, 3))
-    best = max((by_epoch[s] for s in (0, 3)), key=lambda r: (r.metrics["score"], r.step))
-    assert summary.promotion.promoted.step == best.step
+    # epoch 0's validation returns None (a function that forgot its `return`): failed, saying what it returned
+    assert by_epoch[0].status == "failed" and "returned NoneType, expected a dict" in by_epoch[0].failure
+    assert by_epoch[3].status == "validated"
+    assert summary.promotion.promoted.step == 3  # the only one validated
     assert math.isfinite(summary.promotion.promoted.value)
     # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score
     # when the user's validation ran on it (verify = "revalidate")
@@ -216,7 +215,7 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
     assert set(current.manifest["files"]) == {"state.pt"}
     assert current.uri in paths_log.read_text().split()
     # the failed validation was retried once: two attempts, then a final failure
-    runs = task_runs("byo", expect_at_least=10)
+    runs = task_runs("byo", expect_at_least=8)
     for step in (1, 2):
         failed = [r for r in runs if r.name == f"validate-step-{step}"]
         assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
