@@ -77,6 +77,8 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
     if config.get("hang_epoch") is not None and epoch == int(config["hang_epoch"]):
         time.sleep(3600)
     time.sleep(float(config.get("sleep_s", 0)))
+    if config.get("none_epoch") is not None and epoch == int(config["none_epoch"]):
+        return None  # type: ignore[return-value]  # a function that forgot its `return`, for one epoch
     if config.get("scores") is not None:  # the score of each epoch, as the test wants them
         return {"score": float(config["scores"][epoch])}
     if config.get("plateau_from") is not None:  # a score that improves each epoch until then, and no more

@@ -1,8 +1,24 @@
-"""The whole pipeline against real components: Ray Train, a Prefect server, MLflow, the serving folder."""
+"""The whole pipeline against real components: Ray Train, a Prefect server, MLflow, the serving folder.
+
+Four Ray Train starts:
+
+- `e2e` (module-scoped): a run of 6 epochs of the built-in loop on 2 workers (DDP), in-process. Carries the
+  records, validation overlapping training, the promoted best and what serves, the registry, Prefect's task runs,
+  events and artifacts (test_every_checkpoint_validated_recorded_once_and_the_best_promoted); a start that would
+  change the model's shape, refused before it trains (no training); and the champion that a diverging run promotes
+  against.
+- test_a_diverging_run_never_replaces_the_champion: a run whose training diverges, through the `podium` process,
+  to e2e's serving location: every validation failed, so the command prints its summary and exits 1, its flow run
+  Failed and its MLflow run FAILED, and the champion stays.
+- test_user_loop_with_plain_ray_train_apis: a user's loop whose validations fail, hang, and return no dict.
+- test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_started.
+
+(A run resumed by its name, and what a resume changes: test_cli_process's `beta_resumed`, through the command.)
+"""
 
 from __future__ import annotations
 
-import logging
+import json
 import math
 import os
 import shutil
@@ -15,9 +31,9 @@ import torch
 from helpers.prefect_queries import artifact_keys, checkpoint_events, task_runs
 from mlflow.tracking import MlflowClient
 
-from podium.errors import ConfigError, UnfinishedRun
+from podium.errors import ConfigError
 from podium.serving.layout import read_current, read_history, read_version
-from podium.tracking.client import TAG_CHECKPOINT, TAG_CONFIG_PREFIX
+from podium.tracking.client import TAG_CHECKPOINT
 from podium.training.data import load_arrays
 from podium.training.promoted import load_version
 
@@ -47,36 +63,14 @@ def _logged_models(tracking_uri, run_id):
 
 @pytest.fixture(scope="module")
 def e2e(module_pipeline, dataset, tmp_path_factory, mlflow_template_db):
-    """The module's one training: a run of 6 epochs on 2 workers (DDP), then the same run name with 8 epochs,
-    which resumes it; what podium said meanwhile. Each test below checks one behaviour of it."""
+    """The module's shared training: a run of 6 epochs on 2 workers (DDP). Each test below checks one behaviour of
+    it, or runs against its serving location."""
     root = tmp_path_factory.mktemp("e2e")
     shutil.copy(mlflow_template_db, root / "mlflow.db")
     locations = {"storage": str(root / "storage"), "serving": str(root / "serving"),
                  "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
     first = module_pipeline(_config("e2e", dataset, locations, training={"epochs": 6}), locations["tracking_uri"])
-    said = _Said()
-    progress = logging.getLogger("podium.progress")
-    progress.addHandler(said)
-    try:
-        second = module_pipeline(_config("e2e", dataset, locations, training={"epochs": 8}),
-                                  locations["tracking_uri"], name_suffix="-again")
-    finally:
-        progress.removeHandler(said)
-    return types.SimpleNamespace(first=first, second=second, locations=locations, said=said.text())
-
-
-class _Said(logging.Handler):
-    """Keeps what podium's progress logger said."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
+    return types.SimpleNamespace(first=first, locations=locations)
 
 
 def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dataset):
@@ -88,11 +82,9 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     assert all(r.status == "validated" for r in records)
 
     # exactly one MLflow LoggedModel per checkpoint, with validation metrics merged onto it
-    ours = {os.path.basename(r.uri) for r in records}  # the resume's 2 are its test's
-    models = [m for m in _logged_models(locations["tracking_uri"], summary.tracking.run_id)
-              if m.tags[TAG_CHECKPOINT] in ours]
+    models = _logged_models(locations["tracking_uri"], summary.tracking.run_id)
     names = [m.tags[TAG_CHECKPOINT] for m in models]
-    assert sorted(names) == sorted(ours) and len(names) == 6
+    assert sorted(names) == sorted(os.path.basename(r.uri) for r in records) and len(names) == 6
     for m in models:
         keys = {x.key for x in m.metrics}
         assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= keys
@@ -107,10 +99,9 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     assert promoted is not None and promoted.step == best.step
     assert promoted.value == pytest.approx(best.metrics["val_loss"])
 
-    # serving: the first run switched to a complete version; it loads and predicts as recorded (the resume
-    # may have promoted a better one since: what serves now is what the history's last entry names)
+    # serving: the run switched to a complete version; it loads and predicts as recorded
     assert promoted.version == "v000001" and read_history(locations["serving"])[0]["version"] == "v000001"
-    assert read_current(locations["serving"]).version == read_history(locations["serving"])[-1]["version"]
+    assert read_current(locations["serving"]).version == "v000001"
     model = load_version(read_version(locations["serving"], promoted.version))
     x, y = load_arrays(dataset[1], "label", [f"f{i:02d}" for i in range(16)])
     with torch.no_grad():
@@ -133,31 +124,9 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     assert validate_runs == sorted(f"validate-step-{r.step}" for r in records)
     assert all(r.state.is_completed() for r in runs)
     events = checkpoint_events("e2e", expect=6)
-    steps = [int(e.resource["podium.step"]) for e in events]  # the resume's 2 may be there too: same run name
-    assert len(steps) == len(set(steps)) and {r.step for r in records} <= set(steps) <= \
-        {r.step for r in e2e.second.checkpoints}, "one event per checkpoint"
+    steps = [int(e.resource["podium.step"]) for e in events]
+    assert sorted(steps) == sorted(r.step for r in records), "one event per checkpoint"
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
-
-
-def test_the_same_run_name_resumes_from_its_latest_checkpoint(e2e):
-    """The same run name with 8 epochs continues the first run from its latest checkpoint, in the same MLflow run,
-    validating only the new checkpoints."""
-    first, second, locations = e2e.first, e2e.second, e2e.locations
-    client = MlflowClient(locations["tracking_uri"])
-    steps_first = [r.step for r in first.checkpoints]
-    steps_second = [r.step for r in second.checkpoints]
-    assert steps_second[:6] == steps_first and len(steps_second) == 8, "continued from the latest checkpoint"
-    assert second.tracking.run_id == first.tracking.run_id, "same MLflow run"
-    assert len(_logged_models(locations["tracking_uri"], second.tracking.run_id)) == 8, "none recorded twice"
-    # only the two new checkpoints were validated by the second flow run
-    runs = task_runs("e2e-again", expect_at_least=2)
-    assert sorted(r.name for r in runs if r.name.startswith("validate-step-")) == \
-        sorted(f"validate-step-{s}" for s in steps_second[6:])
-    assert np.isfinite([r.metrics["val_loss"] for r in second.checkpoints]).all()
-    # the changed epochs took effect, were said, and the MLflow run records the value in effect
-    assert "training.epochs = 8 (was 6): takes effect" in e2e.said
-    run = client.get_run(second.tracking.run_id)
-    assert (run.data.params["training.epochs"], run.data.tags[TAG_CONFIG_PREFIX + "training.epochs"]) == ("6", "8")
 
 
 def test_a_start_that_would_change_the_model_s_shape_is_refused_before_anything_trains(e2e, pipeline, dataset):
@@ -166,14 +135,20 @@ def test_a_start_that_would_change_the_model_s_shape_is_refused_before_anything_
     with pytest.raises(ConfigError, match=r"data.feature_columns = \["):
         pipeline(narrower, locations["tracking_uri"], name_suffix="-narrower")
     client = MlflowClient(locations["tracking_uri"])
-    assert client.get_run(e2e.second.tracking.run_id).info.status == "FINISHED"
-    assert len(_logged_models(locations["tracking_uri"], e2e.second.tracking.run_id)) == 8
+    assert client.get_run(e2e.first.tracking.run_id).info.status == "FINISHED"
+    assert len(_logged_models(locations["tracking_uri"], e2e.first.tracking.run_id)) == 6
 
 
-def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp_path):
+def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp_path, prefect_api, shared_ray):
     """A run whose training diverges, promoting to the serving location of the module's run: its champion stays.
-    (A worse run refused by the gate: test_fair_gate's night 3 in-process, test_promotion_policy's gate-2
-    through the command; the reason's wording: tests/unit/test_selection.py.)"""
+    Through the `podium` process, where a run whose every validation failed prints its summary (the JSON a
+    scheduler keeps), says why on stderr and exits 1, so nobody reads it as a success; its flow run ends Failed
+    and its MLflow run FAILED, each saying why. (A worse run refused by the gate: test_fair_gate's night 3
+    in-process, test_promotion_policy's gate-2 through the command; the reason's wording:
+    tests/unit/test_selection.py; a validation function that returns no dict: the user loop's test below.)"""
+    from helpers.commands import podium
+    from helpers.prefect_queries import flow_run_state
+
     locations = e2e.locations
     before, history = read_current(locations["serving"]), read_history(locations["serving"])
     assert before is not None
@@ -191,22 +166,34 @@ def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp
     with pytest.raises(ConfigError, match="data.train: feature column 'f03' has 1 NaN, infinite or null value"):
         pipeline(diverging, locations["tracking_uri"])
     diverging["data"]["allow"] = ["non_finite_features"]
-    with pytest.raises(UnfinishedRun, match="run gate-nan failed: every validation failed") as failed:
-        pipeline(diverging, locations["tracking_uri"])  # its flow run ends Failed: nothing could be validated
-    third = failed.value.result.summary
-    assert third.checkpoints and all(r.status == "failed" for r in third.checkpoints)
-    assert all("training metric(s) not finite" in r.failure and "loss = nan" in r.failure for r in third.checkpoints)
-    assert third.promotion.promoted is None and "was validated successfully" in third.promotion.reason
+    (tmp_path / "gate-nan.json").write_text(json.dumps(diverging))
+    env = {**os.environ, "PODIUM_HOME": str(tmp_path / "home"), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": locations["tracking_uri"], **shared_ray.driver_env()}
+    proc = podium(["run", "--json", "--config", str(tmp_path / "gate-nan.json")], env, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])  # the summary, printed before the exit
+    assert out["checkpoints"] and all(c["status"] == "failed" for c in out["checkpoints"])
+    assert all("training metric(s) not finite" in c["failure"] and "loss = nan" in c["failure"]
+               for c in out["checkpoints"]), out["checkpoints"]
+    assert out["promoted"] is None and "was validated successfully" in out["promotion_reason"]
+    n = len(out["checkpoints"])
+    assert f"podium: run 'gate-nan' failed: every validation failed ({n} of {n} checkpoint(s) failed" in proc.stderr
+    state = flow_run_state(run_id=out["prefect_ui"].rsplit("/", 1)[-1])
+    assert state.is_failed() and state.message.startswith("run gate-nan failed: every validation failed"), state
+    assert MlflowClient(locations["tracking_uri"]).get_run(out["mlflow_run_id"]).info.status == "FAILED"
     assert read_current(locations["serving"]).version == before.version
     assert len(read_history(locations["serving"])) == len(history)
 
 
 def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
+    """A user's loop and validation function on plain Ray Train APIs: validations that fail, hang or return no
+    dict are each failed with the reason (retried first), training goes on, and the best of the others is
+    promoted in the user's own checkpoint format."""
     paths_log = tmp_path / "validated-paths.txt"
     cfg = _config("byo", dataset, locations, scaling={"num_workers": 1},  # DDP: the e2e test above
                   training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 4}},
                   validation={"fn": "podium_user_code:validate_fn",
-                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "paths_log": str(paths_log)},
+                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "none_epoch": 0, "paths_log": str(paths_log)},
                               "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
                   promotion={"metric": "score", "mode": "max", "verify": "revalidate"})
     del cfg["training"]["epochs"]  # the built-in loop's setting: the user's loop has its own, in train_loop_config
@@ -217,9 +204,10 @@ def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_p
     assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
     # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
     assert by_epoch[2].status == "failed" and "longer than 12 s" in by_epoch[2].failure
-    assert all(by_epoch[s].status == "validated" for s in (0, 3))
-    best = max((by_epoch[s] for s in (0, 3)), key=lambda r: (r.metrics["score"], r.step))
-    assert summary.promotion.promoted.step == best.step
+    # epoch 0's validation returns None (a function that forgot its `return`): failed, saying what it returned
+    assert by_epoch[0].status == "failed" and "returned NoneType, expected a dict" in by_epoch[0].failure
+    assert by_epoch[3].status == "validated"
+    assert summary.promotion.promoted.step == 3  # the only one validated
     assert math.isfinite(summary.promotion.promoted.value)
     # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score
     # when the user's validation ran on it (verify = "revalidate")
