@@ -16,8 +16,11 @@ where there is one (a verdict of its own recorded, more checkpoints waiting for 
   finish      nothing: on a new head it finishes                     test_the_last_attempt_finishes_each_checkpoint_
                                                                      once_without_asking_a_verdict_again
 
-The first three run on podium's own local Ray (the signals and the kill reach it as a user's would), the last two on
-a `ray start` head of the module's own (the fault is the cluster's). Each test reads what its attempt left (exit,
+The kill and Ctrl-C run on podium's own local Ray (the signals reach it as a user's would), the others on a
+`ray start` head of the module's own (the fault is the user's code's or the cluster's). Ray waits a fixed 30 s for a
+new node to register: a local Ray that did not start in time on a loaded machine ("The current node timed out during
+startup", seen in attempt 2 under a load of 30 on 2 cores) has its attempt started again, once (no Ray Train start
+is lost: training had not begun). Each test reads what its attempt left (exit,
 output, the stores right after it), so each fails on its own; an attempt the chain did not reach fails its test,
 saying why.
 
@@ -88,13 +91,14 @@ def _podium(args, env):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _flow_run_states(name: str) -> list[str]:
+def _flow_run_states(name: str) -> dict[str, str]:
+    """The state of each flow run named `name`, by id, oldest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     with get_client(sync_client=True) as c:
         runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
-    return sorted(r.state.type.value for r in runs if r.state)
+    return {str(r.id): r.state.type.value for r in sorted(runs, key=lambda r: r.created) if r.state}
 
 
 def _podium_env(prefect_api, locations, home):
@@ -129,6 +133,7 @@ def _statuses(tracking_uri) -> dict[str, str]:
 NAME = "faults"
 EPOCHS = 16  # enough for each attempt to train some: each resumes from the newest checkpoint
 RAISING_EPOCH, FAILING_VALIDATION = 3, 1  # the first attempt's training loop and validation function raise there
+RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 @dataclass
@@ -141,11 +146,12 @@ class Ended:
     err: str
     records: dict[str, list]  # the MLflow records (LoggedModels) of each checkpoint, by checkpoint name
     mlflow_runs: list[str]  # the statuses of the experiment's MLflow runs
-    flow_runs: list[str]  # the states of the run's flow runs, sorted
+    flow_runs: dict[str, str]  # the state of each of the run's flow runs, by id, oldest first
     promotions: int  # entries in the serving location's history
     log: str  # what podium's log file got during the attempt
     took_s: float = 0.0  # from the fault to the process's end
     group_gone: bool = True  # no process of its process group left after it (a kill)
+    own: str = ""  # the id of its own flow run (the newest)
 
     def statuses(self) -> dict[int, str]:
         """The status of each checkpoint's record, by step."""
@@ -169,6 +175,7 @@ class Chain:
     frozen: dict[int, int] = field(default_factory=dict)
     broken: str | None = None
     procs: list[subprocess.Popen] = field(default_factory=list)
+    ray_start_retried: bool = False  # a local Ray did not start in Ray's 30 s, and its attempt was started again
 
     @property
     def uri(self) -> str:
@@ -216,7 +223,14 @@ class Chain:
             validated = {name for name, status in statuses.items() if status == "validated"}
             if validated - had and "pending" in statuses.values():
                 return proc
-            assert proc.poll() is None, f"exit {proc.returncode} before a new verdict:\n{proc.stderr.read()[-3000:]}"
+            if proc.poll() is not None:
+                err = proc.stderr.read()
+                # Ray waits a fixed 30 s for its new node to register (ray/_private/node.py); on a loaded machine
+                # that can pass: the machine's fault, not podium's. Started again, once: the run resumes
+                assert RAY_START_TIMEOUT in err and not self.ray_start_retried, \
+                    f"exit {proc.returncode} before a new verdict:\n{err[-3000:]}"
+                self.ray_start_retried = True
+                proc = self.start(env)
             time.sleep(0.2)
         raise AssertionError(f"no new verdict with more checkpoints waiting after 300 s: {_statuses(self.uri)}")
 
@@ -234,6 +248,7 @@ class Chain:
         ended = Ended(rc=proc.returncode, out=out, err=err, records=dict(_models_by_checkpoint(self.uri)),
                       mlflow_runs=[r.info.status for r in runs], flow_runs=_flow_run_states(f"{NAME}-run"),
                       promotions=len(read_history(self.locations["serving"])), log=log, took_s=took)
+        ended.own = next(reversed(ended.flow_runs), "")
         self.ended[attempt] = ended
         counts = self.validations()
         for step, status in ended.statuses().items():
@@ -248,9 +263,13 @@ class Chain:
 
     def run(self, head: RayHead) -> None:
         env = _podium_env(self.prefect_api, self.locations, self.root)
-        # 1. the user's training loop raises, and so does their validation function: no retries of either
+        # 1. the user's training loop raises, and so does their validation function: no retries of either. On the
+        # module's head (podium's own local Ray is the next two attempts')
+        head.start()
+        on_head = {**head.env, "RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
+        address = ["--ray-address", f"127.0.0.1:{head.port}"]
         self.write_config(raise_at_epoch=RAISING_EPOCH)
-        self.end("raises", self.start(env), 600)
+        self.end("raises", self.start(on_head, *address), 600)
 
         # 2. the user fixed the loop (epochs of 1 s, validations of 2 s, one at a time): killed
         self.write_config(epoch_s=1.0)
@@ -265,11 +284,8 @@ class Chain:
         os.killpg(proc.pid, signal.SIGINT)
         self.end("ctrl-c", proc, 180)
 
-        # 4. on a head of a cluster, whose GCS dies once this attempt recorded a checkpoint of its own. Ray's
-        # window shrunk from 60 s to 20 s (podium acts 15 s before it ends): only the test's wait shrinks
-        head.start()
-        on_head = {**head.env, "RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
-        address = ["--ray-address", f"127.0.0.1:{head.port}"]
+        # 4. on the head again, whose GCS dies once this attempt recorded a checkpoint of its own. Ray's window
+        # shrunk from 60 s to 20 s (podium acts 15 s before it ends): only the test's wait shrinks
         before = len(_models_by_checkpoint(self.uri))
         proc = self.start(on_head, *address)
         deadline = time.monotonic() + 300
@@ -352,8 +368,8 @@ def test_a_killed_run_leaves_no_duplicate_and_the_next_attempt_marks_it_crashed(
     assert ended.group_gone, "processes of the killed run's group still there after 60 s"
     _check_no_duplicate_and_no_verdict_invented(ended)
     assert chain.frozen and set(chain.frozen.values()) == {1}, chain.frozen
-    assert ended.flow_runs == ["FAILED", "RUNNING"], ended.flow_runs  # the kill wrote nothing
-    assert chain.get("ctrl-c").flow_runs == ["CANCELLED", "CRASHED", "FAILED"], "the killed attempt marked Crashed"
+    assert ended.flow_runs[ended.own] == "RUNNING", ended.flow_runs  # the kill wrote nothing
+    assert chain.get("ctrl-c").flow_runs[ended.own] == "CRASHED", "the killed attempt marked Crashed"
 
 
 def test_ctrl_c_stops_the_run_cleanly_and_says_how_to_resume(chain):
@@ -366,7 +382,7 @@ def test_ctrl_c_stops_the_run_cleanly_and_says_how_to_resume(chain):
     assert last.startswith("podium: stopped by SIGINT") and f"--run-name ({NAME}) to resume" in last, last
     _check_no_duplicate_and_no_verdict_invented(ended)
     assert ended.mlflow_runs == ["KILLED"], ended.mlflow_runs
-    assert ended.flow_runs == ["CANCELLED", "CRASHED", "FAILED"], ended.flow_runs
+    assert ended.flow_runs[ended.own] == "CANCELLED", ended.flow_runs
     assert ended.promotions == 0, "nothing promoted by a stopped run"
 
 
@@ -382,7 +398,7 @@ def test_ray_head_lost_mid_run_ends_it_clearly(chain):
     assert last.startswith("podium: Ray's head at ") and f"--run-name ({NAME}) to resume" in last, last
     _check_no_duplicate_and_no_verdict_invented(ended)
     assert ended.mlflow_runs == ["FAILED"], ended.mlflow_runs
-    assert ended.flow_runs == ["CANCELLED", "CRASHED", "FAILED", "FAILED"], ended.flow_runs
+    assert ended.flow_runs[ended.own] == "FAILED", ended.flow_runs
     assert ended.promotions == 0
 
 
@@ -406,7 +422,8 @@ def test_the_last_attempt_finishes_each_checkpoint_once_without_asking_a_verdict
         assert counts[step] == n, f"step {step} validated again after its verdict: {counts[step]} times"
     assert result["promoted"] is not None and ended.promotions == 1
     assert ended.mlflow_runs == ["FINISHED"], ended.mlflow_runs
-    assert ended.flow_runs == ["CANCELLED", "COMPLETED", "CRASHED", "FAILED", "FAILED"], ended.flow_runs
+    assert ended.flow_runs[ended.own] == "COMPLETED", ended.flow_runs
+    assert "RUNNING" not in ended.flow_runs.values(), ended.flow_runs
 
 
 # ---- a disk full at the serving location: checkpoints made in storage, promoted by `podium promote`
