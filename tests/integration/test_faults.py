@@ -58,7 +58,9 @@ from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS, TAG_STEP
 from podium.tracking.records import merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 
-pytestmark = pytest.mark.integration
+# the chain's five attempts run in the first test's setup: about 10 minutes on a quiet machine, 16 on one with a load
+# of 20 on 2 cores (pytest-timeout counts a fixture's setup in its first test's time)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 
 def _user_config(run_name, dataset, locations, loop_extra=None, validate_extra=None, epochs=4):

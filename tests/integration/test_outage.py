@@ -48,7 +48,9 @@ from podium.tracking.client import TAG_CHECKPOINT, TAG_RUN, TAG_STATUS, TAG_STEP
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 
-pytestmark = pytest.mark.integration
+# the module's runs go through their outages in the first of their tests' setup, which pytest-timeout counts in
+# that test's time
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).parent
