@@ -341,6 +341,20 @@ def _check_no_duplicate_and_no_verdict_invented(ended: Ended) -> None:
     assert others <= {"validated", "pending"}, f"a stop or a lost cluster is no verdict: {statuses}"
 
 
+def _check_ended_clearly(ended: Ended, rc: int, says: str, mlflow_status: str, flow_run_state: str) -> None:
+    """A run ended by a stop or a lost cluster: exit `rc`, no traceback, one last line starting with `says` and
+    naming the run to resume; its records whole and no verdict invented; its MLflow run and flow run ended in
+    `mlflow_status` and `flow_run_state`; nothing promoted."""
+    assert ended.rc == rc, f"exit {ended.rc} after {ended.took_s:.0f} s:\n{ended.err[-4000:]}"
+    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
+    last = ended.last_line()
+    assert last.startswith(says) and f"--run-name ({NAME}) to resume" in last, last
+    _check_no_duplicate_and_no_verdict_invented(ended)
+    assert ended.mlflow_runs == [mlflow_status], ended.mlflow_runs
+    assert ended.flow_runs[ended.own] == flow_run_state, ended.flow_runs
+    assert ended.promotions == 0, "nothing promoted by a run that ended so"
+
+
 def test_user_code_errors_are_shown_once_with_the_users_own_frames(chain):
     """A training loop that raises, and a validation function that raises: each is reported as the user's
     exception with their own frames, once; Ray's frames stay in the log file."""
@@ -377,15 +391,7 @@ def test_a_killed_run_leaves_no_duplicate_and_the_next_attempt_marks_it_crashed(
 def test_ctrl_c_stops_the_run_cleanly_and_says_how_to_resume(chain):
     """Ctrl-C (SIGINT to the process group): the running validation records its verdict or stays pending, the flow
     run ends Cancelled, the MLflow run KILLED, nothing promoted, one line says how to resume, exit 130."""
-    ended = chain.get("ctrl-c")
-    assert ended.rc == 128 + signal.SIGINT, f"exit {ended.rc}:\n{ended.err[-4000:]}"
-    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
-    last = ended.last_line()
-    assert last.startswith("podium: stopped by SIGINT") and f"--run-name ({NAME}) to resume" in last, last
-    _check_no_duplicate_and_no_verdict_invented(ended)
-    assert ended.mlflow_runs == ["KILLED"], ended.mlflow_runs
-    assert ended.flow_runs[ended.own] == "CANCELLED", ended.flow_runs
-    assert ended.promotions == 0, "nothing promoted by a stopped run"
+    _check_ended_clearly(chain.get("ctrl-c"), 128 + signal.SIGINT, "podium: stopped by SIGINT", "KILLED", "CANCELLED")
 
 
 def test_ray_head_lost_mid_run_ends_it_clearly(chain):
@@ -393,15 +399,8 @@ def test_ray_head_lost_mid_run_ends_it_clearly(chain):
     (MLflow run FAILED, flow run Failed, checkpoints without a verdict pending, exit code 3) before Ray's own
     reconnect window ends the process with nothing said."""
     ended = chain.get("head-lost")
-    assert ended.rc == 3, f"exit {ended.rc} after {ended.took_s:.0f} s:\n{ended.err[-4000:]}"
+    _check_ended_clearly(ended, 3, "podium: Ray's head at ", "FAILED", "FAILED")
     assert ended.took_s < 20, f"{ended.took_s:.0f} s: Ray's window ended the process, not podium"
-    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
-    last = ended.last_line()
-    assert last.startswith("podium: Ray's head at ") and f"--run-name ({NAME}) to resume" in last, last
-    _check_no_duplicate_and_no_verdict_invented(ended)
-    assert ended.mlflow_runs == ["FAILED"], ended.mlflow_runs
-    assert ended.flow_runs[ended.own] == "FAILED", ended.flow_runs
-    assert ended.promotions == 0
 
 
 def test_the_last_attempt_finishes_each_checkpoint_once_without_asking_a_verdict_again(chain):
