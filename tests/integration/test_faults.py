@@ -154,6 +154,7 @@ class Ended:
     took_s: float = 0.0  # from the fault to the process's end
     group_gone: bool = True  # no process of its process group left after it (a kill)
     own: str = ""  # the id of its own flow run (the newest)
+    frozen: dict[int, int] = field(default_factory=dict)  # the chain's `frozen` right after it
 
     def statuses(self) -> dict[int, str]:
         """The status of each checkpoint's record, by step."""
@@ -256,6 +257,7 @@ class Chain:
         for step, status in ended.statuses().items():
             if status != "pending":
                 self.frozen.setdefault(step, counts[step])
+        ended.frozen = dict(self.frozen)
         return ended
 
     def validations(self) -> collections.Counter:
@@ -383,7 +385,7 @@ def test_a_killed_run_leaves_no_duplicate_and_the_next_attempt_marks_it_crashed(
     assert ended.rc == -signal.SIGKILL, f"exit {ended.rc}:\n{ended.err[-3000:]}"
     assert ended.group_gone, "processes of the killed run's group still there after 60 s"
     _check_no_duplicate_and_no_verdict_invented(ended)
-    assert chain.frozen and set(chain.frozen.values()) == {1}, chain.frozen
+    assert ended.frozen and set(ended.frozen.values()) == {1}, ended.frozen  # one attempt's validation each so far
     assert ended.flow_runs[ended.own] == "RUNNING", ended.flow_runs  # the kill wrote nothing
     assert chain.get("ctrl-c").flow_runs[ended.own] == "CRASHED", "the killed attempt marked Crashed"
 
