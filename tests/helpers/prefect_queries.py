@@ -16,9 +16,10 @@ def flow_run_id(name: str):
     return runs[0].id
 
 
-def task_runs(flow_run_name: str, expect_at_least: int, timeout: float = 30.0) -> list:
-    """Task runs of a flow run, waiting until at least `expect_at_least` are visible and all are final."""
-    fid = flow_run_id(flow_run_name)
+def task_runs(flow_run_name: str | None, expect_at_least: int, timeout: float = 30.0, run_id=None) -> list:
+    """Task runs of the flow run named `flow_run_name` (or with id `run_id`), waiting until at least
+    `expect_at_least` are visible and all are final."""
+    fid = run_id or flow_run_id(str(flow_run_name))
     deadline = time.monotonic() + timeout
     while True:
         with get_client(sync_client=True) as c:
@@ -49,10 +50,11 @@ def checkpoint_events(run_name: str, expect: int, timeout: float = 120.0) -> lis
         time.sleep(0.5)
 
 
-def artifact_keys(flow_run_name: str) -> set[str]:
+def artifact_keys(flow_run_name: str | None, run_id=None) -> set[str]:
+    """The artifact keys of the flow run named `flow_run_name` (or with id `run_id`)."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    fid = flow_run_id(flow_run_name)
+    fid = run_id or flow_run_id(str(flow_run_name))
     with get_client(sync_client=True) as c:
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[fid])))
     return {a.key for a in arts if a.key}

@@ -1,7 +1,25 @@
-"""The tracking server stops answering during a run, for real: a `mlflow server` process on loopback
-(SQLite backend) is frozen with SIGSTOP, killed and restarted on the same port and database, killed
-for good, or has its database write-locked, while `podium run` (its own process) records checkpoints
-and verdicts through it.
+"""The servers podium records to stop answering during a run, for real: the tracking server (a `mlflow server`
+process on loopback, SQLite backend) frozen with SIGSTOP, killed and restarted on the same port and database, killed
+for good, or its database write-locked; the Prefect server (one of the test's own) killed for good, or killed and
+started again; while `podium run` or `podium promote` (their own processes) record through them.
+
+Trains 3 times (Ray Train starts), in the module's `outages` (on the session's Ray head: the outages are the
+servers', not Ray's), a run's outages one after another so that each check sees only its own:
+
+  run                          its outages                                    its tests
+  outage, attempt 1            MLflow killed for good (exit 3)                test_mlflow_server_down_fails_the_run_
+                                                                              clearly
+  outage, attempt 2 (the       MLflow hung for 12 s at its first checkpoint   test_the_resume_rides_out_brief_mlflow_
+  resume)                      record, then killed and restarted; then the    outages,
+                               Prefect server killed, and started again once  test_prefect_server_back_mid_run_its_
+                               a verdict was written without it (exit 0)      records_catch_up
+  prefect-down                 the Prefect server killed at its first         test_prefect_server_down_for_good_the_
+                               checkpoint, for good (exit 4)                  work_finishes_and_says_so
+
+and, between the last two, `podium promote` of `outage` with approval required, the Prefect server killed while its
+candidate awaits a decision (test_promote_fails_when_prefect_is_lost_while_a_candidate_awaits_approval: no training).
+Each test reads what its step left, so each fails on its own; a step not reached fails its tests, saying why. The
+hung writes' test trains nothing.
 """
 
 from __future__ import annotations
@@ -9,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -16,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,7 +48,9 @@ from podium.tracking.client import TAG_CHECKPOINT, TAG_RUN, TAG_STATUS, TAG_STEP
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 
-pytestmark = pytest.mark.integration
+# the module's runs go through their outages in the first of their tests' setup, which pytest-timeout counts in
+# that test's time
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 BIN = Path(sys.executable).parent
 HERE = Path(__file__).parent
@@ -123,19 +145,6 @@ class PodiumRun:
             self.proc.wait()
 
 
-@pytest.fixture
-def podium_runs():
-    runs: list[PodiumRun] = []
-
-    def start(config: Path, env: dict[str, str], command: str = "run") -> PodiumRun:
-        runs.append(PodiumRun(config, env, command))
-        return runs[-1]
-
-    yield start
-    for run in runs:
-        run.kill()
-
-
 def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collections.Counter:
     """One record per checkpoint, each validated with its metric; promoted once. Returns validations per step."""
     by = _models_by_checkpoint(url)
@@ -145,87 +154,6 @@ def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collect
         assert "score" in {m.key for m in model.metrics or []}, f"{name}: validation metric missing"
     assert len(read_history(str(serving))) == 1, "promoted exactly once"
     return collections.Counter(int(x) for x in calls.read_text().split())
-
-
-def test_server_down_fails_the_run_clearly_then_its_resume_rides_out_brief_outages(
-        mlflow_server, podium_runs, prefect_api, shared_ray, dataset, tmp_path):
-    """One run name, two `podium run` processes on one MLflow server (each outage is the server's, so one run
-    sequence shows them all, and the resume after a failure is itself the run that rides out the brief ones).
-
-    1. The server is killed for good mid-run, with a short retry window: exit 3, the server named, no
-       traceback, nothing recorded as failed; the verdicts already written stay.
-    2. The server is back; the same command resumes the run, and while it trains and validates the server
-       hangs for 8 s (accepts connections, answers nothing), then is killed and restarted on the same port
-       and database. Nothing is lost: one record per checkpoint, each verdict computed once unless it could
-       not be written before, one MLflow run FINISHED, promoted once."""
-    epochs = 8
-    calls = tmp_path / "validations.log"
-    config = _config(tmp_path, dataset, "outage", calls, epochs=epochs, epoch_s=1.5)
-    url = mlflow_server.url
-
-    def verdicts_in_progress() -> bool:
-        statuses = _statuses(url)
-        return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
-
-    # 1. a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
-    # test's wait shrinks, not what happens
-    env = _env(tmp_path, prefect_api, url, shared_ray, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
-               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
-    run = podium_runs(config, env)
-    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
-    mlflow_server.kill()
-    rc, out, err = run.finish()
-    assert rc == 3, f"exit {rc}:\n{err[-4000:]}"
-    assert "Traceback" not in out + err, err[-4000:]
-    message = err.strip().splitlines()
-    assert any(line.startswith("podium: MLflow tracking server") and url in line and "unreachable"
-               in line for line in message), err[-2000:]
-    assert "outage" in err and "resumes" in err, err[-2000:]
-
-    mlflow_server.start()  # same port, same database
-    before = {int(models[0].tags[TAG_STEP]): models[0].tags.get(TAG_STATUS)
-              for models in _models_by_checkpoint(url).values()}
-    validated_before = {step for step, status in before.items() if status == "validated"}
-    assert validated_before and len(before) < epochs, f"the failed run left no training to resume: {before}"
-    assert "failed" not in before.values(), "a write that failed must not become a failed verdict"
-    log_file = tmp_path / "home" / "logs" / "podium.log"
-    first_run_log = len(log_file.read_bytes())
-
-    # 2. podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
-    # client gives up on requests the server has received, and retries them
-    env = _env(tmp_path, prefect_api, url, shared_ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
-    run = podium_runs(config, env)
-    run.wait_until(lambda: len(_models_by_checkpoint(url)) > len(before), "a checkpoint of the resumed run recorded")
-    mlflow_server.signal(signal.SIGSTOP)
-    time.sleep(8)
-    mlflow_server.signal(signal.SIGCONT)
-    run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
-    mlflow_server.kill()
-    time.sleep(3)
-    mlflow_server.start()
-
-    rc, out, err = run.finish()
-    assert rc == 0, err[-4000:]
-    result = json.loads(out.strip().splitlines()[-1])
-    assert [c["step"] for c in result["checkpoints"]] == list(range(epochs))
-    assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
-    counts = _check_complete(url, calls, tmp_path / "serving", steps=epochs)
-    assert set(counts) == set(range(epochs))
-    for step in validated_before:
-        assert counts[step] == 1, f"step {step} had a verdict but was validated {counts[step]} times"
-    # a verdict that could not be written is computed again on resume, but not retried in between
-    assert max(counts.values()) <= 2, counts
-    client = MlflowClient(url)
-    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
-                                       filter_string=f"tags.`{TAG_RUN}` = 'outage'")
-    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_id == result["mlflow_run_id"]
-    # the run's own metrics by step: score from every validation
-    history = client.get_metric_history(result["mlflow_run_id"], "score")
-    assert sorted({m.step for m in history}) == list(range(epochs))
-    # the brief outages reached the resumed run's client: both kinds of failed attempts were retried
-    log = log_file.read_bytes()[first_run_log:].decode(errors="replace")
-    assert "Read timed out" in log and "Retrying" in log, "the freeze did not hit a request"
-    assert "Connection refused" in log, "the restart did not hit a request"
 
 
 def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_server, monkeypatch):
@@ -335,116 +263,306 @@ def _awaits_approval(api_url: str, run_name: str) -> bool:
     return True
 
 
-@pytest.fixture
-def prefect_server(tmp_path):
-    server = PrefectServer(tmp_path / "prefect-home")
-    yield server
-    server.stop()
+# ---- the module's runs: what each step of the outages left
+
+EPOCHS = 12  # the resume trains most of them: time for the Prefect outage, then MLflow's
 
 
-def _prefect_outage_config(tmp_path: Path, dataset, run_name: str, calls: Path) -> Path:
-    # 6 epochs of about 1.5 s, and validations of 1 s: the outage starts with most of the run ahead
-    path = _config(tmp_path, dataset, run_name, calls, epoch_s=1.5)
-    config = json.loads(path.read_text())
-    config["validation"]["kwargs"]["sleep_s"] = 1
-    path.write_text(json.dumps(config))
-    return path
+@dataclass
+class Ended:
+    """What a `podium` process left: its exit code and output, and what the test saw while it ran."""
+
+    rc: int
+    out: str
+    err: str
+    seen: dict = field(default_factory=dict)
+
+    def result(self) -> dict:
+        return json.loads(self.out.strip().splitlines()[-1])
 
 
-def _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, folder, tracking_uri, name: str):
-    """A podium run (its files under `folder`) on a SQLite store (`tracking_uri`), its first checkpoint
-    recorded, then the Prefect server killed. Returns (run, validations log)."""
-    folder.mkdir(exist_ok=True)
-    calls = folder / "validations.log"
-    config = _prefect_outage_config(folder, dataset, name, calls)
-    run = podium_runs(config, _env(folder, prefect_server.url, tracking_uri, shared_ray))
-    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri, name)) >= 1, "the first checkpoint record")
-    prefect_server.kill()
-    return run, calls
+@dataclass
+class Outages:
+    """The module's runs and what each step left (`ended`), or why the sequence stopped early (`broken`)."""
+
+    root: Path
+    mlflow: MlflowServer
+    prefect: PrefectServer
+    ray: object
+    dataset: tuple[str, str]
+    ended: dict[str, Ended] = field(default_factory=dict)
+    broken: str | None = None
+    runs: list[PodiumRun] = field(default_factory=list)
+
+    def get(self, step: str) -> Ended:
+        """What `step` left; its test fails if the sequence did not reach it."""
+        if step not in self.ended:
+            pytest.fail(f"the step {step!r} was not reached: {self.broken}")
+        return self.ended[step]
+
+    def start(self, config: Path, env: dict[str, str], command: str = "run") -> PodiumRun:
+        self.runs.append(PodiumRun(config, env, command))
+        return self.runs[-1]
+
+    def end(self, step: str, run: PodiumRun, **seen) -> Ended:
+        rc, out, err = run.finish()
+        self.ended[step] = Ended(rc, out, err, seen)
+        return self.ended[step]
+
+    def run(self) -> None:
+        self.mlflow_outages_and_prefect_back()
+        self.approval_without_prefect()
+        self.prefect_down_for_good()
+
+    def mlflow_outages_and_prefect_back(self) -> None:
+        """The run `outage`: MLflow killed for good, then its resume through a Prefect outage and brief MLflow ones."""
+        folder, url = self.root / "outage", self.mlflow.url
+        folder.mkdir()
+        calls = folder / "validations.log"
+        config = _config(folder, self.dataset, "outage", calls, epochs=EPOCHS, epoch_s=1.5)
+
+        def verdicts_in_progress() -> bool:
+            statuses = _statuses(url)
+            return statuses.count("validated") >= 1 and statuses.count("pending") >= 1
+
+        # 1. a retry window of about 2 s (attempts at 0, 0 and 2 s) instead of podium's minute: only the
+        # test's wait shrinks, not what happens
+        env = _env(folder, self.prefect.url, url, self.ray, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2",
+                   MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+        run = self.start(config, env)
+        run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
+        self.mlflow.kill()
+        self.end("mlflow-down", run)
+
+        self.mlflow.start()  # same port, same database
+        before = {int(models[0].tags[TAG_STEP]): models[0].tags.get(TAG_STATUS)
+                  for models in _models_by_checkpoint(url).values()}
+        self.ended["mlflow-down"].seen["before"] = before
+        log_file = folder / "home" / "logs" / "podium.log"
+        first_run_log = len(log_file.read_bytes())
+
+        # 2. podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
+        # client gives up on requests the server has received, and retries them. Validations of 10 s: the
+        # resume's are still going for both outages, one after the other, whatever the attempt before left
+        settings = json.loads(config.read_text())
+        settings["validation"]["kwargs"]["sleep_s"] = 10
+        config.write_text(json.dumps(settings))
+        env = _env(folder, self.prefect.url, url, self.ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
+        run = self.start(config, env)
+        # MLflow hung for 12 s (it accepts connections, answers nothing; longer than a validation, so that a verdict
+        # is written into it) at the resume's first checkpoint record, then killed and restarted while verdicts are
+        # being written
+        run.wait_until(lambda: len(_models_by_checkpoint(url)) > len(before), "a checkpoint of the resumed run recorded")
+        self.mlflow.signal(signal.SIGSTOP)
+        time.sleep(12)
+        self.mlflow.signal(signal.SIGCONT)
+        run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
+        self.mlflow.kill()
+        time.sleep(3)
+        self.mlflow.start()
+        # then the Prefect server lost, and started again once a verdict was written without it
+        validated = _statuses(url).count("validated")
+        self.prefect.kill()
+        run.wait_until(lambda: _statuses(url).count("validated") > validated, "a verdict written while Prefect is down")
+        self.prefect.start()
+        ended = self.end("resume", run, calls=calls)
+        ended.seen["log"] = log_file.read_bytes()[first_run_log:].decode(errors="replace")
+
+    def approval_without_prefect(self) -> None:
+        """`podium promote` of `outage` with approval required: the Prefect server lost while its candidate waits."""
+        folder = self.root / "outage"
+        config = json.loads((folder / "podium.json").read_text())
+        config["serving"] = str(folder / "serving-approved")
+        config["promotion"].update(approval="required", approval_timeout_s=600, alias="approved")
+        (folder / "approval.json").write_text(json.dumps(config))
+        promote = self.start(folder / "approval.json", _env(folder, self.prefect.url, self.mlflow.url, self.ray),
+                             "promote")
+        promote.wait_until(lambda: _awaits_approval(self.prefect.url, "outage"), "a candidate awaiting approval")
+        self.prefect.kill()
+        self.end("approval", promote, serving=folder / "serving-approved")
+
+    def prefect_down_for_good(self) -> None:
+        """The run `prefect-down` (a SQLite store of its own): the Prefect server lost at its first checkpoint."""
+        self.prefect.start()  # after the approval's outage: same port, same database
+        folder = self.root / "prefect-down"
+        folder.mkdir()
+        shutil.copy(self.root / "template.db", folder / "mlflow.db")
+        tracking_uri = f"sqlite:///{folder / 'mlflow.db'}"
+        calls = folder / "validations.log"
+        # 6 epochs of about 1.5 s, and validations of 1 s: the outage starts with most of the run ahead
+        config = _config(folder, self.dataset, "prefect-down", calls, epoch_s=1.5)
+        settings = json.loads(config.read_text())
+        settings["validation"]["kwargs"]["sleep_s"] = 1
+        config.write_text(json.dumps(settings))
+        run = self.start(config, _env(folder, self.prefect.url, tracking_uri, self.ray))
+        run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri, "prefect-down")) >= 1, "the first checkpoint record")
+        self.prefect.kill()
+        self.end("prefect-down", run, calls=calls, tracking_uri=tracking_uri, folder=folder)
+
+    def kill_left(self) -> None:
+        for run in self.runs:
+            run.kill()
 
 
-def test_prefect_server_killed_mid_run_then_back_mid_run_then_while_a_candidate_awaits_approval(
-        prefect_server, podium_runs, shared_ray, dataset, tmp_path, tracking_uri):
-    """Two runs on one Prefect server of the test's own. The first loses the server at its first checkpoint
-    for good: its work finishes, and it says it is not recorded in Prefect (exit 4). The server is started again
-    on the same port and database; the second loses it at its first checkpoint, and gets it back a few
-    checkpoints later: its records catch up, exit 0. Then `podium promote` of that run with approval required
-    loses the server while its candidate awaits a decision: no one could decide, nothing is promoted, and the
-    command fails saying so (exit 1), not as a success."""
+@pytest.fixture(scope="module")
+def outages(tmp_path_factory, mlflow_template_db, shared_ray, dataset):
+    """The module's runs through their outages (this module's docstring): what each step left."""
+    root = tmp_path_factory.mktemp("outages")
+    shutil.copy(mlflow_template_db, root / "template.db")
+    mlflow = MlflowServer(root / "mlflow", mlflow_template_db)
+    mlflow.start()
+    prefect = PrefectServer(root / "prefect-home")
+    sequence = Outages(root, mlflow, prefect, shared_ray, dataset)
+    try:
+        try:
+            sequence.run()
+        except Exception as exc:  # the steps not reached fail their own tests, saying this
+            sequence.broken = f"{type(exc).__name__}: {exc}"
+        sequence.kill_left()
+        # both servers answer for the tests that read what the runs left (the records stay in their databases)
+        if not _answers(prefect.url):
+            prefect.start()
+        if not _answers(mlflow.url):  # MLflow's server answers /health as Prefect's API does
+            mlflow.start()
+        yield sequence
+    finally:
+        sequence.kill_left()
+        prefect.stop()
+        mlflow.kill()
+
+
+def test_mlflow_server_down_fails_the_run_clearly(outages):
+    """The tracking server killed for good mid-run, with a short retry window: exit 3, the server named, no
+    traceback, nothing recorded as failed; the verdicts already written stay."""
+    ended = outages.get("mlflow-down")
+    assert ended.rc == 3, f"exit {ended.rc}:\n{ended.err[-4000:]}"
+    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
+    url = outages.mlflow.url
+    assert any(line.startswith("podium: MLflow tracking server") and url in line and "unreachable"
+               in line for line in ended.err.strip().splitlines()), ended.err[-2000:]
+    assert "outage" in ended.err and "resumes" in ended.err, ended.err[-2000:]
+    before = ended.seen["before"]
+    assert "validated" in before.values() and len(before) < EPOCHS, f"the failed run left no training to resume: {before}"
+    assert "failed" not in before.values(), "a write that failed must not become a failed verdict"
+
+
+def test_the_resume_rides_out_brief_mlflow_outages(outages):
+    """The server back, the same command resumes the run; while it validates, the server hangs for 12 s (accepts
+    connections, answers nothing), then is killed and restarted on the same port and database. Nothing is lost:
+    one record per checkpoint, each verdict computed once unless it could not be written before, one MLflow run
+    FINISHED, promoted once."""
+    ended = outages.get("resume")
+    assert ended.rc == 0, ended.err[-4000:]
+    result = ended.result()
+    assert [c["step"] for c in result["checkpoints"]] == list(range(EPOCHS))
+    assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
+    url = outages.mlflow.url
+    counts = _check_complete(url, ended.seen["calls"], outages.root / "outage" / "serving", steps=EPOCHS)
+    assert set(counts) == set(range(EPOCHS))
+    before = outages.get("mlflow-down").seen["before"]
+    for step in (step for step, status in before.items() if status == "validated"):
+        assert counts[step] == 1, f"step {step} had a verdict but was validated {counts[step]} times"
+    # a verdict that could not be written is computed again on resume, but not retried in between
+    assert max(counts.values()) <= 2, counts
+    client = MlflowClient(url)
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
+                                       filter_string=f"tags.`{TAG_RUN}` = 'outage'")
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.info.run_id == result["mlflow_run_id"]
+    # the run's own metrics by step: score from every validation
+    history = client.get_metric_history(result["mlflow_run_id"], "score")
+    assert sorted({m.step for m in history}) == list(range(EPOCHS))
+    # the brief outages reached the resumed run's MLflow client (urllib3's retries, which name the MLflow API;
+    # the Prefect outage after them is another client's): both kinds of failed attempts were retried
+    retried = [line for line in ended.seen["log"].splitlines() if "Retrying" in line and "mlflow" in line]
+    assert any("Read timed out" in line for line in retried), "the freeze did not hit a request"
+    assert any("Connection refused" in line for line in retried), "the restart did not hit a request"
+
+
+def test_prefect_server_back_mid_run_its_records_catch_up(outages):
+    """The Prefect server lost during the resume's validations and back while they go on: the run says it
+    answers again, exit 0; the flow run Completed, the task runs whose states were held during the outage and the
+    artifacts reached the server when it came back."""
     from helpers.prefect_queries import artifact_keys, flow_run_state, task_runs
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    down = tmp_path / "down"
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, down, tracking_uri,
-                                           "prefect-down")
-    rc, out, err = run.finish()
-    assert rc == 4, f"exit {rc}:\n{err[-4000:]}"
-    assert "Traceback" not in out + err, err[-4000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("podium: done, but not recorded in Prefect: the Prefect server " + prefect_server.url), last
-    # the work itself is all done: every checkpoint validated once and recorded, the best promoted
-    result = json.loads(out.strip().splitlines()[-1])
+    ended = outages.get("resume")
+    assert ended.rc == 0, f"exit {ended.rc}:\n{ended.err[-4000:]}"
+    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
+    assert any("answers again" in line for line in ended.err.splitlines()), ended.err[-3000:]
+    validated_before = {step for step, status in outages.get("mlflow-down").seen["before"].items()
+                        if status == "validated"}
+    with temporary_settings(updates={PREFECT_API_URL: outages.prefect.url}):
+        resumed = _last_flow_run_id("outage-run")
+        assert flow_run_state(run_id=resumed).is_completed()
+        runs = task_runs(None, expect_at_least=EPOCHS - len(validated_before), run_id=resumed)
+        validations = sorted((r.name for r in runs if r.name.startswith("validate-step-")),
+                             key=lambda n: int(n.rsplit("-", 1)[1]))
+        # every checkpoint without a verdict when the resume began, and none with one
+        assert validations == [f"validate-step-{s}" for s in range(EPOCHS) if s not in validated_before], validations
+        assert all(r.state.is_completed() for r in runs if r.name.startswith("validate-step-"))
+        assert {"outage-checkpoints", "outage-promotion", "outage-chart",
+                "outage-progress"} <= artifact_keys(None, run_id=resumed)
+
+
+def _last_flow_run_id(name: str):
+    """The id of the newest flow run named `name` (a resumed run's: each attempt has one of that name)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as c:
+        runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])),
+                                sort=FlowRunSort.EXPECTED_START_TIME_DESC)
+    assert runs, f"no flow run named {name!r}"
+    return runs[0].id
+
+
+def test_promote_fails_when_prefect_is_lost_while_a_candidate_awaits_approval(outages):
+    """`podium promote` with approval required loses the Prefect server while its candidate awaits a decision: no
+    one could decide, nothing is promoted, and the command fails saying so (exit 1), not as a success."""
+    ended = outages.get("approval")
+    assert ended.rc == 1, f"exit {ended.rc}:\n{ended.err[-4000:]}"
+    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
+    last = ended.err.strip().splitlines()[-1]
+    assert last.startswith("podium: run 'outage' failed: the approval could not be asked for ("), last
+    assert "nothing was promoted; `podium promote --run-name outage` asks again" in last, last
+    result = ended.result()
+    assert result["promoted"] is None
+    assert result["promotion_reason"].startswith("undecided: the approval could not be asked for ("), result
+    serving = ended.seen["serving"]
+    assert not (serving / "CURRENT").exists()
+    [tombstone] = (serving / "versions").iterdir()  # the staged copy is gone, its number kept
+    assert sorted(os.listdir(tombstone)) == ["DISCARDED.json"]
+    client = MlflowClient(outages.mlflow.url)
+    [undecided] = client.search_model_versions("tags.`podium.approval` = 'undecided'")
+    assert "approved-challenger" not in undecided.aliases
+    assert "approved-challenger" not in client.get_registered_model(undecided.name).aliases
+
+
+def test_prefect_server_down_for_good_the_work_finishes_and_says_so(outages):
+    """The Prefect server lost at the run's first checkpoint for good: its work finishes (every checkpoint validated
+    once and recorded, the best promoted, the MLflow run FINISHED), and it says it is not recorded in Prefect, once
+    on the terminal and once in the log (exit 4)."""
+    ended = outages.get("prefect-down")
+    assert ended.rc == 4, f"exit {ended.rc}:\n{ended.err[-4000:]}"
+    assert "Traceback" not in ended.out + ended.err, ended.err[-4000:]
+    last = ended.err.strip().splitlines()[-1]
+    assert last.startswith("podium: done, but not recorded in Prefect: the Prefect server " + outages.prefect.url), last
+    result = ended.result()
     assert [c["step"] for c in result["checkpoints"]] == list(range(6))
     assert all(c["status"] == "validated" and "score" in c["metrics"] for c in result["checkpoints"])
     assert result["promoted"] is not None and result["prefect_not_recorded"]
-    counts = collections.Counter(int(x) for x in calls.read_text().split())
+    counts = collections.Counter(int(x) for x in ended.seen["calls"].read_text().split())
     assert counts == {step: 1 for step in range(6)}, counts
-    assert len(read_history(str(down / "serving"))) == 1
-    client = MlflowClient(tracking_uri)
+    folder = ended.seen["folder"]
+    assert len(read_history(str(folder / "serving"))) == 1
+    client = MlflowClient(ended.seen["tracking_uri"])
     (mlflow_run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id],
                                        filter_string=f"tags.`{TAG_RUN}` = 'prefect-down'")
     assert mlflow_run.info.status == "FINISHED", "the MLflow run must not be left RUNNING"
     # the outage is said once on the terminal and once in the log, not once per event or call
-    assert sum("does not answer" in line for line in err.splitlines()) == 1, err[-4000:]
-    log = (down / "home" / "logs" / "podium.log").read_text(errors="replace")
+    assert sum("does not answer" in line for line in ended.err.splitlines()) == 1, ended.err[-4000:]
+    log = (folder / "home" / "logs" / "podium.log").read_text(errors="replace")
     assert log.count("stopped answering") == 1, "the outage is logged once"
-    assert "failed to process item" not in log and "Error logging to API" not in err + log
+    assert "failed to process item" not in log and "Error logging to API" not in ended.err + log
     print(f"wall time with the Prefect server down from the first checkpoint: {result['wall_time_s']} s")
-
-    prefect_server.start()  # same port, same database
-    back = tmp_path / "back"
-    run, calls = _start_prefect_outage_run(podium_runs, prefect_server, shared_ray, dataset, back, tracking_uri,
-                                           "prefect-back")
-    run.wait_until(lambda: len(_models_by_checkpoint(tracking_uri, "prefect-back")) >= 3,
-                   "checkpoints recorded while Prefect is down")
-    prefect_server.start()
-
-    rc, out, err = run.finish()
-    assert rc == 0, f"exit {rc}:\n{err[-4000:]}"
-    assert "Traceback" not in out + err, err[-4000:]
-    assert any("answers again" in line for line in err.splitlines()), err[-3000:]
-    result = json.loads(out.strip().splitlines()[-1])
-    assert all(c["status"] == "validated" for c in result["checkpoints"]) and len(result["checkpoints"]) == 6
-    with temporary_settings(updates={PREFECT_API_URL: prefect_server.url}):
-        assert flow_run_state("prefect-back-run").is_completed()
-        # task runs whose states were held during the outage reached the server when it came back
-        runs = task_runs("prefect-back-run", expect_at_least=12)
-        validations = sorted(r.name for r in runs if r.name.startswith("validate-step-"))
-        assert validations == [f"validate-step-{s}" for s in range(6)], validations
-        assert all(r.state.is_completed() for r in runs if r.name.startswith("validate-step-"))
-        assert {"prefect-back-checkpoints", "prefect-back-promotion", "prefect-back-chart",
-                "prefect-back-progress"} <= artifact_keys("prefect-back-run")
-
-    config = json.loads((back / "podium.json").read_text())
-    config["serving"] = str(back / "serving-approved")
-    config["promotion"].update(approval="required", approval_timeout_s=600, alias="approved")
-    (back / "approval.json").write_text(json.dumps(config))
-    promote = podium_runs(back / "approval.json", _env(back, prefect_server.url, tracking_uri, shared_ray), "promote")
-    promote.wait_until(lambda: _awaits_approval(prefect_server.url, "prefect-back"), "a candidate awaiting approval")
-    prefect_server.kill()
-    rc, out, err = promote.finish()
-    assert rc == 1, f"exit {rc}:\n{err[-4000:]}"
-    assert "Traceback" not in out + err, err[-4000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("podium: run 'prefect-back' failed: the approval could not be asked for ("), last
-    assert "nothing was promoted; `podium promote --run-name prefect-back` asks again" in last, last
-    result = json.loads(out.strip().splitlines()[-1])
-    assert result["promoted"] is None
-    assert result["promotion_reason"].startswith("undecided: the approval could not be asked for ("), result
-    assert not (back / "serving-approved" / "CURRENT").exists()
-    [tombstone] = (back / "serving-approved" / "versions").iterdir()  # the staged copy is gone, its number kept
-    assert sorted(os.listdir(tombstone)) == ["DISCARDED.json"]
-    client = MlflowClient(tracking_uri)
-    [undecided] = client.search_model_versions("tags.`podium.approval` = 'undecided'")
-    assert "approved-challenger" not in undecided.aliases
-    assert "approved-challenger" not in client.get_registered_model(undecided.name).aliases
