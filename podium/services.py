@@ -334,6 +334,9 @@ def _starter() -> Iterator[None]:
     me = threading.get_ident()
     with _launch_lock:
         _launching[me] = None
+        # a start begun now is not one `abandon_starts` stopped: thread idents are reused once a thread ends, and
+        # an ident left marked would refuse every later start of a thread that happens to get it
+        _abandoned.discard(me)
     try:
         yield
     finally:
