@@ -49,7 +49,9 @@ VALIDATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"PODIUM_WORKER_POOL": "va
 # the main thread goes on importing MLflow and torch while Ray starts.
 RAY_LAZY_IMPORTS = ("aiohttp", "aiohttp.web", "click", "cloudpickle", "email.policy", "email.headerregistry",
                     "ctypes.util", "gettext", "optparse", "netrc", "numpy", "pyarrow", "pydantic", "anyio",
-                    "starlette", "zoneinfo", "sysconfig", "colorsys")
+                    "starlette", "zoneinfo", "sysconfig", "colorsys",
+                    # with Ray's dashboard dependencies installed (ray[default], ray[serve]: podium's serve extra)
+                    "aiohttp_cors", "colorful", "grpc", "grpc_reflection", "opencensus")
 
 
 def _top_level_spec(import_path: str) -> importlib.machinery.ModuleSpec | None:

@@ -81,3 +81,18 @@ def validate_fn(checkpoint: ray.train.Checkpoint, val_data: str, label_column: s
     if per_row:
         out["podium.per_row"] = {"accuracy": right, "loss": loss}
     return out
+
+
+def load_model(checkpoint_dir: str):
+    """The checkpoint's linear model as a torch module (4 float features in, 2 logits out), for
+    `promotion.model_loader`: its versions are MLflow models that `podium serve` and pyfunc load."""
+    import torch
+
+    with open(os.path.join(checkpoint_dir, "weights.json")) as f:
+        saved = json.load(f)
+    w = torch.tensor(saved["w"], dtype=torch.float32) * float(saved.get("scale", 1.0))
+    layer = torch.nn.Linear(len(FEATURES), 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.stack([-w / 2, w / 2]))
+        layer.bias.zero_()
+    return layer.eval()
