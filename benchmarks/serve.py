@@ -81,10 +81,10 @@ def make_champion(project: Path) -> str:
     env = podium_env(project)
     log("podium run (the demo job, 3 epochs)")
     subprocess.run([PYTHON, "-m", "podium.cli", "run", "--quiet", "--epochs", "3", "--run-name", "bench"], cwd=project,
-                   env=env, check=True)
+                   env=env, check=True, stdout=subprocess.DEVNULL)
     log("podium promote --always-promote --mode max: a second version")
     subprocess.run([PYTHON, "-m", "podium.cli", "promote", "--quiet", "--run-name", "bench", "--epochs", "3",
-                    "--always-promote", "--mode", "max"], cwd=project, env=env, check=True)
+                    "--always-promote", "--mode", "max"], cwd=project, env=env, check=True, stdout=subprocess.DEVNULL)
     subprocess.run([PYTHON, "-m", "podium.cli", "server", "stop"], cwd=project, env=env, check=False,
                    capture_output=True)
     return str(project / ".podium" / "serving" / "podium")
