@@ -10,6 +10,9 @@ only the account's name, never a key or a connection string, goes to processes s
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlparse
@@ -21,6 +24,14 @@ from podium.storage.backends.base import Backend, Conflict
 from podium.storage.errors import StorageError
 
 AZURE_SCHEMES = ("az", "abfs", "abfss")
+
+# what adlfs reads to choose the account and its credentials (hashed into the cache key, never kept)
+ACCOUNT_ENV = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+               "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_ID", "AZURE_STORAGE_TENANT_ID",
+               "AZURE_STORAGE_CLIENT_SECRET")
+
+_FILESYSTEMS: dict[tuple[int, str], fsspec.AbstractFileSystem] = {}
+_LOCK = threading.Lock()
 
 T = TypeVar("T")
 
@@ -43,9 +54,15 @@ class AzureBackend(Backend):
         return uri.rstrip("/")
 
     def fsspec_filesystem(self, location: str) -> tuple[fsspec.AbstractFileSystem, str]:
-        """adlfs, without a listings cache: other processes write the same prefixes."""
-        fs, path = fsspec.core.url_to_fs(location, use_listings_cache=False)
-        return fs, path
+        """adlfs, without a listings cache (other processes write the same prefixes). adlfs reads the account
+        and credentials from the environment itself, so none is kept in the filesystem's arguments (which
+        travel, pickled, to Ray workers); one filesystem per process and account settings."""
+        key = (os.getpid(), hashlib.sha256(repr([os.environ.get(n) for n in ACCOUNT_ENV]).encode()).hexdigest())
+        with _LOCK:
+            fs = _FILESYSTEMS.get(key)
+            if fs is None:
+                fs = _FILESYSTEMS[key] = fsspec.filesystem("abfs", use_listings_cache=False, skip_instance_cache=True)
+        return fs, fs._strip_protocol(location)
 
     def create(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         """An upload that does not overwrite (If-None-Match: *)."""

@@ -9,6 +9,7 @@ are gcsfs's own settings; a gs:// URI names a bucket and a prefix only.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 from urllib.parse import quote, urlparse
 
@@ -37,8 +38,8 @@ class GcsBackend(Backend):
         return uri.rstrip("/")
 
     def fsspec_filesystem(self, location: str) -> tuple[fsspec.AbstractFileSystem, str]:
-        """gcsfs, without a listings cache: other processes write the same prefixes."""
-        fs = fsspec.filesystem("gs", use_listings_cache=False)
+        """gcsfs, without a listings cache (other processes write the same prefixes), one per endpoint."""
+        fs = fsspec.filesystem("gs", use_listings_cache=False, endpoint_url=os.environ.get("STORAGE_EMULATOR_HOST"))
         return fs, fs._strip_protocol(location)
 
     # ---------------------------------------------------------------- conditional writes
