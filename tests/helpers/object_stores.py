@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.s3_server import free_port, stop_process
+from helpers.s3_server import free_port, stop_process
 
 HERE = Path(__file__).resolve().parent
 AZURITE = HERE / "azurite" / "node_modules" / ".bin" / "azurite-blob"

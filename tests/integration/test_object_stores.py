@@ -7,7 +7,9 @@ over once it expires; create-only writes; and no lease at all on a store whose c
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,17 +18,25 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from helpers.checkpoints import make_trained_run
+from helpers.commands import podium
+from helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
+from podium_nightly_code import FEATURES, write_data
 
+from podium.serving.layout import read_current, read_history
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Conflict
 from podium.storage.errors import StorageError
 from podium.storage.lease import ObjectLease, location_lock
 from podium.storage.locations import fsspec_filesystem
-from tests.helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
 
 pytestmark = pytest.mark.integration
 
 BUCKET = "podium-test"
+HERE = Path(__file__).parent
+# what points a `podium` process at the emulators
+STORE_ENV = ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+             "AZURE_STORAGE_CONNECTION_STRING")
 
 
 def _serve(server: Emulator, monkeypatch: pytest.MonkeyPatch) -> Emulator:
@@ -173,3 +183,59 @@ def test_workers_get_the_store_settings_and_no_credentials(monkeypatch, azure_se
     assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:1" and env["AZURE_STORAGE_ACCOUNT_NAME"] == "podiumtest"
     assert not any(os.environ["AZURE_STORAGE_CONNECTION_STRING"] in v for v in env.values())
     assert "AZURE_STORAGE_CONNECTION_STRING" not in env
+
+
+# --------------------------------------------------------------------------------------------
+# `podium promote` of a made run (no training) to a serving location on each store
+
+
+@pytest.fixture(scope="module")
+def made_run(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
+    """A home, an MLflow store and a run of two made checkpoints (epoch 1 the better) in local storage, and the
+    environment of a `podium` process that uses them (the session's Prefect server and Ray head)."""
+    root = tmp_path_factory.mktemp("object-store-promotions")
+    shutil.copy(mlflow_template_db, root / "mlflow.db")
+    env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **shared_ray.driver_env(),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
+    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    made = make_trained_run(_run_config(root, str(root / "trained"), "made-train"), env["MLFLOW_TRACKING_URI"])
+    assert [r.status for r in made.records] == ["validated", "validated"], made.records
+    return root, env
+
+
+def _run_config(root: Path, serving: str, registered_model: str) -> dict:
+    return {"run_name": "made", "model": "made", "storage": str(root / "storage"), "serving": serving,
+            "data": {"train": str(root / "train.parquet"), "val": str(root / "val.parquet"),
+                     "feature_columns": list(FEATURES)},
+            "training": {"train_loop": "podium_nightly_code:train_func",
+                         "train_loop_config": {"epochs": 2, "angle_deg": 20.0}},
+            "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn"},
+            "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes",
+                          "registered_model": registered_model}}
+
+
+def test_two_podium_promotes_racing_to_one_serving_location_promote_once(store, made_run, tmp_path):
+    root, env = made_run
+    env = {**env, **{k: os.environ[k] for k in STORE_ENV if k in os.environ}}
+    serving = f"{store}/{tmp_path.name}/serving"
+    config = root / f"{tmp_path.name}.json"
+    config.write_text(json.dumps(_run_config(root, serving, f"made-{tmp_path.name}")))
+    procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--config", str(config)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"exit {p.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+        outs.append(json.loads(out))
+    # one promoted epoch 1's checkpoint; the other, inside the lock after it, found it champion already
+    assert sorted(str((o.get("promoted") or {}).get("version")) for o in outs) == ["None", "v000001"], outs
+    current = read_current(serving)
+    assert current is not None and current.version == "v000001"
+    assert [h["version"] for h in read_history(serving)] == ["v000001"]
+    history = json.loads(podium(["history", "--json", "--serving", serving], env).stdout)
+    assert history["current"] == "v000001"
+    fs, path = fsspec_filesystem(serving)
+    assert backend_for(serving).read_versioned(fs, f"{path}/.promotion.lock") is None
