@@ -5,6 +5,12 @@ package (a `Backend` subclass, see `base`); adding a store is that module and it
 A backend's module is imported when a location of its scheme is first used, so a local run never loads
 s3fs, gcsfs or adlfs. A scheme no backend claims goes to plain fsspec: it works wherever fsspec reaches,
 with no lease (a warning says so) and no copy inside the store.
+
+- `base`: the `Backend` every store implements, with plain fsspec defaults
+- `local`: local paths and file:// URIs
+- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight)
+- `gcs`: Google Cloud Storage (gcsfs; generation preconditions)
+- `azure`: Azure Blob Storage (adlfs; ETag conditions)
 """
 
 from __future__ import annotations
