@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +18,9 @@ from pathlib import Path
 import fsspec
 import pytest
 from helpers.checkpoints import make_trained_run
-from helpers.commands import podium
+from helpers.commands import made_run_home, podium
 from helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
-from podium_nightly_code import FEATURES, write_data
+from podium_nightly_code import FEATURES
 
 from podium.serving.layout import read_current, read_history
 from podium.storage.backends import backend_for
@@ -194,12 +193,7 @@ def made_run(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """A home, an MLflow store and a run of two made checkpoints (epoch 1 the better) in local storage, and the
     environment of a `podium` process that uses them (the session's Prefect server and Ray head)."""
     root = tmp_path_factory.mktemp("object-store-promotions")
-    shutil.copy(mlflow_template_db, root / "mlflow.db")
-    env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **shared_ray.driver_env(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
-    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    env = made_run_home(root, prefect_api, shared_ray, mlflow_template_db, HERE)
     made = make_trained_run(_run_config(root, str(root / "trained"), "made-train"), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env
