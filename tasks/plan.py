@@ -26,10 +26,10 @@ from podium.core.policy import unknown_policy_metrics
 from podium.core.redaction import redact_uri
 from podium.errors import ConfigError, RunInProgress
 from podium.imports import ImportPathError, resolve_callable
+from podium.storage.errors import StorageError
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
 from podium.storage.locations import normalize_location
 from podium.storage.preflight import check_location
-from podium.storage.s3 import StorageError
 from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
 from podium.training.validation_call import may_send_report_kwargs, missing_arguments, signature_problem
 
@@ -365,16 +365,15 @@ def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
     Two runs of one name would train into the same Ray Train run folder and validate
     the same checkpoints. The lock is `<storage>/.podium-runs/<run name>.lock`: an
     flock on local storage (freed by the kernel when its process dies, so a rerun
-    after a crash starts at once), an S3 lease otherwise (a dead run's lease expires
-    PODIUM_S3_LEASE_TTL_S after its last renewal: a rerun waits that long at most).
+    after a crash starts at once), a lease on an object store (a dead run's lease expires
+    its TTL after its last renewal, PODIUM_S3_LEASE_TTL_S on S3: a rerun waits that long at most).
     """
     # local: s3fs's client loads only when a run takes its lock
-    from podium.storage.lease import LeaseError, location_lock
-    from podium.storage.locations import is_s3, join
-    from podium.storage.s3 import s3_settings
+    from podium.storage.lease import LeaseError, lease_wait_s, location_lock
+    from podium.storage.locations import join
 
     if wait_s is None:
-        wait_s = s3_settings().lease_ttl_s + 5 if is_s3(plan.storage) else 0.0
+        wait_s = lease_wait_s(plan.storage)
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(location_lock(join(plan.storage, ".podium-runs"), f"{plan.run_name}.lock", wait_s,

@@ -23,7 +23,7 @@ from typing import Any
 import ray
 
 from podium.imports import resolve_callable
-from podium.storage.s3 import s3_environment
+from podium.storage.backends import worker_environment
 
 # Ray Train's controller polls workers every 2 s by default; a report (and so a
 # checkpoint announcement) waits for the next poll. podium polls more often
@@ -113,8 +113,8 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     if os.environ.get("RAY_ADDRESS"):
         # a remote cluster gets the user's packages uploaded with the job
         py_modules = [upload for _, upload in user_code if upload]
-        # the endpoint/region settings go along (never credentials: each node has its own chain)
-        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **s3_environment()}}
+        # each store's endpoint/region settings go along (never credentials: each node has its own)
+        runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **worker_environment()}}
         if py_modules:
             runtime_env["py_modules"] = sorted(set(py_modules))
         ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)

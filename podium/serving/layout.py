@@ -22,11 +22,11 @@ A version is complete once its MANIFEST.json exists (written after every file
 was copied and checked); CURRENT only ever names complete versions. A reader
 follows CURRENT, so it sees the old version or the new one, never a mix.
 
-On S3 (no rename), the same layout works because every step is one atomic PUT
+On an object store (no rename), the same layout works because every step is one atomic PUT
 of a new key and nothing complete is ever rewritten: a version's number is
-claimed with a conditional PUT of `versions/vN/CLAIM` (If-None-Match), its files
-are copied inside the store (CopyObject, or UploadPartCopy above 5 GiB), its
-MANIFEST.json is one PUT, and CURRENT is one PUT, last. A promoter that dies
+claimed with a create-only write of `versions/vN/CLAIM` (S3 If-None-Match, GCS ifGenerationMatch=0,
+Azure If-None-Match), its files are copied inside the store where it can (S3: CopyObject, or
+UploadPartCopy above 5 GiB), its MANIFEST.json is one PUT, and CURRENT is one PUT, last. A promoter that dies
 anywhere leaves at most an unreferenced, manifest-less version behind.
 
 Verification without moving the bytes twice: the manifest's sha256 of each
@@ -54,8 +54,9 @@ from typing import Any, TypeVar
 
 from podium.errors import ServingError
 from podium.serving.history import Lineage, lineage_of, parse_switch
+from podium.storage.backends import backend_for
 from podium.storage.documents import read_json, write_json
-from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
+from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 
 POINTER = "CURRENT"
 
@@ -151,11 +152,8 @@ def claim_version(serving: str) -> tuple[str, str]:
         if fs.exists(root):
             continue
         claim = json.dumps({"claimed_at": time.time(), "by": uuid.uuid4().hex}).encode()
-        try:  # a conditional PUT (If-None-Match: *) claims the number on S3; elsewhere, a plain write
-            if is_s3(serving):
-                fs.pipe_file(posixpath.join(root, CLAIM), claim, mode="create")
-            else:
-                fs.pipe_file(posixpath.join(root, CLAIM), claim)
+        try:  # a create-only write claims the number (a plain write on a store that has none)
+            backend_for(serving).create(fs, posixpath.join(root, CLAIM), claim)
         except FileExistsError:
             continue
         return version, version_dir

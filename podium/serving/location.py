@@ -11,8 +11,6 @@ one location moves another's alias.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,8 +18,9 @@ from typing import Any
 
 from podium.errors import ServingError
 from podium.serving.layout import LOCATION
+from podium.storage.backends import backend_for
 from podium.storage.documents import read_json
-from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
+from podium.storage.locations import fsspec_filesystem, join, normalize_location
 
 
 @dataclass(frozen=True)
@@ -74,23 +73,8 @@ def ensure_location(serving: str, registered_model: str, alias: str) -> Location
 
 def _create(uri: str, data: bytes) -> None:
     """Write `uri` only if it does not exist (another writer's document stands)."""
-    if is_remote(uri):
-        fs, path = fsspec_filesystem(uri)
-        try:
-            fs.pipe_file(path, data, **({"mode": "create"} if is_s3(uri) else {}))
-        except FileExistsError:
-            pass
-        return
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".location.", dir=os.path.dirname(uri))
+    fs, path = fsspec_filesystem(uri)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:  # a hard link is created whole or not at all, and never over an existing file
-            os.link(tmp, uri)
-        except FileExistsError:
-            pass
-    finally:
-        os.unlink(tmp)
+        backend_for(uri).create(fs, path, data)
+    except FileExistsError:
+        pass

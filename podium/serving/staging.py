@@ -10,8 +10,6 @@ CopySourceIfMatch. Only a copy that neither check covers is read back and hashed
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import hashlib
 import logging
 import os
@@ -37,50 +35,27 @@ from podium.serving.layout import (
     safe_relpath,
     write_json,
 )
-from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, join, normalize_location
-from podium.storage.s3 import (
-    is_s3_filesystem,
-    s3_call,
-    s3_call_async,
-    s3_error_code,
-    s3_run,
-    s3_settings,
-    split_object_path,
-)
-from podium.storage.transfer import MultipartWriter, open_range_reader
+from podium.storage.backends import backend_for
+from podium.storage.backends.base import Backend, BinaryStream
+from podium.storage.locations import fsspec_filesystem, is_remote, join, normalize_location
 
 logger = logging.getLogger(__name__)
 
-PARALLEL_PARTS = 8  # parts of one server-side multipart copy at once
+
+def _open_read(backend: Backend, fs: fsspec.AbstractFileSystem, path: str,
+               listed: dict[str, Any] | None = None) -> BinaryStream:
+    """A front-to-back reader (the store's fastest: concurrent ranged GETs on S3; `listed` spares a HEAD)."""
+    return backend.open_read(fs, path, listed)
 
 
-COPY_OBJECT_LIMIT = 5 << 30  # S3: larger objects must be copied part by part
+def _open_write(backend: Backend, fs: fsspec.AbstractFileSystem, path: str) -> BinaryStream:
+    """A writer published only when closed without error (a parallel multipart upload on S3)."""
+    return backend.open_write(fs, path)
 
 
-COPY_PART_MIN = 512 << 20  # part size of a multipart copy when the source's layout is unknown
-
-
-UNSUPPORTED = {"InvalidArgument", "NotImplemented", "InvalidRequest", "XNotImplemented"}
-
-
-def _open_read(fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None):
-    """A front-to-back reader: concurrent ranged GETs on S3 (`listed`: size and etag, to skip a HEAD)."""
-    if is_s3_filesystem(fs):
-        return open_range_reader(fs, path, **({"size": listed["size"], "etag": listed["etag"]} if listed else {}))
-    return fs.open(path, "rb")
-
-
-def _open_write(fs: fsspec.AbstractFileSystem, path: str):
-    """A writer: a parallel multipart upload on S3, published only when closed without error."""
-    if is_s3_filesystem(fs):
-        s = s3_settings()
-        return MultipartWriter(fs, path, s.part_size_mb << 20, s.concurrency)
-    return fs.open(path, "wb")
-
-
-def _sha256(fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None) -> str:
+def _sha256(backend: Backend, fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None) -> str:
     h = hashlib.sha256()
-    with _open_read(fs, path, listed) as f:
+    with _open_read(backend, fs, path, listed) as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -110,105 +85,27 @@ def build_manifest(checkpoint_uri: str, info: dict[str, Any],
     The files are read once, several at a time (on S3 in concurrent ranges).
     """
     fs, root = fsspec_filesystem(checkpoint_uri)
+    backend = backend_for(checkpoint_uri)
     objects = objects if objects is not None else list_objects(checkpoint_uri)
     names = sorted(objects)
-    digests = parallel(lambda rel: _sha256(fs, posixpath.join(root, rel), objects[rel]), names)
+    digests = parallel(lambda rel: _sha256(backend, fs, posixpath.join(root, rel), objects[rel]), names)
     files = {rel: {"sha256": d, "size": objects[rel]["size"]} for rel, d in zip(names, digests)}
     return {"format": "podium-serving/1", "source": checkpoint_uri, "files": files, **info}
-
-
-def _copy_ranges(fs: fsspec.AbstractFileSystem, bucket: str, key: str, size: int,
-                 etag: str | None) -> list[tuple[int, int]]:
-    """Byte ranges for a multipart copy: the source's own parts (so the copy gets the same ETag) when known."""
-    count = int(etag.strip('"').rpartition("-")[2]) if etag and "-" in etag else 0
-    if count:
-        async def part_sizes() -> list[int]:
-            gate = asyncio.Semaphore(PARALLEL_PARTS)
-
-            async def head(number: int) -> int:
-                async with gate:
-                    out = await s3_call_async(fs, "head_object", Bucket=bucket, Key=key, PartNumber=number)
-                return int(out["ContentLength"])
-
-            return list(await asyncio.gather(*(head(i) for i in range(1, count + 1))))
-        try:
-            sizes = s3_run(fs, part_sizes)
-        except OSError:  # a store without per-part HEAD: fixed parts, verified by reading instead
-            sizes = []
-        if sum(sizes) == size:
-            starts = [sum(sizes[:i]) for i in range(len(sizes))]
-            return [(start, start + n) for start, n in zip(starts, sizes)]
-    part = max(COPY_PART_MIN, -(-size // 10_000))
-    return [(start, min(start + part, size)) for start in range(0, size, part)]
-
-
-def copy_s3_object(fs: fsspec.AbstractFileSystem, src: str, dst: str, size: int, etag: str | None,
-                   single_copy_limit: int = COPY_OBJECT_LIMIT) -> str | None:
-    """Copy one object inside the store, pinned to the source's ETag; no byte passes through this process.
-
-    Up to `single_copy_limit` (S3: 5 GiB) one CopyObject, which also asks the
-    store for the copy's SHA-256: returned (hex) when the store computed it.
-    Larger objects: UploadPartCopy of the source's own parts, in parallel
-    (the copy keeps the source's ETag); returns None.
-    """
-    sbucket, skey = split_object_path(fs, src)
-    dbucket, dkey = split_object_path(fs, dst)
-    source = {"Bucket": sbucket, "Key": skey}
-    match = {"CopySourceIfMatch": etag} if etag else {}
-    if size <= single_copy_limit:
-        try:
-            out = s3_call(fs, "copy_object", Bucket=dbucket, Key=dkey, CopySource=source,
-                             ChecksumAlgorithm="SHA256", **match)
-        except OSError as exc:
-            if s3_error_code(exc) not in UNSUPPORTED:
-                raise
-            out = s3_call(fs, "copy_object", Bucket=dbucket, Key=dkey, CopySource=source, **match)
-        result = out.get("CopyObjectResult", {})
-        checksum = result.get("ChecksumSHA256")
-        if not checksum or "-" in checksum or result.get("ChecksumType") == "COMPOSITE":
-            return None
-        return base64.b64decode(checksum).hex()
-
-    ranges = _copy_ranges(fs, sbucket, skey, size, etag)
-
-    async def copy_parts() -> None:
-        upload = (await s3_call_async(fs, "create_multipart_upload", Bucket=dbucket, Key=dkey))["UploadId"]
-        gate = asyncio.Semaphore(PARALLEL_PARTS)
-
-        async def part(number: int, start: int, end: int) -> dict[str, Any]:
-            async with gate:
-                out = await s3_call_async(fs, "upload_part_copy", Bucket=dbucket, Key=dkey, UploadId=upload,
-                                        PartNumber=number, CopySource=source,
-                                        CopySourceRange=f"bytes={start}-{end - 1}", **match)
-            return {"PartNumber": number, "ETag": out["CopyPartResult"]["ETag"]}
-
-        try:
-            parts = await asyncio.gather(*(part(i, a, b) for i, (a, b) in enumerate(ranges, 1)))
-            await s3_call_async(fs, "complete_multipart_upload", Bucket=dbucket, Key=dkey, UploadId=upload,
-                              MultipartUpload={"Parts": list(parts)})
-        except BaseException:
-            try:
-                await s3_call_async(fs, "abort_multipart_upload", Bucket=dbucket, Key=dkey, UploadId=upload)
-            except Exception:  # best effort: the copy was never completed, so nothing is visible
-                pass
-            raise
-
-    s3_run(fs, copy_parts)
-    return None
 
 
 def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
                     etags: dict[str, str | None] | None = None) -> set[str]:
     """Copy the manifest's `files` from `source` to `dest`; returns those the store itself verified.
 
-    Inside one S3 store the copy is server-side (`copy_s3_object`) and is
-    verified there: the store's SHA-256 of the copy against the manifest, or
-    the copy's ETag against the source's (`etags`, listed when the manifest
-    was hashed). Across stores the bytes stream through, in parallel parts.
+    Inside one store that can copy (S3) the copy is server-side (the backend's `copy_in_store`) and
+    is verified there: the store's SHA-256 of the copy against the manifest, or the copy's ETag
+    against the source's (`etags`, listed when the manifest was hashed). Across stores the bytes
+    stream through, in parallel parts.
     """
     sfs, sroot = fsspec_filesystem(source)
     dfs, droot = fsspec_filesystem(dest)
-    server_side = is_s3(source) and is_s3(dest) and sfs is dfs
+    sbackend, dbackend = backend_for(source), backend_for(dest)
+    server_side = sbackend is dbackend and sbackend.copies_in_store(sfs, dfs)
     same = type(sfs) is type(dfs) and getattr(sfs, "storage_options", None) == getattr(dfs, "storage_options", None)
     etags = etags or {}
 
@@ -216,14 +113,13 @@ def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
         src, dst = posixpath.join(sroot, rel), posixpath.join(droot, rel)
         entry = files[rel]
         if server_side:
-            digest = copy_s3_object(sfs, src, dst, entry["size"], etags.get(rel))
+            digest = sbackend.copy_in_store(sfs, src, dst, entry["size"], etags.get(rel))
             if digest is not None:
                 if digest != entry["sha256"]:
                     raise ServingError(f"{dest}/{rel}: the store's sha256 of the copy is {digest[:12]}…, "
                                        f"manifest says {entry['sha256'][:12]}…")
                 return rel
-            copied = dfs.info(dst)
-            if etags.get(rel) and copied.get("ETag") == etags[rel] and int(copied.get("size", -1)) == entry["size"]:
+            if sbackend.same_copy(etags.get(rel), entry["size"], dfs.info(dst)):
                 return rel
             return None
         if same and not is_remote(dest):
@@ -232,7 +128,7 @@ def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
         elif same:
             sfs.copy(src, dst)
         else:
-            with _open_read(sfs, src) as fin, _open_write(dfs, dst) as fout:
+            with _open_read(sbackend, sfs, src) as fin, _open_write(dbackend, dfs, dst) as fout:
                 shutil.copyfileobj(fin, fout, CHUNK)
         return None
 
@@ -246,6 +142,7 @@ def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
 def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str] | None = None) -> None:
     """Check the version's files (default: all) against the manifest (size and sha256); raise ServingError if not."""
     fs, root = fsspec_filesystem(join(version_dir, content_of(manifest)))
+    backend = backend_for(version_dir)
     names = sorted(manifest["files"] if files is None else files)
 
     def check(rel: str) -> None:
@@ -253,7 +150,7 @@ def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str
         path = posixpath.join(root, safe_relpath(rel))
         if not fs.exists(path):
             raise ServingError(f"{version_dir}: {rel} is missing")
-        digest = _sha256(fs, path)
+        digest = _sha256(backend, fs, path)
         if digest != entry["sha256"]:
             raise ServingError(f"{version_dir}: {rel} has sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…")
 

@@ -4,11 +4,10 @@ content or the new, never a partial file, and read in one GET."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Any
 
-from podium.storage.locations import fsspec_filesystem, is_remote, normalize_location
+from podium.storage.backends import backend_for
+from podium.storage.locations import fsspec_filesystem
 
 
 class DocumentError(ValueError):
@@ -22,23 +21,8 @@ def write_json(uri: str, doc: dict[str, Any]) -> None:
     store a single PUT is already atomic.
     """
     data = json.dumps(doc, indent=2, sort_keys=True).encode()
-    if is_remote(uri):
-        fs, path = fsspec_filesystem(uri)
-        fs.pipe_file(path, data)
-        return
-    path = normalize_location(uri)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    fs, path = fsspec_filesystem(uri)
+    backend_for(uri).write(fs, path, data)
 
 
 def read_json(uri: str, error: type[Exception] = DocumentError) -> dict[str, Any] | None:

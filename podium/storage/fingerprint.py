@@ -1,6 +1,6 @@
 """Which data is this? A digest of a Parquet dataset from its file identities and footers, never its rows.
 
-`dataset_digest(uri)` of a Parquet file or a folder of Parquet files (local path or s3:// URI) reads:
+`dataset_digest(uri)` of a Parquet file or a folder of Parquet files (a local path or a URI) reads:
 
 1. one listing: every file's path, size and identity (on S3 its ETag, from ListObjectsV2; locally its
    modification time). Files are chosen as `pyarrow.dataset` chooses them: none under a name starting
@@ -8,8 +8,9 @@
 2. for each file, all files at once, one ranged read of its last 64 KiB (`TAIL_READ`, the size Arrow's own
    Parquet reader reads speculatively): the 8-byte trailer (footer length and `PAR1`) and, in almost every
    file, the whole footer (the Parquet FileMetaData: schema, row groups, row counts, column statistics).
-   A longer footer costs one more read, of exactly the rest. On S3 these are GETs pinned to the listed
-   ETag (If-Match), so a file replaced meanwhile fails instead of mixing two versions.
+   A longer footer costs one more read, of exactly the rest. Each read is the store backend's `read_range`:
+   on S3 a GET pinned to the listed ETag (If-Match), so a file replaced meanwhile fails instead of mixing
+   two versions.
 
 No data page is decoded (the tail read may carry the end of the last one, unread). The digest is the
 first 32 hex characters of a sha256 over, per file in path order: the path relative to the dataset,
@@ -21,7 +22,6 @@ that costs a re-score, never a wrong comparison.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import posixpath
@@ -34,9 +34,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from podium.storage.locations import fsspec_filesystem, is_s3, normalize_location
-from podium.storage.s3 import is_s3_filesystem, s3_run
-from podium.storage.transfer import get_range
+from podium.storage.backends import backend_for
+from podium.storage.backends.base import Backend
+from podium.storage.locations import fsspec_filesystem, normalize_location
 
 MAGIC = b"PAR1"
 TRAILER = 8  # 4-byte little-endian footer length, then the magic
@@ -132,33 +132,15 @@ def _footer_from_tail(uri: str, rel: str, size: int, tail: bytes) -> tuple[int, 
     return need, (tail[-need:] if need <= len(tail) else None)
 
 
-def _read_footers_s3(fs: fsspec.AbstractFileSystem, uri: str, files: Listed) -> list[Footer]:
-    async def footer(gate: asyncio.Semaphore, path: str, rel: str, info: dict[str, Any]) -> Footer:
-        size, etag = int(info["size"]), info.get("ETag")
-        async with gate:
-            tail = await get_range(fs, path, max(0, size - TAIL_READ), size, etag) if size >= TRAILER else b""
-            need, whole = _footer_from_tail(uri, rel, size, tail)
-            if whole is not None:
-                return whole, len(tail)
-            rest = await get_range(fs, path, size - need, size - len(tail), etag)
-            return rest + tail, len(rest) + len(tail)
-
-    async def all_footers() -> list[Footer]:
-        gate = asyncio.Semaphore(PARALLEL_READS)
-        return list(await asyncio.gather(*(footer(gate, *f) for f in files)))
-
-    return s3_run(fs, all_footers)
-
-
-def _read_footers(fs: fsspec.AbstractFileSystem, uri: str, files: Listed) -> list[Footer]:
+def _read_footers(backend: Backend, fs: fsspec.AbstractFileSystem, uri: str, files: Listed) -> list[Footer]:
     def footer(item: tuple[str, str, dict[str, Any]]) -> Footer:
         path, rel, info = item
         size = int(info["size"])
-        tail = fs.cat_file(path, start=max(0, size - TAIL_READ), end=size) if size >= TRAILER else b""
+        tail = backend.read_range(fs, path, max(0, size - TAIL_READ), size, info) if size >= TRAILER else b""
         need, whole = _footer_from_tail(uri, rel, size, tail)
         if whole is not None:
             return whole, len(tail)
-        rest = fs.cat_file(path, start=size - need, end=size - len(tail))
+        rest = backend.read_range(fs, path, size - need, size - len(tail), info)
         return rest + tail, len(rest) + len(tail)
 
     if len(files) == 1:
@@ -171,9 +153,10 @@ def dataset_digest(uri: str) -> DatasetDigest:
     """The digest, row count and schema of a Parquet file or folder, from its listing and footers only."""
     location = normalize_location(uri)
     fs, files = list_parquet_files(location)
-    read = _read_footers_s3 if is_s3(location) and is_s3_filesystem(fs) else _read_footers
+    backend = backend_for(location)
     # the first file alone first: a folder of something else than Parquet fails after one read, not thousands
-    footers = read(fs, location, files[:1]) + (read(fs, location, files[1:]) if len(files) > 1 else [])
+    footers = _read_footers(backend, fs, location, files[:1])
+    footers += _read_footers(backend, fs, location, files[1:]) if len(files) > 1 else []
     entries: list[tuple[str, int, str, str]] = []
     rows, row_groups = 0, 0
     schema: dict[str, str] = {}

@@ -1,21 +1,22 @@
-"""Locks on a location: an flock on local paths, a lease object built from conditional writes on S3.
+"""Locks on a location: an flock on local paths, a lease object built from an object store's conditional writes.
 
 `location_lock(location, name)` is what podium uses (one promoter per serving location, one
-`podium run` per run name); `ObjectLease` is the S3 half:
+`podium run` per run name); `ObjectLease` is the object store half, on any backend with
+conditional writes (podium.storage.backends: S3's If-None-Match / If-Match on ETags, GCS's
+generation preconditions, Azure's ETag conditions):
 
     <serving>/.promotion.lock   {"owner", "host", "pid", "acquired_at", "renewed_at", "ttl_s"}
 
-- Taken with a conditional PUT (`If-None-Match: *`): of two promoters, exactly one creates it.
-- Renewed by its holder every `ttl_s / 3` with a conditional PUT on the ETag it last wrote
-  (`If-Match`), so nobody else's lease is ever overwritten.
+- Taken with a create-only write: of two promoters, exactly one creates it.
+- Renewed by its holder every `ttl_s / 3` with a write conditional on the version it last wrote,
+  so nobody else's lease is ever overwritten.
 - A holder that dies stops renewing. Once `renewed_at + ttl_s` has passed (the clocks of
   promoters are assumed to agree to well within `ttl_s`), another promoter takes the stale
-  lease over with a conditional PUT on the stale object's ETag: of several takers, one wins.
-- Released with a conditional DELETE (`If-Match`), which removes only our own lease.
+  lease over with a write conditional on the stale object's version: of several takers, one wins.
+- Released with a conditional delete, which removes only our own lease.
 
 A holder that could not renew in time has lost the lease; `check()` then raises, and the
-promotion stops before it switches CURRENT. This needs an S3 store with conditional writes
-(AWS S3 since 2024, and moto); a store that ignores the conditions would not be a lock.
+promotion stops before it switches CURRENT. A store that ignored the conditions would not be a lock.
 """
 
 from __future__ import annotations
@@ -33,25 +34,49 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from podium.storage.locations import fsspec_filesystem, is_remote, is_s3, normalize_location, split_s3
-from podium.storage.s3 import s3_call_async, s3_error_code, s3_run, s3_settings
+from podium.storage.backends import backend_for
+from podium.storage.backends.base import Conflict
+from podium.storage.errors import StorageError
+from podium.storage.locations import fsspec_filesystem, is_remote, normalize_location
 
 logger = logging.getLogger(__name__)
-
-CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 
 
 class LeaseError(RuntimeError):
     """The lease could not be taken in time, or was lost while held."""
 
 
-def _conflict(exc: BaseException) -> bool:
-    """A condition (If-Match / If-None-Match) did not hold: someone else's write came first."""
-    return isinstance(exc, FileExistsError) or s3_error_code(exc) in CONFLICT_CODES
+_HONOURED: set[str] = set()  # the folders whose store was seen to refuse a second create, in this process
+
+
+def check_conditional_writes(uri: str) -> None:
+    """Prove that the store under `uri`'s folder refuses a second create-only write, once per folder and process.
+
+    A store that accepted it (an emulator that ignores GCS's ifGenerationMatch, an S3 gateway that drops
+    If-None-Match) would let two promoters both take the lease: StorageError instead, before anything is done.
+    """
+    folder = posixpath.dirname(uri.rstrip("/"))
+    if folder in _HONOURED:
+        return
+    backend = backend_for(uri)
+    fs, probe = fsspec_filesystem(posixpath.join(folder, f".podium-lease-probe-{uuid.uuid4().hex}"))
+    token = backend.create_versioned(fs, probe, b"probe")
+    try:
+        second = backend.create_versioned(fs, probe, b"probe")
+    except Conflict:
+        _HONOURED.add(folder)
+        return
+    finally:
+        with contextlib.suppress(Exception):  # a leftover probe is a few bytes that nothing reads
+            fs.rm_file(probe)
+    raise StorageError(folder, f"this {backend.name} store ignores conditional writes (a second create-only "
+                               f"write of one object succeeded: versions {token} then {second}), so no lease can "
+                               "be taken on it and two promoters could both switch CURRENT; use a store that "
+                               "honours them")
 
 
 class ObjectLease:
-    """An exclusive, expiring lease on one S3 object (see the module docstring)."""
+    """An exclusive, expiring lease on one object of a store with conditional writes (see the module docstring)."""
 
     def __init__(self, uri: str, ttl_s: float = 60.0, poll_s: float = 0.5):
         if ttl_s <= 0:
@@ -59,18 +84,15 @@ class ObjectLease:
         self.uri = uri
         self.ttl_s = ttl_s
         self.poll_s = poll_s
-        self.fs, _ = fsspec_filesystem(uri)
-        self.bucket, self.key = split_s3(uri)
+        self.backend = backend_for(uri)
+        if not self.backend.conditional_writes:
+            raise ValueError(f"{uri}: a {self.backend.name} store has no conditional writes to build a lease from")
+        self.fs, self.path = fsspec_filesystem(uri)
         self.owner = uuid.uuid4().hex
         self._etag: str | None = None
         self._lost: str | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
-
-    # ---------------------------------------------------------------- S3 calls
-
-    def _call(self, method: str, **kwargs: Any) -> dict[str, Any]:
-        return s3_run(self.fs, s3_call_async, self.fs, method, Bucket=self.bucket, Key=self.key, **kwargs)
 
     def _body(self, acquired_at: float) -> bytes:
         now = time.time()
@@ -78,46 +100,44 @@ class ObjectLease:
                            "acquired_at": acquired_at, "renewed_at": now, "ttl_s": self.ttl_s}).encode()
 
     def _read(self) -> tuple[dict[str, Any], str] | None:
-        """The current lease document and its ETag, or None if there is none."""
-        try:
-            out = self._call("get_object")
-        except FileNotFoundError:
+        """The current lease document and its version, or None if there is none."""
+        current = self.backend.read_versioned(self.fs, self.path)
+        if current is None:
             return None
-        body = s3_run(self.fs, out["Body"].read)
+        body, version = current
         try:
             doc = json.loads(body)
         except ValueError:
             doc = {}  # unreadable: treated as expired
-        return doc, out["ETag"]
+        return doc, version
 
     # ---------------------------------------------------------------- lifecycle
 
     def acquire(self, timeout_s: float = 600.0) -> ObjectLease:
         """Take the lease, waiting up to `timeout_s` for its holder to release it or let it expire."""
+        check_conditional_writes(self.uri)
         deadline = time.monotonic() + timeout_s
         acquired_at = time.time()
         holder: dict[str, Any] = {}
         waited = False
         while True:
             try:
-                self._etag = self._call("put_object", Body=self._body(acquired_at), IfNoneMatch="*")["ETag"]
+                self._etag = self.backend.create_versioned(self.fs, self.path, self._body(acquired_at))
                 break
-            except Exception as exc:
-                if not _conflict(exc):
-                    raise
+            except Conflict:
+                pass
             current = self._read()
             if current is not None:
                 holder, etag = current
                 expires = float(holder.get("renewed_at", 0)) + float(holder.get("ttl_s", 0))
                 if time.time() > expires:  # its holder stopped renewing: take it over, one taker wins
                     try:
-                        self._etag = self._call("put_object", Body=self._body(acquired_at), IfMatch=etag)["ETag"]
+                        self._etag = self.backend.replace_versioned(self.fs, self.path, self._body(acquired_at), etag)
                         logger.warning("took over the expired lease %s of %s (pid %s on %s)", self.uri,
                                        holder.get("owner"), holder.get("pid"), holder.get("host"))
                         break
-                    except Exception as exc:
-                        if not _conflict(exc) and not isinstance(exc, FileNotFoundError):
-                            raise
+                    except (Conflict, FileNotFoundError):
+                        pass
                     continue
             if not waited and holder:
                 waited = True
@@ -135,13 +155,14 @@ class ObjectLease:
 
     def _renew_loop(self, acquired_at: float) -> None:
         while not self._stop.wait(self.ttl_s / 3):
+            assert self._etag is not None
             try:
-                self._etag = self._call("put_object", Body=self._body(acquired_at), IfMatch=self._etag)["ETag"]
-            except Exception as exc:  # taken over (we were too slow) or the store is unreachable
-                if _conflict(exc) or isinstance(exc, FileNotFoundError):
-                    self._lost = f"{self.uri}: the lease was taken over by another promoter"
-                    logger.error(self._lost)
-                    return
+                self._etag = self.backend.replace_versioned(self.fs, self.path, self._body(acquired_at), self._etag)
+            except (Conflict, FileNotFoundError):  # taken over: we were too slow
+                self._lost = f"{self.uri}: the lease was taken over by another promoter"
+                logger.error(self._lost)
+                return
+            except Exception as exc:  # the store is unreachable
                 logger.warning("could not renew the lease %s (%s); retrying", self.uri, exc)
 
     def check(self) -> None:
@@ -158,7 +179,7 @@ class ObjectLease:
         if self._etag is None or self._lost:
             return
         try:
-            self._call("delete_object", IfMatch=self._etag)
+            self.backend.delete_versioned(self.fs, self.path, self._etag)
         except Exception as exc:  # someone else's now, or gone; it expires on its own
             logger.warning("could not release the lease %s: %s", self.uri, exc)
         self._etag = None
@@ -179,14 +200,15 @@ def location_lock(location: str, name: str, timeout_s: float, what: str) -> Iter
     """Hold `<location>/<name>` exclusively for the block; yields a `check()` that raises if the lock was lost.
 
     Local paths: an flock on the file, released by the kernel if the process dies; the
-    holder's pid and host are written into it for the message others get. S3: an
-    `ObjectLease` with the TTL of PODIUM_S3_LEASE_TTL_S, whose `check()` raises once the
-    lease was taken over. Other stores have no lock podium can take: a warning, no lock.
+    holder's pid and host are written into it for the message others get. A store with
+    conditional writes: an `ObjectLease` with its backend's TTL (`lease_wait_s`), whose `check()`
+    raises once the lease was taken over. Other stores have no lock podium can take: a warning, no lock.
     Waits up to `timeout_s`, then raises LeaseError naming `what` and the holder.
     """
     location = normalize_location(location)
-    if is_s3(location):
-        lease = ObjectLease(posixpath.join(location.rstrip("/"), name), ttl_s=s3_settings().lease_ttl_s)
+    backend = backend_for(location)
+    if is_remote(location) and backend.conditional_writes:
+        lease = ObjectLease(posixpath.join(location.rstrip("/"), name), ttl_s=backend.lease_ttl_s())
         try:
             lease.acquire(timeout_s)
         except LeaseError as exc:
@@ -225,3 +247,10 @@ def location_lock(location: str, name: str, timeout_s: float, what: str) -> Iter
             yield lambda: None
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def lease_wait_s(location: str) -> float:
+    """How long a lock on `location` may stay held by a process that died: 0 for an flock (the kernel frees
+    it), the lease's TTL (and a margin) where the lock is a lease that must expire."""
+    backend = backend_for(location)
+    return backend.lease_ttl_s() + 5 if is_remote(location) and backend.conditional_writes else 0.0

@@ -25,7 +25,7 @@ from fsspec.asyn import sync
 from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from podium.core.redaction import redact_uri
+from podium.storage.errors import StorageError
 
 S3_SCHEMES = ("s3", "s3a")
 
@@ -41,20 +41,6 @@ CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOK
 CREDENTIALS_HINT = ("the standard AWS credential chain: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                     "AWS_PROFILE, or an instance role")
 
-
-
-class StorageError(OSError):
-    """A location that cannot be used: unreachable endpoint, rejected credentials, missing bucket, no permission.
-
-    The message is '<location>: <reason>' and never contains credentials.
-    """
-
-    def __init__(self, location: str, reason: str):
-        self.location, self.reason = redact_uri(location), reason
-        super().__init__(f"{self.location}: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.location, self.reason)
 
 
 class S3Settings(BaseSettings):

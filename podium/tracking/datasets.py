@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from podium.core.redaction import redact_uri
 from podium.outages import is_unreachable
+from podium.storage.backends import backend_for
 from podium.storage.fingerprint import DatasetDigest
 from podium.tracking.client import MAX_TAG, TrackingRun, tracking_call, tracking_client
 
@@ -50,7 +51,7 @@ def mlflow_dataset(d: DatasetDigest) -> Dataset:
     columns = [{"name": n, "type": _MLFLOW_TYPES.get(t, "string"), "required": True} for n, t in d.schema.items()]
     profile = {"num_rows": d.rows, "num_files": d.files, "num_row_groups": d.row_groups, "size_bytes": d.size_bytes}
     uri = redact_uri(d.uri)
-    return Dataset(name=d.name, digest=d.digest, source_type="s3" if uri.startswith("s3") else "local",
+    return Dataset(name=d.name, digest=d.digest, source_type=backend_for(d.uri).name,
                    source=json.dumps({"uri": uri}), schema=json.dumps({"mlflow_colspec": columns}),
                    profile=json.dumps(profile))
 

@@ -97,12 +97,17 @@ class S3Server:
 
     def stop(self) -> None:
         """Stop the server process."""
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def start_s3_server(log_path: Path, timeout_s: float = 60.0, attempts: int = 3) -> S3Server:

@@ -384,7 +384,7 @@ def test_reader_refuses_an_object_replaced_while_read(s3, monkeypatch):
 
 
 def test_large_object_copied_part_by_part_keeps_its_etag(s3):
-    from podium.serving.staging import copy_s3_object
+    from podium.storage.backends.s3 import copy_object
 
     fs = s3_filesystem()
     writer = MultipartWriter(fs, f"{BUCKET}/big/src.bin", part_size=5 * MiB, concurrency=4)
@@ -394,8 +394,8 @@ def test_large_object_copied_part_by_part_keeps_its_etag(s3):
     writer.close()
     info = fs.info(f"{BUCKET}/big/src.bin")
     # a limit of 0 bytes forces the path S3 takes above 5 GiB: UploadPartCopy, mirroring the source's parts
-    assert copy_s3_object(fs, f"{BUCKET}/big/src.bin", f"{BUCKET}/big/dst.bin", info["size"], info["ETag"],
-                          single_copy_limit=0) is None
+    assert copy_object(fs, f"{BUCKET}/big/src.bin", f"{BUCKET}/big/dst.bin", info["size"], info["ETag"],
+                       single_copy_limit=0) is None
     assert info["ETag"].strip('"').endswith("-3")
     assert fs.info(f"{BUCKET}/big/dst.bin")["ETag"] == info["ETag"]
     assert fs.cat_file(f"{BUCKET}/big/dst.bin") == data

@@ -350,7 +350,9 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.serving.tabular": {"torch": TORCH + ": MLflow's pyfunc imports this module to find the class"},
     "podium.serving.files_only": {"mlflow": MLFLOW + "; shipped inside a files model, it raises MLflow's error only "
                                             "when MLflow loads it"},
-    "podium.storage.preflight": {"botocore": "botocore (0.15 s) only for an s3:// location; a local run never loads it"},
+    "podium.storage.backends.s3": {"botocore": "botocore (0.15 s) only for an s3:// location; a local run never loads it"},
+    "podium.storage.backends.azure": {"azure": "azure-core (with adlfs) only for an az:// location; every "
+                                               "backend's module loads to name its settings for Ray workers"},
     "podium.storage.s3": {"s3fs": "s3fs and aiohttp (0.35 s) only for an s3:// location; a local run never loads them"},
     "podium.tracking.client": {"mlflow": MLFLOW,
                                "podium.settings": "pydantic-settings (0.13 s) only when no tracking URI is given"},
@@ -416,8 +418,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "ray": RAY, "torch": TORCH},
     # the promotion decision and the run's plan: issue 51 rewrites them
     "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
-    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006"), "podium.storage.locations": PENDING.format("0.003"),
-                          "podium.storage.s3": PENDING.format("0.003")},
+    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006"), "podium.storage.locations": PENDING.format("0.003")},
     "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
                               "podium.tasks.validate": PENDING.format("0.018")},
     "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},

@@ -1,0 +1,60 @@
+"""One backend per store, chosen by the location's URI scheme.
+
+`backend_for(location)` is the only place that looks at a scheme. Each backend is one module of this
+package (a `Backend` subclass, see `base`); adding a store is that module and its line in `REGISTRY`.
+A backend's module is imported when a location of its scheme is first used, so a local run never loads
+s3fs, gcsfs or adlfs. A scheme no backend claims goes to plain fsspec: it works wherever fsspec reaches,
+with no lease (a warning says so) and no copy inside the store.
+
+- `base`: the `Backend` every store implements, with plain fsspec defaults
+- `local`: local paths and file:// URIs
+- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight)
+- `gcs`: Google Cloud Storage (gcsfs; generation preconditions)
+- `azure`: Azure Blob Storage (adlfs; ETag conditions)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from urllib.parse import urlparse
+
+from podium.storage.backends.base import Backend
+
+# scheme -> "module:class"; "" is a local path
+REGISTRY: dict[str, str] = {
+    "": "podium.storage.backends.local:LocalBackend",
+    "file": "podium.storage.backends.local:LocalBackend",
+    "s3": "podium.storage.backends.s3:S3Backend",
+    "s3a": "podium.storage.backends.s3:S3Backend",
+    "gs": "podium.storage.backends.gcs:GcsBackend",
+    "gcs": "podium.storage.backends.gcs:GcsBackend",
+    "az": "podium.storage.backends.azure:AzureBackend",
+    "abfs": "podium.storage.backends.azure:AzureBackend",
+    "abfss": "podium.storage.backends.azure:AzureBackend",
+}
+
+
+def scheme_of(uri: str) -> str:
+    """The URI's scheme, lower case; '' for a local path (a Windows drive letter is a path, not a scheme)."""
+    scheme = urlparse(uri).scheme.lower()
+    return scheme if len(scheme) > 1 else ""
+
+
+@functools.cache
+def _backend(target: str) -> Backend:
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def backend_for(uri: str) -> Backend:
+    """The backend of the store `uri` (a path or a URI) lives in."""
+    return _backend(REGISTRY.get(scheme_of(uri), "podium.storage.backends.base:Backend"))
+
+
+def worker_environment() -> dict[str, str]:
+    """What every store's settings set in this process (never credentials), for processes started elsewhere."""
+    env: dict[str, str] = {}
+    for target in sorted(set(REGISTRY.values())):
+        env.update(_backend(target).environment())
+    return env

@@ -1,0 +1,68 @@
+"""Local paths (and file:// URIs): pyarrow's own filesystem, folders made on demand, whole-file writes by rename
+and create-only ones by hard link. The lock on a local location is an flock (podium.storage.lease), not a lease object."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import ClassVar
+
+import fsspec
+import pyarrow.fs as pafs
+
+from podium.storage.backends.base import Backend
+from podium.storage.errors import StorageError
+
+
+class LocalBackend(Backend):
+    """A local disk (or a network one mounted as a path)."""
+
+    name: ClassVar[str] = "local"
+    schemes: ClassVar[tuple[str, ...]] = ("", "file")
+
+    def normalize(self, uri: str) -> str:
+        """An absolute path (a file:// URI becomes its path)."""
+        if uri.startswith("file://"):
+            uri = uri[len("file://"):]
+        return os.path.abspath(os.path.expanduser(uri))
+
+    def fsspec_filesystem(self, location: str) -> tuple[fsspec.AbstractFileSystem, str]:
+        """fsspec's local filesystem and the absolute path."""
+        return fsspec.filesystem("file"), location
+
+    def arrow_filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
+        """pyarrow's native local filesystem."""
+        return pafs.LocalFileSystem(), location
+
+    def check_location(self, location: str, *, write: bool) -> None:
+        """The folder is created first when it must be writable."""
+        if write:
+            try:
+                os.makedirs(location, exist_ok=True)
+            except OSError as exc:
+                raise StorageError(location, f"not writable ({type(exc).__name__}: {exc})") from None
+        super().check_location(location, write=write)
+
+    def write(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+        """A complete temporary file, renamed over the old one."""
+        _place(path, data, os.replace)
+
+    def create(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+        """A complete temporary file, hard-linked into place: created whole or not at all, never over another."""
+        _place(path, data, os.link)
+
+
+def _place(path: str, data: bytes, put: Callable[[str, str], None]) -> None:
+    """Write `data` to a temporary file beside `path`, synced, then `put(temporary, path)` it into place."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        put(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,21 @@
+"""The error every store raises for a location it cannot use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podium.core.redaction import redact_uri
+
+
+class StorageError(OSError):
+    """A location that cannot be used: unreachable endpoint, rejected credentials, missing bucket, no permission.
+
+    The message is '<location>: <reason>' and never contains credentials.
+    """
+
+    def __init__(self, location: str, reason: str):
+        self.location, self.reason = redact_uri(location), reason
+        super().__init__(f"{self.location}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.location, self.reason)

@@ -1,0 +1,235 @@
+"""GCS (gs://) and Azure Blob (az://) through their backends, against emulators on loopback (tests/helpers/object_stores).
+
+The guarantees S3 has (test_s3.py) on the other stores: one lease holder at a time, built from the
+store's own conditional writes (GCS generation preconditions, Azure ETags); a dead holder's lease taken
+over once it expires; create-only writes; and no lease at all on a store whose conditions do not hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+from helpers.checkpoints import make_trained_run
+from helpers.commands import made_run_home, podium
+from helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
+from podium_nightly_code import FEATURES
+
+from podium.serving.layout import read_current, read_history
+from podium.storage.backends import backend_for
+from podium.storage.backends.base import Conflict
+from podium.storage.errors import StorageError
+from podium.storage.lease import ObjectLease, location_lock
+from podium.storage.locations import fsspec_filesystem
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "podium-test"
+HERE = Path(__file__).parent
+# what points a `podium` process at the emulators
+STORE_ENV = ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+             "AZURE_STORAGE_CONNECTION_STRING")
+
+
+def _serve(server: Emulator, monkeypatch: pytest.MonkeyPatch) -> Emulator:
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    # fsspec reads FSSPEC_GCS_TOKEN when it is imported; this process imported it already
+    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+    return server
+
+
+@pytest.fixture(scope="module")
+def gcs_server(tmp_path_factory):
+    server = start_gcs_emulator(tmp_path_factory.mktemp("gcs") / "gcs.log", BUCKET, preconditions=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def azure_server(tmp_path_factory):
+    server = start_azurite(tmp_path_factory.mktemp("azurite") / "azurite.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["gs", "az"])
+def store(request, monkeypatch) -> str:
+    """The root URI of a bucket (GCS) or container (Azure) on its emulator, this process pointed at it."""
+    if request.param == "gs":
+        _serve(request.getfixturevalue("gcs_server"), monkeypatch)
+    else:
+        _serve(request.getfixturevalue("azure_server"), monkeypatch)
+        fs, _ = fsspec_filesystem(f"az://{BUCKET}")
+        if not fs.exists(BUCKET):
+            fs.mkdir(BUCKET)
+    return f"{request.param}://{BUCKET}"
+
+
+HOLDER = """
+import os, sys, time
+from podium.storage.lease import LeaseError, location_lock
+go, hold_s = sys.argv[2], float(sys.argv[3])
+open(f"{go}.ready.{os.getpid()}", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.01)
+try:
+    with location_lock(sys.argv[1], ".promotion.lock", 3, "promotion") as check:
+        print("won", flush=True)
+        time.sleep(hold_s)
+        check()
+except LeaseError as exc:
+    print(f"lost: {exc}", flush=True)
+"""
+
+
+def _holders(tmp_path: Path, location: str, count: int, hold_s: float) -> list[subprocess.Popen]:
+    """`count` processes that each try to take `location`'s promotion lock at the same moment."""
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, str(script), location, str(go), str(hold_s)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready.*"))) < count:  # all imported and waiting, however slow the machine
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.stderr.read()[-2000:] for p in procs if p.poll() is not None]
+        time.sleep(0.05)
+    go.touch()
+    return procs
+
+
+def test_two_promoters_racing_for_one_lease_exactly_one_wins_and_the_loser_names_it(store, tmp_path):
+    serving = f"{store}/{tmp_path.name}/serving"
+    procs = _holders(tmp_path, serving, count=2, hold_s=8)
+    outs = {}
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        outs[p.pid] = out.strip()
+    winners = [pid for pid, out in outs.items() if out == "won"]
+    assert len(winners) == 1, outs
+    (loser,) = set(outs) - set(winners)
+    assert outs[loser].startswith(f"lost: promotion: {serving}/.promotion.lock is held by pid {winners[0]} on ")
+    fs, path = fsspec_filesystem(serving)
+    assert not fs.exists(f"{path}/.promotion.lock")  # the winner released it
+
+
+def test_lease_of_a_holder_that_died_is_taken_over_once_it_expires(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("PODIUM_LEASE_TTL_S", "2")
+    serving = f"{store}/{tmp_path.name}/serving"
+    (holder,) = _holders(tmp_path, serving, count=1, hold_s=600)
+    assert holder.stdout.readline().strip() == "won"
+    holder.send_signal(signal.SIGKILL)  # no release: its lease object stays behind, no longer renewed
+    holder.wait()
+    fs, path = fsspec_filesystem(serving)
+    assert fs.exists(f"{path}/.promotion.lock")
+    with location_lock(serving, ".promotion.lock", 15, "promotion") as check:
+        check()
+    assert not fs.exists(f"{path}/.promotion.lock")
+
+
+def test_a_lease_holder_stalled_past_its_ttl_learns_it_lost_the_lease(store, tmp_path):
+    uri = f"{store}/{tmp_path.name}/serving/.promotion.lock"
+    stalled = ObjectLease(uri, ttl_s=1.0).acquire(timeout_s=5)
+    stalled._stop.set()  # its renewals stop, as in a process frozen longer than its TTL
+    stalled._renewer.join()
+    time.sleep(1.5)
+    with ObjectLease(uri, ttl_s=30).acquire(timeout_s=10) as ours:
+        # the stalled holder's next renewal is conditional on the version it wrote: it fails
+        backend = backend_for(uri)
+        with pytest.raises(Conflict):
+            backend.replace_versioned(stalled.fs, stalled.path, b"{}", stalled._etag)
+        ours.check()
+
+
+def test_create_only_writes_refuse_an_existing_object(store, tmp_path):
+    fs, path = fsspec_filesystem(f"{store}/{tmp_path.name}/versions/v000001/CLAIM")
+    backend = backend_for(store)
+    backend.create(fs, path, b"first")
+    with pytest.raises(FileExistsError):
+        backend.create(fs, path, b"second")
+    assert fs.cat_file(path) == b"first"
+
+
+def test_a_store_that_ignores_conditional_writes_gets_no_lease(tmp_path, monkeypatch):
+    server = _serve(start_gcs_emulator(tmp_path / "gcs.log", BUCKET, preconditions=False), monkeypatch)
+    try:
+        serving = f"gs://{BUCKET}/{tmp_path.name}/serving"
+        with pytest.raises(StorageError, match="ignores conditional writes .* two promoters could both switch"):
+            with location_lock(serving, ".promotion.lock", 5, "promotion"):
+                pass
+        fs, path = fsspec_filesystem(serving)
+        assert backend_for(serving).read_versioned(fs, f"{path}/.promotion.lock") is None  # refused before taking
+    finally:
+        server.stop()
+
+
+def test_workers_get_the_store_settings_and_no_credentials(monkeypatch, azure_server):
+    from podium.storage.backends import worker_environment
+
+    _serve(azure_server, monkeypatch)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "podiumtest")
+    env = worker_environment()
+    assert env["STORAGE_EMULATOR_HOST"] == "http://127.0.0.1:1" and env["AZURE_STORAGE_ACCOUNT_NAME"] == "podiumtest"
+    assert not any(os.environ["AZURE_STORAGE_CONNECTION_STRING"] in v for v in env.values())
+    assert "AZURE_STORAGE_CONNECTION_STRING" not in env
+
+
+# --------------------------------------------------------------------------------------------
+# `podium promote` of a made run (no training) to a serving location on each store
+
+
+@pytest.fixture(scope="module")
+def made_run(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
+    """A home, an MLflow store and a run of two made checkpoints (epoch 1 the better) in local storage, and the
+    environment of a `podium` process that uses them (the session's Prefect server and Ray head)."""
+    root = tmp_path_factory.mktemp("object-store-promotions")
+    env = made_run_home(root, prefect_api, shared_ray, mlflow_template_db, HERE)
+    made = make_trained_run(_run_config(root, str(root / "trained"), "made-train"), env["MLFLOW_TRACKING_URI"])
+    assert [r.status for r in made.records] == ["validated", "validated"], made.records
+    return root, env
+
+
+def _run_config(root: Path, serving: str, registered_model: str) -> dict:
+    return {"run_name": "made", "model": "made", "storage": str(root / "storage"), "serving": serving,
+            "data": {"train": str(root / "train.parquet"), "val": str(root / "val.parquet"),
+                     "feature_columns": list(FEATURES)},
+            "training": {"train_loop": "podium_nightly_code:train_func",
+                         "train_loop_config": {"epochs": 2, "angle_deg": 20.0}},
+            "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn"},
+            "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes",
+                          "registered_model": registered_model}}
+
+
+def test_two_podium_promotes_racing_to_one_serving_location_promote_once(store, made_run, tmp_path):
+    root, env = made_run
+    env = {**env, **{k: os.environ[k] for k in STORE_ENV if k in os.environ}}
+    serving = f"{store}/{tmp_path.name}/serving"
+    config = root / f"{tmp_path.name}.json"
+    config.write_text(json.dumps(_run_config(root, serving, f"made-{tmp_path.name}")))
+    procs = [subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--config", str(config)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"exit {p.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+        outs.append(json.loads(out))
+    # one promoted epoch 1's checkpoint; the other, inside the lock after it, found it champion already
+    assert sorted(str((o.get("promoted") or {}).get("version")) for o in outs) == ["None", "v000001"], outs
+    current = read_current(serving)
+    assert current is not None and current.version == "v000001"
+    assert [h["version"] for h in read_history(serving)] == ["v000001"]
+    history = json.loads(podium(["history", "--json", "--serving", serving], env).stdout)
+    assert history["current"] == "v000001"
+    fs, path = fsspec_filesystem(serving)
+    assert backend_for(serving).read_versioned(fs, f"{path}/.promotion.lock") is None
