@@ -118,5 +118,12 @@ def _say_status(status: dict[str, Any], before: dict[str, Any], url: str) -> Non
     for version, why in status.get("refused", {}).items():
         if version not in before.get("refused", {}):
             print(f"NOT switched to {version}, still serving {status.get('version')}: {why}", flush=True)
+    shadow, shadowed = status.get("shadow") or {}, before.get("shadow") or {}
+    if shadow.get("shadow_id") != shadowed.get("shadow_id"):
+        print(f"shadowing {shadow['version']}: a copy of each request goes to it (its answers are not returned)"
+              if shadow else f"shadow of {shadowed['version']} ended", flush=True)
+    for shadow_id, why in status.get("shadow_refused", {}).items():
+        if shadow_id not in before.get("shadow_refused", {}):
+            print(f"NOT shadowing the candidate of {shadow_id}: {why}", flush=True)
     if not before:
         print(json.dumps({"url": url, **status}), flush=True)
