@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,13 +31,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run
+from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import awaiting_approval, podium
-from podium_nightly_code import FEATURES, write_data
+from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
 RUN = "state"
 
 
@@ -47,12 +45,7 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """A module's own podium home and MLflow store, the session's Prefect server and Ray head, and one run (`state`:
     2 checkpoints, epoch 1 the better), made and recorded without training."""
     root = tmp_path_factory.mktemp("promotion-state")
-    shutil.copy(mlflow_template_db, root / "mlflow.db")
-    env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **shared_ray.driver_env(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
-    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     made = make_trained_run(json.loads(_config(root, "trained", "state-train").read_text()), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env

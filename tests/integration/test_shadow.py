@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,14 +26,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run
+from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
 from helpers.servers import free_port, wait_http_ok
-from podium_nightly_code import FEATURES, write_data
+from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
 MODEL = "shadow-model"
 # quality by run (see podium_nightly_code): the smaller the angle, the better; `broken` answers NaN below f1 = -8
 RUNS = {"champion": {"angle_deg": 40.0}, "broken": {"angle_deg": 20.0, "nan_below": -8.0},
@@ -64,12 +62,7 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """The module's podium home and MLflow store, its three runs made without training, and the first one promoted
     (direct: there is no champion to shadow yet)."""
     root = tmp_path_factory.mktemp("shadow")
-    shutil.copy(mlflow_template_db, root / "mlflow.db")
-    env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **shared_ray.driver_env(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
-    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     for run in RUNS:
         made = make_trained_run(json.loads(_config(root, run).read_text()), env["MLFLOW_TRACKING_URI"])
         assert [r.status for r in made.records] == ["validated", "validated"], made.records
