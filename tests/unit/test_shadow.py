@@ -26,7 +26,9 @@ from podium.core.shadow import (
 )
 from podium.errors import ConfigError
 from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
+from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
+from podium.tasks.reconcile import disagreements, end_orphan_shadow
 from podium.training.live import VERSION_HEADER, ChampionServer
 
 LIMITS = ShadowLimits(max_error_rate=0.0, max_latency_p95_ratio=1.5, min_agreement=0.9)
@@ -182,3 +184,18 @@ def test_one_candidate_is_shadowed_at_a_time(tmp_path, data, checkpoint):
     start_shadow(plan.serving, "s3", candidate, v1.version, {"run_name": "first"})
     with pytest.raises(Exception, match="already in shadow"):
         start_shadow(plan.serving, "s4", candidate, v1.version, {})
+
+
+def test_a_shadow_left_by_a_killed_promotion_is_ended_by_the_next_command_and_a_live_one_is_kept(
+        tmp_path, data, checkpoint):
+    plan, served = _served(tmp_path, data, checkpoint[0])
+    v1 = _promote(plan, served)
+    candidate = _stage_candidate(tmp_path, plan, data)
+    start_shadow(plan.serving, "s5", candidate, v1.version, this_process("live"))
+    assert end_orphan_shadow(plan.serving) is None and read_shadow(plan.serving) is not None  # its process runs
+    end_shadow(plan.serving, "s5")
+    gone = {**this_process("killed"), "pid": 2 ** 22 + 1}  # above Linux's largest process id: no such process
+    start_shadow(plan.serving, "s6", candidate, v1.version, gone)
+    assert any("SHADOW names" in d for d in disagreements(plan.serving, f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                                            "churn", "champion"))
+    assert end_orphan_shadow(plan.serving) == candidate.version and read_shadow(plan.serving) is None
