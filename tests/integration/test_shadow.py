@@ -8,6 +8,8 @@ the live traffic. No training: the runs' checkpoints are made and validated with
   broken       a better run whose model answers NaN on a value training never saw (f1 = -50): live requests that
                carry it make the candidate fail, so it is refused with its error rate; the champion keeps serving
   better       a better run that answers like a champion: promoted after its shadow, the comparison recorded
+  best         better still: SIGTERM during its shadow withdraws it; with no live traffic, its shadow ends at
+               its deadline and refuses it (promotion.shadow.on_no_traffic's default)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.integration
 MODEL = "shadow-model"
 # quality by run (see podium_nightly_code): the smaller the angle, the better; `broken` answers NaN below f1 = -8
 RUNS = {"champion": {"angle_deg": 40.0}, "broken": {"angle_deg": 20.0, "nan_below": -8.0},
-        "better": {"angle_deg": 10.0}}
+        "better": {"angle_deg": 10.0}, "best": {"angle_deg": 5.0}}
 
 
 def _config(root: Path, run: str) -> Path:
@@ -232,3 +234,38 @@ def test_a_good_candidate_is_promoted_after_its_shadow_with_the_comparison_recor
     manifest = json.loads((root / "serving" / "versions" / promoted["version"] / "MANIFEST.json").read_text())
     assert manifest["shadow"]["passed"] is True
     assert "Passed" in _artifact("better-shadow")
+
+
+def test_a_promotion_stopped_during_its_shadow_withdraws_the_candidate(world, server):
+    root, env = world
+    champion = _current(root)
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--config",
+                             str(_config(root, "best"))], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    pointer = root / "serving" / "SHADOW"
+    deadline = time.monotonic() + 300
+    while not pointer.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pointer.exists(), proc.communicate(timeout=60)
+    candidate = json.loads(pointer.read_text())["version"]
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM and "nothing was promoted" in err, err[-3000:]
+    assert not pointer.exists() and _current(root) == champion
+    assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
+    _, tags = _registered(env, candidate)
+    assert tags["podium.approval"] == "withdrawn" and _alias(env, "challenger") is None
+    deadline = time.monotonic() + 60  # the replica stops shadowing at its next poll
+    while _serving(server)["shadow"] is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _serving(server)["shadow"] is None and _serving(server)["version"] == champion
+
+
+def test_a_shadow_that_no_live_request_reaches_refuses_the_candidate_at_its_deadline(world, server):
+    root, env = world
+    champion = _current(root)
+    out = json.loads(podium(["promote", "--json", "--config", str(_config(root, "best")), "--shadow-duration", "3"],
+                            env).stdout)
+    assert out["promoted"] is None and out["shadow"]["requests"] == 0, out
+    assert "no live request reached the shadow" in out["promotion_reason"]
+    assert "on_no_traffic = refuse" in out["promotion_reason"] and _current(root) == champion

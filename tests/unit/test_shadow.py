@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from test_live import _call, _rows, _second
-from test_served_model import _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
+from test_served_model import _plan, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
 
 from podium.config import build_config
-from podium.core.approval import VIA_SHADOW, shadowed
+from podium.core.approval import VIA_SHADOW, VIA_STOP, shadowed
 from podium.core.shadow import (
     ShadowLimits,
     ShadowNumbers,
@@ -28,7 +28,9 @@ from podium.errors import ConfigError
 from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
 from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
+from podium.tasks.promote import PromotionOutcome
 from podium.tasks.reconcile import disagreements, end_orphan_shadow
+from podium.tasks.shadow import shadow_decision
 from podium.training.live import VERSION_HEADER, ChampionServer
 
 LIMITS = ShadowLimits(max_error_rate=0.0, max_latency_p95_ratio=1.5, min_agreement=0.9)
@@ -199,3 +201,18 @@ def test_a_shadow_left_by_a_killed_promotion_is_ended_by_the_next_command_and_a_
     assert any("SHADOW names" in d for d in disagreements(plan.serving, f"sqlite:///{tmp_path / 'mlflow.db'}",
                                                             "churn", "champion"))
     assert end_orphan_shadow(plan.serving) == candidate.version and read_shadow(plan.serving) is None
+
+
+def test_a_passed_shadow_is_handed_to_the_person_when_approval_is_required_and_a_refused_one_never_is(
+        tmp_path, data):
+    def outcome(passed: bool, **more) -> PromotionOutcome:
+        return PromotionOutcome(promoted=None, reason="", shadow={"passed": passed, "reason": "numbers", **more})
+
+    unattended, attended = _plan(tmp_path, data), _plan(tmp_path, data, approval="required")
+    assert shadow_decision(attended, outcome(True)) is None  # the person decides, with the numbers
+    refused = shadow_decision(attended, outcome(False))
+    assert refused is not None and not refused.approved and refused.via == VIA_SHADOW
+    passed = shadow_decision(unattended, outcome(True))
+    assert passed is not None and passed.approved and passed.via == VIA_SHADOW
+    stopped = shadow_decision(attended, outcome(False, stopped=True))
+    assert stopped is not None and stopped.via == VIA_STOP
