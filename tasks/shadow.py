@@ -52,7 +52,7 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
     say("shadow: %s answers a copy of the live requests beside %s until %d request(s) or %g s (promotion.shadow)",
         c.version, outcome.champion_before, s.requests, s.duration_s)
     deadline = time.monotonic() + s.duration_s
-    stopped, numbers = False, ShadowNumbers()
+    stopped, changed, numbers = False, None, ShadowNumbers()
     try:
         while True:
             numbers = aggregate(read_tallies(plan.serving, c.shadow_id))
@@ -62,9 +62,8 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
                 stopped = True
                 break
             current = (layout.read_pointer(plan.serving) or {}).get("version")
-            if current != outcome.champion_before:  # a rollback: the settlement refuses, no need to wait
-                say("shadow: the champion changed (%s -> %s) during the shadow of %s", outcome.champion_before,
-                    current, c.version)
+            if current != outcome.champion_before:  # a rollback meanwhile: compared with another, no need to wait
+                changed = f"{outcome.champion_before} -> {current}"
                 break
             if time.monotonic() >= deadline:
                 break
@@ -75,7 +74,7 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
         verdict = {"passed": False, "stopped": True, "reason": "the run was stopped during the candidate's shadow",
                    **numbers.as_dict()}
     else:
-        verdict = decide_shadow(numbers, shadow_limits(plan)).as_dict()
+        verdict = decide_shadow(numbers, shadow_limits(plan), changed).as_dict()
     say("shadow: %s %s", c.version, verdict["reason"])
     return outcome.model_copy(update={"shadow": verdict})
 

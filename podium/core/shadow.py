@@ -166,13 +166,19 @@ def describe(numbers: ShadowNumbers) -> str:
             f"{1000 * (numbers.champion_p95_s or 0):.1f} ms (x{ratio:.2f})")
 
 
-def decide_shadow(numbers: ShadowNumbers, limits: ShadowLimits) -> ShadowVerdict:
+def decide_shadow(numbers: ShadowNumbers, limits: ShadowLimits, champion_changed: str | None = None) -> ShadowVerdict:
     """Whether a candidate with these shadow numbers may replace the champion.
 
-    A candidate that no replica could load fails. No request mirrored: `limits.on_no_traffic` decides. Otherwise
-    every limit must hold, a value equal to its limit passing: error rate at most `max_error_rate`, p95 latency at
-    most `max_latency_p95_ratio` times the champion's, and agreement at least `min_agreement` (a candidate that
-    answered no request has no agreement: it fails unless `min_agreement` is 0)."""
+    A shadow during which the champion changed (`champion_changed`: how, e.g. a rollback's `v2 -> v1`) fails: its
+    answers were compared with another champion's. A candidate that no replica could load fails. No request
+    mirrored: `limits.on_no_traffic` decides. Otherwise every limit must hold, a value equal to its limit passing:
+    error rate at most `max_error_rate`, p95 latency at most `max_latency_p95_ratio` times the champion's, and
+    agreement at least `min_agreement` (a candidate that answered no request has no agreement: it fails unless
+    `min_agreement` is 0)."""
+    if champion_changed:
+        return ShadowVerdict(False, f"the champion changed during its shadow ({champion_changed}): it was compared "
+                                    f"with another; promote the run again to compare it with the champion serving "
+                                    f"now ({describe(numbers)})", numbers, ("champion changed",))
     if numbers.not_loaded and not numbers.requests:
         why = "; ".join(numbers.not_loaded)
         return ShadowVerdict(False, f"the candidate did not load in `podium serve`: {why}", numbers,

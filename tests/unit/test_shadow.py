@@ -28,9 +28,9 @@ from podium.errors import ConfigError
 from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
 from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
-from podium.tasks.promote import PromotionOutcome
+from podium.tasks.promote import Candidate, PromotionOutcome
 from podium.tasks.reconcile import disagreements, end_orphan_shadow
-from podium.tasks.shadow import shadow_decision
+from podium.tasks.shadow import shadow_decision, watch_shadow
 from podium.training.live import VERSION_HEADER, ChampionServer
 
 LIMITS = ShadowLimits(max_error_rate=0.0, max_latency_p95_ratio=1.5, min_agreement=0.9)
@@ -216,3 +216,22 @@ def test_a_passed_shadow_is_handed_to_the_person_when_approval_is_required_and_a
     assert passed is not None and passed.approved and passed.via == VIA_SHADOW
     stopped = shadow_decision(attended, outcome(False, stopped=True))
     assert stopped is not None and stopped.via == VIA_STOP
+
+
+def test_a_shadow_ends_refused_as_soon_as_the_champion_changes_during_it(tmp_path, data, checkpoint):
+    plan, served = _served(tmp_path, data, checkpoint[0], rollout="shadow")
+    v1 = _promote(plan, served)
+    candidate = _stage_candidate(tmp_path, plan, data)
+    start_shadow(plan.serving, "s7", candidate, v1.version, this_process("run"))
+    v3 = _promote(plan, served, step=7)  # another promotion (or a rollback) while the candidate was in shadow
+    waiting = Candidate(version=candidate.version, uri=candidate.uri, manifest=candidate.manifest, mlflow_version=None,
+                        step=9, value=0.9, checkpoint_uri="/ckpt-9", reason="better", shadow_id="s7")
+    outcome = PromotionOutcome(promoted=None, reason="", champion_before=v1.version, awaiting=waiting)
+    verdict = watch_shadow(plan, outcome, poll_s=0.05).shadow  # duration_s is 600 s: it ends long before
+    assert verdict is not None and not verdict["passed"] and read_shadow(plan.serving) is None
+    assert f"the champion changed during its shadow ({v1.version} -> {v3.version})" in verdict["reason"]
+
+
+def test_a_shadow_during_which_the_champion_changed_is_refused_whatever_its_numbers():
+    verdict = decide_shadow(_numbers(), LIMITS, champion_changed="v000002 -> v000001")
+    assert not verdict.passed and "the champion changed during its shadow (v000002 -> v000001)" in verdict.reason
