@@ -18,6 +18,7 @@ from podium.core.approval import Approval, challenger_alias
 from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, checks_summary, comparison_summary, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
+from podium.serving.shadow import check_no_shadow
 from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
@@ -103,6 +104,8 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     reason = decision.reason
     if decision.action == AWAIT:
         shadowed = p.rollout == "shadow" and champion is not None  # the first promotion has no champion to shadow
+        if shadowed:
+            check_no_shadow(plan.serving)  # before anything is staged
         rollout = Rollout.of(plan, tracking, decision, still_locked)
         awaiting = steps.candidate(carry_out(steps.TO_SHADOW if shadowed else steps.TO_AWAIT, rollout))
         waits = f"in shadow beside {champion.version}" if champion is not None and shadowed else "awaiting approval"

@@ -34,16 +34,23 @@ def read_shadow(serving: str) -> dict[str, Any] | None:
     return read_json(join(normalize_location(serving), POINTER), ServingError)
 
 
-def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champion: str | None,
-                 mark: dict[str, Any], **more: Any) -> None:
-    """Put a staged candidate in shadow (`mark`: who runs the shadow, as a staged version's mark). Refused while
-    another candidate is in shadow: the replicas compare one at a time."""
-    if not _NAME.match(shadow_id):
-        raise ServingError(f"shadow id {shadow_id!r}: expected letters, digits, '.', '_' and '-'")
+def check_no_shadow(serving: str, shadow_id: str | None = None) -> None:
+    """Raise if a candidate (other than `shadow_id`'s) is in shadow: the replicas compare one at a time. A promotion
+    asks before it stages anything, under the promotion lock."""
     other = read_shadow(serving)
     if other is not None and other.get("shadow_id") != shadow_id:
-        raise ServingError(f"{serving}: {other.get('version')} is already in shadow (run {other.get('by', {}).get('run_name')}"
-                           f"): one candidate is shadowed at a time; promote again once it is decided")
+        raise ServingError(f"{serving}: {other.get('version')} is already in shadow (run "
+                           f"{dict(other.get('by') or {}).get('run_name')}): one candidate is shadowed at a time; "
+                           "promote again once it is decided")
+
+
+def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champion: str | None,
+                 mark: dict[str, Any], **more: Any) -> None:
+    """Put a staged candidate in shadow (`mark`: who runs the shadow, as a staged version's mark); refused while
+    another is (`check_no_shadow`)."""
+    if not _NAME.match(shadow_id):
+        raise ServingError(f"shadow id {shadow_id!r}: expected letters, digits, '.', '_' and '-'")
+    check_no_shadow(serving, shadow_id)
     write_json(join(normalize_location(serving), POINTER),
                {"shadow_id": shadow_id, "version": version.version, "manifest": version.manifest,
                 "champion": champion, "started_at": time.time(), "by": mark, **more})
