@@ -17,6 +17,7 @@ from podium.tasks.approval import await_approval
 from podium.tasks.news import announce_promotion_task
 from podium.tasks.plan import RunPlan, plan_run_task
 from podium.tasks.promote import PromotionOutcome, promote_best_checkpoint_task, settle_candidate_task
+from podium.tasks.shadow import shadow_candidate_task, shadow_decision
 from podium.tasks.tracking import find_tracking_run_task
 from podium.tracking.client import TrackingRun
 
@@ -24,13 +25,19 @@ from podium.tracking.client import TrackingRun
 def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | None,
                          records: list[CheckpointRecord] | None = None,
                          stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
-    """Promote the best checkpoint if it beats the champion; with approval required, the candidate waits for a
-    person's decision first (the flow run pauses). Each decision is announced as a Prefect event. The records only
-    lend the announcement the candidate's metrics: passed as context, they draw no edge from every validation."""
+    """Promote the best checkpoint if it beats the champion; with a shadow rollout, the candidate answers a copy of
+    the live requests first; with approval required, it waits for a person's decision (the flow run pauses), after
+    a shadow it passed. Each decision is announced as a Prefect event. The records only lend the announcement the
+    candidate's metrics: passed as context, they draw no edge from every validation."""
     outcome = promote_best_checkpoint_task(context(plan), context(tracking))
     if outcome.awaiting is not None:
         announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
-        approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
+        approval = None
+        if outcome.awaiting.shadow_id is not None:
+            outcome = shadow_candidate_task(context(plan), context(tracking), whole(outcome), context(stop_requested))
+            approval = shadow_decision(plan, outcome)
+        if approval is None:
+            approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
         outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval)
     announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
     return outcome

@@ -239,6 +239,35 @@ class GuardConfig(_Strict):
         return self
 
 
+class ShadowConfig(_Strict):
+    """The shadow stage of a promotion (`promotion.rollout = "shadow"`): the candidate answers a copy of live
+    requests beside the champion, which still answers them, and is promoted only if its answers meet these limits
+    (see the Serving live page)."""
+
+    requests: int = Field(200, ge=1, description="Live requests the candidate answers in shadow: the shadow ends "
+                          "once the replicas of `podium serve` mirrored this many, or at duration_s.")
+    duration_s: float = Field(600.0, gt=0, description="The longest a shadow lasts, in seconds: it is decided on the "
+                              "requests mirrored by then.")
+    max_error_rate: float = Field(0.0, ge=0, le=1, description="The largest share of mirrored requests the candidate "
+                                  "may fail: an exception, an answer other than 200, or a NaN or infinite prediction.")
+    max_latency_p95_ratio: float = Field(1.5, gt=0, description="The candidate's 95th percentile latency may be at "
+                                         "most this multiple of the champion's, on the same requests.")
+    min_agreement: float = Field(0.9, ge=0, le=1, description="The smallest share of predictions (rows) on which the "
+                                 "candidate must give the champion's answer.")
+    agreement_tolerance: float = Field(1e-6, ge=0, description="Numbers closer than this (absolute, or relative to "
+                                       "the larger) count as the same answer; labels must be equal.")
+    on_no_traffic: Literal["refuse", "promote"] = Field(
+        "refuse", description="What a shadow that mirrored no request by its end means: the candidate is not "
+        "promoted ('refuse'), or it is ('promote'); either is recorded with the reason.")
+
+    @field_validator("duration_s", "max_latency_p95_ratio", "agreement_tolerance")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"{v}: expected a finite number")
+        return v
+
+
 class PromotionConfig(_Strict):
     """How the best checkpoint is chosen and when it replaces the champion."""
 
@@ -284,6 +313,13 @@ class PromotionConfig(_Strict):
     approval_on_timeout: Literal["reject", "approve"] = Field(
         "reject", description="What no decision within approval_timeout_s means: the candidate is not promoted "
         "('reject'), or it is ('approve'); either is recorded as the timeout's decision.")
+    rollout: Literal["direct", "shadow"] = Field(
+        "direct", description="How a candidate that passed every check replaces the champion: 'direct' (switched "
+        "in at once) or 'shadow' (it first answers a copy of the live requests `podium serve` receives, beside the "
+        "champion, and is promoted only if its errors, latency and agreement meet promotion.shadow). The first "
+        "promotion of a location has no champion to shadow: it is direct.")
+    shadow: ShadowConfig = Field(default_factory=ShadowConfig, description="The shadow stage's length and limits "
+                                 "(promotion.rollout 'shadow').")
     model_loader: str | None = Field(
         None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "

@@ -113,12 +113,13 @@ class PrefectEventSink:
 EVENT_PROMOTED = "podium.promotion.promoted"
 EVENT_REFUSED = "podium.promotion.refused"
 EVENT_AWAITING_APPROVAL = "podium.promotion.awaiting-approval"
+EVENT_SHADOWING = "podium.promotion.shadowing"  # a candidate in shadow (promotion.rollout = "shadow")
 EVENT_APPROVED = "podium.promotion.approved"
 EVENT_REJECTED = "podium.promotion.rejected"
 EVENT_VALIDATION_FAILED = "podium.validation.failed"
 EVENT_ROLLED_BACK = "podium.serving.rolled-back"
-NEWS_EVENTS = (EVENT_PROMOTED, EVENT_REFUSED, EVENT_AWAITING_APPROVAL, EVENT_APPROVED, EVENT_REJECTED,
-               EVENT_VALIDATION_FAILED, EVENT_ROLLED_BACK)
+NEWS_EVENTS = (EVENT_PROMOTED, EVENT_REFUSED, EVENT_AWAITING_APPROVAL, EVENT_SHADOWING, EVENT_APPROVED,
+               EVENT_REJECTED, EVENT_VALIDATION_FAILED, EVENT_ROLLED_BACK)
 
 
 def model_resource(model: str) -> dict[str, str]:

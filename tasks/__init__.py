@@ -12,8 +12,9 @@ answer, from a thread of its own, while the flow waits; `lineage`, `resume` and 
 - `lineage`: where a run and a model come from
 - `promote`: the promotion: the evidence gathered, the one decision taken, its carrying-out
 - `evidence`: what a promotion is decided from (the records, the champion, the same-data re-scores, per-row values)
-- `carry_out`: a promotion decision carried out in named steps (stage, verify, seal, switch, alias; challenge)
+- `carry_out`: a promotion decision carried out in named steps (stage, verify, seal, switch, alias; challenge, shadow)
 - `approval`: a person's approval of a candidate, the flow run paused for it
+- `shadow`: a candidate shadowed on live requests (`podium serve`), and the verdict on the comparison
 - `package`: the served model, built at promotion
 - `retention`: storage keeps a run's best checkpoints
 - `reconcile`: the registry and the records brought back in line with the serving history

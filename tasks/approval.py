@@ -54,6 +54,8 @@ def approval_form(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcom
              f"{c.version}, MLflow `{p.registered_model}` v{c.mlflow_version} @{challenger_alias(p.alias)}",
              f"- **Champion**: {champion}", f"- **Decision so far**: {c.reason}"]
     lines += [f"- {check['text']}" for check in outcome.checks]
+    if outcome.shadow:
+        lines.append(f"- **Shadow**: {outcome.shadow['reason']}")
     if mlflow_ui:  # what deciding needs first: this candidate, and every checkpoint against the champion
         candidate = (f"[the candidate's metrics]({tracking.logged_model_url(mlflow_ui, c.model_id)}) · "
                      if c.model_id else "")

@@ -9,9 +9,11 @@ in the registry, as a sequence of named steps, each a function of the `Rollout` 
 | `switch`    | makes it CURRENT, by a rename; its history record says why and who started it                  |
 | `alias`     | registers it in MLflow under the promotion's alias                                             |
 | `challenge` | registers it under the `challenger` alias instead, to wait for a person's decision             |
+| `shadow`    | puts the challenger in shadow (`promotion.rollout = "shadow"`): `podium serve` mirrors live requests to it |
 
-`TO_PROMOTE`, `TO_AWAIT` and `ONCE_APPROVED` are the sequences a decision runs; a step added between `switch`
-and `alias` (a staged rollout) goes into them. Every step that others can see first checks that the promotion
+`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs. A candidate in shadow
+waits as one awaiting approval does (staged, under `challenger`); the shadow's verdict (`podium.tasks.shadow`)
+settles it, or is handed to the person who decides. Every step that others can see first checks that the promotion
 lock is still held. The decision is recorded on the run before its steps (`record_decision`, the tag
 `podium status` reads), and every attempt, promoted or not, after them, under `<serving>/attempts/`
 (`record_attempt`).
@@ -37,6 +39,7 @@ from podium.core.promotion import Decision, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
 from podium.serving import layout, staging
 from podium.serving.location import ensure_location
+from podium.serving.shadow import start_shadow
 from podium.serving.staged import this_process, unmark_staged
 from podium.storage.documents import write_json
 from podium.storage.locations import join, normalize_location
@@ -90,6 +93,7 @@ class Candidate(BaseModel):
     model_id: str | None = None
     reason: str  # the promotion policy's decision, before the person's
     provenance: dict[str, Any] | None = None
+    shadow_id: str | None = None  # in shadow (promotion.rollout 'shadow'): the SHADOW pointer's id
 
 
 class PromotionOutcome(BaseModel):
@@ -106,6 +110,7 @@ class PromotionOutcome(BaseModel):
     checks: list[dict[str, Any]] = []  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
     awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
     approval: dict[str, Any] | None = None  # the decision on it (podium.core.approval.Approval), once made
+    shadow: dict[str, Any] | None = None  # its shadow's verdict and numbers (podium.core.shadow.ShadowVerdict)
 
 
 @dataclass
@@ -126,6 +131,7 @@ class Rollout:
     mlflow_version: str | None = None
     build: tempfile.TemporaryDirectory[str] | None = None  # the served model, built locally until it is verified
     served: ServedModel | None = None
+    shadow_id: str | None = None  # the shadow the `shadow` step started
 
     @classmethod
     def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
@@ -203,8 +209,21 @@ def challenge(r: Rollout) -> None:
     r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value, challenger=True)
 
 
+def shadow(r: Rollout) -> None:
+    """Put the staged challenger in shadow: the SHADOW pointer names it (with its manifest, the requests wanted and
+    the agreement tolerance), and the replicas of `podium serve` start mirroring live requests to it."""
+    s = r.plan.config.promotion.shadow
+    r.still_locked()
+    current = layout.read_pointer(r.plan.serving) or {}
+    r.shadow_id = f"{r.staged.version}-{uuid.uuid4().hex[:8]}"
+    start_shadow(r.plan.serving, r.shadow_id, r.staged, current.get("version"),
+                 this_process(r.tracking.run_name, flow_run_id=_flow_run_id()), requests=s.requests,
+                 duration_s=s.duration_s, agreement_tolerance=s.agreement_tolerance)
+
+
 TO_PROMOTE: tuple[Step, ...] = (stage, verify, seal, switch, alias)
 TO_AWAIT: tuple[Step, ...] = (stage, verify, challenge)
+TO_SHADOW: tuple[Step, ...] = (stage, verify, challenge, shadow)
 ONCE_APPROVED: tuple[Step, ...] = (seal, switch)  # a candidate staged and verified, approved by a person
 
 
@@ -299,7 +318,7 @@ def candidate(r: Rollout) -> Candidate:
     version = r.staged
     return Candidate(version=version.version, uri=version.uri, manifest=version.manifest,
                      mlflow_version=r.mlflow_version, step=r.record.step, value=r.value, checkpoint_uri=r.record.uri,
-                     model_id=r.record.model_id, reason=r.reason, provenance=r.provenance)
+                     model_id=r.record.model_id, reason=r.reason, provenance=r.provenance, shadow_id=r.shadow_id)
 
 
 def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,

@@ -49,11 +49,13 @@ progress = logging.getLogger("podium.progress")
 
 
 def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
-    """What the decision reads of `promotion` (`approval`: a person decides on a candidate before it is promoted)."""
+    """What the decision reads of `promotion` (`approval`: a person decides on a candidate before it is promoted;
+    `rollout` 'shadow': a candidate is shadowed before it replaces a champion)."""
     return Policy(metric=p.metric, mode=p.mode, min_delta=p.min_delta, always=p.always, rescore=p.rescore,
                   thresholds={k: t.model_dump() for k, t in p.thresholds.items()},
                   guards={k: g.model_dump() for k, g in p.guards.items()}, confidence=p.confidence,
-                  confidence_without_rows=p.confidence_without_rows, approval=approval)
+                  confidence_without_rows=p.confidence_without_rows, approval=approval,
+                  shadow=p.rollout == "shadow")
 
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],

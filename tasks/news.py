@@ -13,7 +13,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.core.approval import challenger_alias
+from podium.core.approval import VIA_SHADOW, challenger_alias
 from podium.core.records import CheckpointRecord
 from podium.prefect_events import (
     EVENT_APPROVED,
@@ -22,6 +22,7 @@ from podium.prefect_events import (
     EVENT_REFUSED,
     EVENT_REJECTED,
     EVENT_ROLLED_BACK,
+    EVENT_SHADOWING,
     EVENT_VALIDATION_FAILED,
     emit_news,
     model_resource,
@@ -34,15 +35,17 @@ from podium.tracking.client import TrackingRun
 
 
 def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome) -> tuple[list[str], dict[str, Any]]:
-    """The events of a promotion decision, and their payload: promoted or refused; a candidate awaiting approval;
-    approved (and promoted) or rejected, once a person or the timeout decided."""
+    """The events of a promotion decision, and their payload: promoted or refused; a candidate awaiting approval
+    or in shadow; approved (and promoted) or rejected, once a person or the timeout decided; promoted or refused
+    by its shadow alone (the payload's `shadow`: the verdict and its numbers)."""
     p, cfg = outcome.promoted, plan.config
     payload: dict[str, Any] = {
         "model": cfg.model, "registered_model": cfg.promotion.registered_model, "run_name": tracking.run_name,
         "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": cfg.promotion.metric,
         "mode": cfg.promotion.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
         "champion_before_value": outcome.champion_before_value, "champion_before_run": outcome.champion_before_run,
-        "serving": plan.serving, "checks": outcome.checks, "approval": outcome.approval}
+        "serving": plan.serving, "checks": outcome.checks, "approval": outcome.approval,
+        "shadow": outcome.shadow}
     if p is not None:
         payload.update({"version": p.version, "mlflow_version": p.mlflow_version, "step": p.step, "value": p.value,
                         "uri": p.uri, "checkpoint_uri": p.checkpoint_uri})
@@ -50,8 +53,8 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         c = outcome.awaiting
         payload.update({"version": c.version, "mlflow_version": c.mlflow_version, "step": c.step, "value": c.value,
                         "checkpoint_uri": c.checkpoint_uri, "alias": challenger_alias(cfg.promotion.alias)})
-        return [EVENT_AWAITING_APPROVAL], payload
-    if outcome.approval is not None:
+        return [EVENT_SHADOWING if c.shadow_id and outcome.shadow is None else EVENT_AWAITING_APPROVAL], payload
+    if outcome.approval is not None and outcome.approval.get("via") != VIA_SHADOW:
         return ([EVENT_APPROVED, EVENT_PROMOTED] if p is not None else [EVENT_REJECTED]), payload
     return [EVENT_PROMOTED if p is not None else EVENT_REFUSED], payload
 

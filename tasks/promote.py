@@ -18,6 +18,7 @@ from podium.core.approval import Approval, challenger_alias
 from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, checks_summary, comparison_summary, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
+from podium.serving.shadow import check_no_shadow
 from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
@@ -102,9 +103,14 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     awaiting: Candidate | None = None
     reason = decision.reason
     if decision.action == AWAIT:
-        awaiting = steps.candidate(carry_out(steps.TO_AWAIT, Rollout.of(plan, tracking, decision, still_locked)))
-        reason = (f"{decision.reason}; awaiting approval as {awaiting.version} (MLflow "
-                  f"{p.registered_model} v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
+        shadowed = p.rollout == "shadow" and champion is not None  # the first promotion has no champion to shadow
+        if shadowed:
+            check_no_shadow(plan.serving)  # before anything is staged
+        rollout = Rollout.of(plan, tracking, decision, still_locked)
+        awaiting = steps.candidate(carry_out(steps.TO_SHADOW if shadowed else steps.TO_AWAIT, rollout))
+        waits = f"in shadow beside {champion.version}" if champion is not None and shadowed else "awaiting approval"
+        reason = (f"{decision.reason}; {waits} as {awaiting.version} (MLflow {p.registered_model} "
+                  f"v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
     elif decision.action == PROMOTE:
         rollout = Rollout.of(plan, tracking, decision, still_locked, origin())
         promoted = steps.promoted(carry_out(steps.TO_PROMOTE, rollout))
@@ -124,12 +130,14 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
     """Carry out a person's decision (or the timeout's) on the candidate awaiting it: approved, it becomes current
     and takes the promotion's alias, the decision in its manifest, its history record and its registered version's
     tags; rejected, its staged copy is removed and the version tagged. An approval is refused if the champion
-    changed while the candidate waited (it was compared with another): run the promotion again."""
+    changed while the candidate waited (it was compared with another): run the promotion again. A shadow's numbers
+    (`outcome.shadow`) go with the decision: manifest, history record, registry tags and the attempt record."""
     p, candidate = plan.config.promotion, outcome.awaiting
     assert candidate is not None
     decided = approval.as_dict()
+    shadow = {"shadow": outcome.shadow} if outcome.shadow else {}  # the numbers the decision was made on
     version = layout.PromotedVersion(version=candidate.version, uri=candidate.uri,
-                                     manifest={**candidate.manifest, "approval": decided})
+                                     manifest={**candidate.manifest, "approval": decided, **shadow})
     with promotion_lock(plan.serving) as still_locked:
         champion = read_champion(plan.serving)
         now = champion.version if champion else None
@@ -141,7 +149,8 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             reason = f"{candidate.reason}; {approval.describe()}"
             record = CheckpointRecord(step=candidate.step, uri=candidate.checkpoint_uri, model_id=candidate.model_id)
             rollout = Rollout(plan, tracking, still_locked, record, candidate.value, reason,
-                              {**origin(), "approval": decided}, version=version, provenance=candidate.provenance,
+                              {**origin(), "approval": decided, **shadow}, version=version,
+                              provenance=candidate.provenance,
                               mlflow_version=candidate.mlflow_version)
             promoted = steps.promoted(carry_out(steps.ONCE_APPROVED, rollout))
         else:
@@ -151,12 +160,23 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         if candidate.mlflow_version is not None:
             settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                               challenger_alias(p.alias), candidate.model_id, promoted is not None,
-                              {**approval.tags(), "podium.decision": reason})
+                              {**approval.tags(), **shadow_tags(outcome.shadow), "podium.decision": reason[:5000]})
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
                                              "approval": decided})
         record_attempt(plan.serving, tracking, settled)
     logger.info("promotion: %s", reason)
     return settled
+
+
+def shadow_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
+    """A shadow's verdict as registry tags (`podium.shadow`, `.requests`, `.error_rate`, ...): none without one."""
+    if not verdict:
+        return {}
+    numbers = {k: verdict.get(k) for k in ("requests", "errors", "error_rate", "agreement", "latency_p95_ratio",
+                                           "champion_p95_s", "candidate_p95_s")}
+    return {"podium.shadow": "passed" if verdict.get("passed") else "refused",
+            "podium.shadow.reason": str(verdict.get("reason", ""))[:5000],
+            **{f"podium.shadow.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)

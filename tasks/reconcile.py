@@ -8,8 +8,9 @@ candidate) starts here, under the location's promotion lock:
   registry's record that the alias belongs to it; a second location of a model asking for the same alias is
   refused, so that neither moves the other's.
 - `withdraw_orphans`: a version staged by a process that is gone (a promoter or a candidate awaiting approval
-  killed with SIGKILL) is withdrawn: its files go (its number stays taken), its registered version is tagged
-  `podium.approval = withdrawn` and the challenger alias leaves it.
+  or in shadow, killed with SIGKILL) is withdrawn: its files go (its number stays taken), its registered version
+  is tagged `podium.approval = withdrawn` and the challenger alias leaves it; a SHADOW pointer its process left
+  is removed (`podium serve` stops mirroring to it).
 - `sync_alias`: the alias names the registered version made for the current serving version (matched by the
   manifest's `version_uid`), moved there if a command stopped between the switch and the alias.
 
@@ -26,7 +27,8 @@ from podium.errors import AliasTaken
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
-from podium.serving.staged import staged_versions
+from podium.serving.shadow import end_shadow, read_shadow
+from podium.serving.staged import is_alive, staged_versions
 from podium.storage.locations import join, normalize_location
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.registry import (
@@ -109,7 +111,23 @@ def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> 
         if who.get("flow_run_id"):
             _end_flow_run(str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
         withdrawn.append(staged.version)
+    end_orphan_shadow(serving)
     return withdrawn
+
+
+def end_orphan_shadow(serving: str) -> str | None:
+    """Remove the SHADOW pointer if the process that started it is gone (seen from this host) or its candidate is no
+    longer staged; returns the version it named. A shadow another host runs is left alone."""
+    pointer = read_shadow(serving)
+    if pointer is None:
+        return None
+    version = str(pointer.get("version"))
+    staged = {s.version for s in staged_versions(serving)}
+    if version in staged and is_alive(dict(pointer.get("by") or {})) is not False:
+        return None
+    end_shadow(serving, str(pointer.get("shadow_id")))
+    say("serving %s: ended the shadow of %s: its command ended without finishing it", serving, version)
+    return version
 
 
 def _end_flow_run(flow_run_id: str, message: str) -> None:
@@ -163,6 +181,10 @@ def disagreements(serving: str, tracking_uri: str, name: str, alias: str) -> lis
     elif target is not None:
         out.append(f"@{alias} names version {target} of {name!r}, but nothing is served at {serving}")
     stale = [s.version for s in staged_versions(serving) if s.alive is False]
+    shadow = read_shadow(serving)
+    if shadow is not None and is_alive(dict(shadow.get("by") or {})) is False:
+        out.append(f"{serving}/SHADOW names {shadow.get('version')}, put in shadow by a command that is gone; the next "
+                   "promote or rollback removes it")
     if stale:
         out.append(f"{', '.join(stale)} staged by a command that is gone; the next promote or rollback withdraws it")
     return out

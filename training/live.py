@@ -16,6 +16,14 @@ built), and only then switches the reference that requests take. A request takes
 start, and runs wholly on that version: none is dropped, none is answered by a half-loaded model. A version that
 fails to load or to check is never switched to: the replica keeps serving the one it has, logs why, and says it
 on /health; it tries that version again only if CURRENT names it again after naming another.
+
+Shadowing a candidate (`promotion.rollout = "shadow"`, podium.serving.shadow): a replica follows the location's
+SHADOW pointer in the same thread. When it names a candidate, the replica loads and checks it as it would for a
+switch, and from then on hands a copy of each request the champion answered (200) to a thread of its own, after
+the champion's answer is made: the client waits for the champion only. That thread asks the candidate, compares
+its answer with the champion's and adds both latencies to the replica's tally (podium.core.shadow.Tally), which
+the follower writes under the serving location every poll. Mirrored requests wait in a short queue; beyond it
+they are not mirrored (the shadow samples, the champion never waits).
 """
 
 from __future__ import annotations
@@ -23,23 +31,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import posixpath
+import socket
 import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
+from podium.core.shadow import Tally, compare_answers
 from podium.errors import ServingError
 from podium.serving.layout import PromotedVersion, read_current
+from podium.serving.shadow import candidate_of, read_shadow, write_tally
 from podium.serving.staging import verify_files
 from podium.storage.locations import is_remote
 
 logger = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-Podium-Version"
+
+MIRROR_BACKLOG = 32  # mirrored requests waiting for the candidate, at most; beyond, a request is not mirrored
 
 
 @dataclass(frozen=True)
@@ -66,14 +82,38 @@ def load_serving(version: PromotedVersion) -> Serving:
     return Serving(version.version, version.manifest.get("version_uid"), pyfunc, pyfunc.metadata.get_input_schema())
 
 
-class ChampionServer:
-    """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module)."""
+@dataclass
+class Shadowing:
+    """A candidate in shadow on this replica: its loaded model, the tally of its mirrored requests and what the
+    SHADOW pointer asks (how many requests, how close numbers must be to agree)."""
 
-    def __init__(self, serving: str, poll_s: float = 1.0):
+    candidate: Serving
+    tally: Tally
+    requests: int
+    tolerance: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    written: int = -1  # the tally's request count when it was last written
+
+    def wants_more(self) -> bool:
+        """Whether this replica still mirrors: the shadow asked for more requests than it has counted."""
+        with self.lock:
+            return self.tally.requests < self.requests
+
+
+class ChampionServer:
+    """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module),
+    and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix)."""
+
+    def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None):
         self._serving, self._poll_s = serving, poll_s
+        self._replica = replica or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._active: Serving | None = None
         self._refused: dict[str, str] = {}  # version -> why it was not switched to, while CURRENT names it
         self._lock = threading.Lock()
+        self._shadow: Shadowing | None = None
+        self._shadow_refused: dict[str, str] = {}  # shadow id -> why its candidate did not load here
+        self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
+        self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
         self._follow_once()  # a replica starts with the current version loaded, or with nothing promoted yet
         self._stop = threading.Event()
         self._follower = threading.Thread(target=self._follow, name="podium-follow-current", daemon=True)
@@ -84,6 +124,10 @@ class ChampionServer:
             self._follow_once()
 
     def _follow_once(self) -> None:
+        self._follow_current()
+        self._follow_shadow()
+
+    def _follow_current(self) -> None:
         with self._lock:
             try:
                 current = read_current(self._serving)
@@ -109,12 +153,73 @@ class ChampionServer:
             logger.warning("podium serve: now serving %s (was %s)", loaded.version,
                            previous.version if previous else "nothing")
 
-    def status(self) -> dict[str, Any]:
-        """What this replica serves, and any version CURRENT names that it refused, with why."""
+    def _follow_shadow(self) -> None:
+        """Start, go on with or end mirroring to the candidate SHADOW names; write this replica's tally."""
+        try:
+            pointer = read_shadow(self._serving)
+        except Exception as exc:  # as for CURRENT: a store briefly unreachable changes nothing here
+            logger.warning("podium serve: cannot read %s/SHADOW (%s)", self._serving, exc)
+            return
+        shadowing = self._shadow
+        if shadowing is not None and (pointer is None or pointer.get("shadow_id") != shadowing.tally.shadow_id):
+            self._shadow = None  # requests stop being mirrored; those under way still count
+            self._mirrors.submit(self._write_tally, shadowing)  # after them: the executor runs in order
+            logger.warning("podium serve: shadow of %s ended", shadowing.candidate.version)
+            shadowing = None
+        if shadowing is not None:
+            self._write_tally(shadowing)
+            return
+        if pointer is None:
+            self._shadow_refused.clear()
+            return
+        shadow_id = str(pointer.get("shadow_id"))
+        if shadow_id in self._shadow_refused:
+            return
         active = self._active
+        tally = Tally(shadow_id, self._replica, champion=active.version if active else None,
+                      candidate=str(pointer.get("version")))
+        try:
+            if active is None:
+                raise ServingError("no champion is served here to compare it with")
+            loaded = load_serving(candidate_of(self._serving, pointer))
+        except Exception as exc:  # the candidate is not shadowed here, and its promotion is told why
+            why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ServingError) else str(exc)
+            self._shadow_refused = {shadow_id: why}
+            tally.not_loaded = f"{self._replica}: {why}"
+            logger.error("podium serve: %s not shadowed: %s", tally.candidate, why)
+            self._write_tally(None, tally)
+            return
+        self._shadow = Shadowing(loaded, tally, int(pointer.get("requests") or 0),
+                                 float(pointer.get("agreement_tolerance") or 0.0))
+        self._write_tally(self._shadow)
+        logger.warning("podium serve: shadowing %s beside %s", loaded.version, active.version)
+
+    def _write_tally(self, shadowing: Shadowing | None, tally: Tally | None = None) -> None:
+        if shadowing is not None:
+            with shadowing.lock:
+                if shadowing.tally.requests == shadowing.written:
+                    return
+                shadowing.written = shadowing.tally.requests
+                tally = Tally.from_dict(shadowing.tally.as_dict())
+        assert tally is not None
+        try:
+            write_tally(self._serving, tally)
+        except Exception as exc:  # the next poll writes it again
+            logger.warning("podium serve: shadow tally not written (%s)", exc)
+            if shadowing is not None:
+                shadowing.written = -1
+
+    def status(self) -> dict[str, Any]:
+        """What this replica serves, any version CURRENT names that it refused (with why), and the candidate it
+        shadows (or why it could not)."""
+        active, shadowing = self._active, self._shadow
+        shadow = None
+        if shadowing is not None:
+            shadow = {"version": shadowing.candidate.version, "shadow_id": shadowing.tally.shadow_id,
+                      "requests": shadowing.tally.requests}
         return {"serving": self._serving, "version": active.version if active else None,
                 "version_uid": active.uid if active else None, "since": active.since if active else None,
-                "refused": dict(self._refused)}
+                "refused": dict(self._refused), "shadow": shadow, "shadow_refused": dict(self._shadow_refused)}
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica that no longer follows CURRENT is replaced."""
@@ -123,6 +228,7 @@ class ChampionServer:
 
     def __del__(self) -> None:
         self._stop.set()
+        self._mirrors.shutdown(wait=False, cancel_futures=True)
 
     async def __call__(self, request: Any) -> Any:
         path = request.url.path.rstrip("/") or "/"
@@ -139,17 +245,74 @@ class ChampionServer:
             return Response(json.dumps({"error_code": "TEMPORARILY_UNAVAILABLE",
                                         "message": f"nothing is promoted to {self._serving} yet"}),
                             status_code=503, media_type="application/json")
-        return await _invoke(active, await request.body(), request.headers.get("content-type", ""), headers)
+        shadowing = self._shadow  # taken with the version: the request is mirrored to that shadow's candidate
+        body, content_type = await request.body(), request.headers.get("content-type", "")
+        answer = await asyncio.to_thread(_invoke, active, body, content_type)
+        if answer.status == 200 and shadowing is not None and shadowing.candidate is not active:
+            self._mirror(shadowing, body, content_type, answer)
+        return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.media_type)
+
+    def _mirror(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
+        """Hand a copy of a request the champion answered to the candidate's thread (not waited for)."""
+        if not shadowing.wants_more() or not self._backlog.acquire(blocking=False):
+            return
+        try:
+            self._mirrors.submit(self._shadow_one, shadowing, body, content_type, champion)
+        except RuntimeError:  # the replica is shutting down
+            self._backlog.release()
+
+    def _shadow_one(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
+        try:
+            answer = _invoke(shadowing.candidate, body, content_type)
+            failure, rows, agreed = (_compared(champion, answer, shadowing.tolerance) if answer.status == 200
+                                     else (f"answered {answer.status}: {answer.message()}", 0, 0))
+            with shadowing.lock:
+                shadowing.tally.add(champion.seconds, answer.seconds, failure, rows, agreed)
+        finally:
+            self._backlog.release()
 
 
-async def _invoke(active: Serving, body: bytes, content_type: str, headers: dict[str, str]) -> Any:
-    """MLflow's scoring server's own handling of one request (parsing, schema, predictions to JSON, errors)."""
+@dataclass(frozen=True)
+class Answer:
+    """A model's answer to one request, as MLflow's scoring server makes it, and how long the model took."""
+
+    body: str | bytes
+    status: int
+    media_type: str
+    seconds: float
+
+    def message(self) -> str:
+        """The answer's body in short (an error's message)."""
+        text = self.body.decode(errors="replace") if isinstance(self.body, bytes) else self.body
+        try:
+            return str(json.loads(text).get("message", text))[:300]
+        except (ValueError, AttributeError):
+            return text[:300]
+
+
+def _invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
+    """MLflow's scoring server's own handling of one request (parsing, schema, predictions to JSON, errors), timed:
+    an exception the model raises is the scoring server's answer too (an error status)."""
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import invocations
 
+    started = time.perf_counter()
     try:
-        result = await asyncio.to_thread(invocations, body, content_type, active.model, active.input_schema)
+        result = invocations(body, content_type, serving.model, serving.input_schema)
     except MlflowException as exc:
-        return Response(exc.serialize_as_json(), status_code=exc.get_http_status_code(), headers=headers,
-                        media_type="application/json")
-    return Response(result.response, status_code=result.status, headers=headers, media_type=result.mimetype)
+        return Answer(exc.serialize_as_json(), exc.get_http_status_code(), "application/json",
+                      time.perf_counter() - started)
+    except Exception as exc:  # what MLflow's server would answer 500 to, kept as an answer for the shadow's count
+        return Answer(json.dumps({"error_code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"}), 500,
+                      "application/json", time.perf_counter() - started)
+    return Answer(result.response, result.status, result.mimetype, time.perf_counter() - started)
+
+
+def _compared(champion: Answer, candidate: Answer, tolerance: float) -> tuple[str | None, int, int]:
+    """The candidate's failure (None: none) and the predictions compared and agreed on, for one mirrored request."""
+    try:
+        theirs, ours = json.loads(champion.body), json.loads(candidate.body)
+    except ValueError:  # not JSON (MLflow answers JSON): compared as text, one answer
+        same = champion.body == candidate.body
+        return None, 1, int(same)
+    return compare_answers(theirs, ours, tolerance)

@@ -118,9 +118,12 @@ def render(root: type[BaseModel]) -> str:
         sub = nested_model(info.annotation)
         if sub is not None:
             sections.append((name, sub))
-            # a table of tables keyed by a name of yours (promotion.thresholds.<metric>): its table after its section
+            # a table of tables keyed by a name of yours (promotion.thresholds.<metric>), or a table inside the
+            # section (promotion.shadow): its table after its section
             sections += [(f"{name}.{inner}.<metric>", keyed)
                          for inner, field in sub.model_fields.items() if (keyed := keyed_model(field.annotation))]
+            sections += [(f"{name}.{inner}", inside)
+                         for inner, field in sub.model_fields.items() if (inside := nested_model(field.annotation))]
     parts = []
     for section, model in sections:
         title = f"`[{section}]`: {model.__name__}" if section else f"Top level: {model.__name__}"
@@ -138,7 +141,7 @@ def render(root: type[BaseModel]) -> str:
                              f"[`[{key}.<metric>]`](#{anchor(key + '.<metric>')}). |")
                 continue
             if sub is not None:
-                parts.append(f"| {code(key)} | table | [`[{name}]`](#{anchor(name)}) | {text(sub.__doc__ or '')} |")
+                parts.append(f"| {code(key)} | table | [`[{key}]`](#{anchor(key)}) | {text(sub.__doc__ or '')} |")
                 continue
             kind = code(type_name(info.annotation))
             bounds = constraints(info)

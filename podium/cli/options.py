@@ -151,6 +151,11 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--approval-timeout", "promotion.approval_timeout_s", number, "Seconds a candidate waits for a decision."),
     ("--approval-on-timeout", "promotion.approval_on_timeout", str,
      "What no decision in time means: reject or approve."),
+    ("--rollout", "promotion.rollout", str,
+     "'shadow': a candidate first answers a copy of the live requests `podium serve` receives, beside the champion, "
+     "and is promoted only if it meets promotion.shadow's limits; 'direct': switched in at once."),
+    ("--shadow-requests", "promotion.shadow.requests", whole_number, "Live requests a candidate in shadow answers."),
+    ("--shadow-duration", "promotion.shadow.duration_s", number, "The longest a shadow lasts, in seconds."),
     ("--rescore", "promotion.rescore", str, "A champion that cannot be scored on the candidate's validation data: "
                                             "refuse, or compare with its stored number."),
 ]

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from podium.core.approval import Approval
+from podium.core.approval import VIA_SHADOW, Approval
 from podium.core.numbers import format_number
 from podium.core.served import files_note
 from podium.services import ui_url
@@ -57,6 +57,7 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
                       "load": promoted.load, **(promoted.provenance or {})} if promoted else None),
         "promotion_reason": summary.promotion.reason,
         "comparison": summary.promotion.comparison,
+        "shadow": summary.promotion.shadow,  # the shadow's verdict and numbers (promotion.rollout 'shadow')
         "serving": serving,
     }
 
@@ -197,5 +198,6 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
         print(f"      why: {s.get('reason') or 'not recorded'}")
         print(f"      by:  {_started_by(dict(switch.origin))}")
-        if switch.origin.get("approval"):
-            print(f"      approval: {approval_text(dict(switch.origin['approval']))}")
+        approval = dict(switch.origin.get("approval") or {})
+        if approval:  # a shadow's verdict, where no person was asked, is the decision of a shadow
+            print(f"      {'shadow' if approval.get('via') == VIA_SHADOW else 'approval'}: {approval_text(approval)}")

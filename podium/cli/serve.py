@@ -4,7 +4,9 @@ It runs until stopped (Ctrl-C or SIGTERM: exit 0 once Serve and the Ray it start
 MLflow's scoring protocol at /invocations, so clients of `mlflow models serve` work unchanged; every answer
 names the version that gave it (the X-Podium-Version header). When a promotion or a rollback switches the
 location's CURRENT, each replica loads the new version beside the old one and switches once it is loaded and
-checked; a version that does not load is never switched to, and this command says why.
+checked; a version that does not load is never switched to, and this command says why. A candidate a promotion
+puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off the
+answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
 """
 
 from __future__ import annotations
@@ -118,5 +120,12 @@ def _say_status(status: dict[str, Any], before: dict[str, Any], url: str) -> Non
     for version, why in status.get("refused", {}).items():
         if version not in before.get("refused", {}):
             print(f"NOT switched to {version}, still serving {status.get('version')}: {why}", flush=True)
+    shadow, shadowed = status.get("shadow") or {}, before.get("shadow") or {}
+    if shadow.get("shadow_id") != shadowed.get("shadow_id"):
+        print(f"shadowing {shadow['version']}: a copy of each request goes to it (its answers are not returned)"
+              if shadow else f"shadow of {shadowed['version']} ended", flush=True)
+    for shadow_id, why in status.get("shadow_refused", {}).items():
+        if shadow_id not in before.get("shadow_refused", {}):
+            print(f"NOT shadowing the candidate of {shadow_id}: {why}", flush=True)
     if not before:
         print(json.dumps({"url": url, **status}), flush=True)

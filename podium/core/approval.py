@@ -18,6 +18,7 @@ CHALLENGER = "challenger"  # the registry alias of a candidate awaiting a decisi
 APPROVE, REJECT = "approve", "reject"
 VIA_UI, VIA_TIMEOUT, VIA_STOP = "the Prefect UI", "timeout", "stop"
 VIA_UNASKED = "not asked"  # the decision could not be asked for: no one decided (see `unasked`)
+VIA_SHADOW = "shadow"  # the candidate's shadow decided (promotion.rollout = "shadow", no person asked)
 
 
 def challenger_alias(alias: str) -> str:
@@ -42,6 +43,8 @@ class Approval:
             return f"undecided: {self.reason}"
         if self.via == VIA_STOP:
             return f"withdrawn: {self.reason}"
+        if self.via == VIA_SHADOW:  # its reason says passed or refused, with the numbers (podium.core.shadow)
+            return self.reason
         verdict = "approved" if self.approved else "rejected"
         if self.via == VIA_TIMEOUT:
             return f"{verdict} on timeout: {self.reason}"
@@ -55,6 +58,7 @@ class Approval:
         """The decision as registry tags (`podium.approval`, `.by`, `.reason`, `.at`, `.via`)."""
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
         verdict = ("undecided" if self.via == VIA_UNASKED else "withdrawn" if self.via == VIA_STOP
+                   else ("shadow passed" if self.approved else "shadow refused") if self.via == VIA_SHADOW
                    else "approved" if self.approved else "rejected")
         return {"podium.approval": verdict, "podium.approval.by": self.by,
                 "podium.approval.reason": self.reason[:5000], "podium.approval.at": when,
@@ -93,3 +97,8 @@ def unasked(why: str, at: float | None = None) -> Approval:
     (podium.flows.summary.run_shortfall): its command and its flow run end failed, and promoting the run again
     asks again."""
     return Approval(False, "podium", why, time.time() if at is None else at, VIA_UNASKED)
+
+
+def shadowed(passed: bool, reason: str, at: float | None = None) -> Approval:
+    """The verdict of a candidate's shadow (podium.core.shadow.decide_shadow), where no person is asked."""
+    return Approval(passed, "podium", reason, time.time() if at is None else at, VIA_SHADOW)

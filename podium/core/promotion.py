@@ -61,7 +61,8 @@ NOTHING = "nothing to promote"  # no eligible checkpoint
 CURRENT = "already the champion"  # nothing to switch; the registry is brought in line with serving
 REFUSE = "refuse"  # a candidate that does not replace the champion
 PROMOTE = "promote"  # stage, verify, seal, switch, alias (podium.tasks.carry_out)
-AWAIT = "await approval"  # stage, verify, register as the challenger; a person decides (promotion.approval)
+AWAIT = "await approval"  # stage, verify, register as the challenger; a person (promotion.approval) or the shadow
+#                           (promotion.rollout) decides
 
 # what the decision may still need measured (`missing_evidence`), in this order
 CANDIDATE_AGAIN, CHAMPION_AGAIN, PER_ROW = "candidate re-scored", "champion re-scored", "per-row values"
@@ -100,6 +101,7 @@ class Policy:
     confidence: float | None = None
     confidence_without_rows: WithoutRows = "refuse"
     approval: bool = False  # promotion.approval = "required"
+    shadow: bool = False  # promotion.rollout = "shadow": a candidate that replaces a champion is shadowed first
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ def decide_promotion(evidence: Evidence, policy: Policy) -> Decision:
             note = "the validation data is not known (data.val): no comparison on the same data"
             decision = apply_checks(decision, policy_checks(p, decision.candidate.metrics if decision.candidate
                                                             else {}, None, note, None, note), p.always)
-        return _awaiting(decision, p)
+        return _awaiting(decision, p, e.champion)
     refused_by = _rescore_refusal(e, p)
     if refused_by is not None:
         who, failure, comparison = refused_by
@@ -237,11 +239,14 @@ def decide_promotion(evidence: Evidence, policy: Policy) -> Decision:
     if decision.action != CURRENT:
         decision = apply_checks(decision, _checks(e, p, best, candidate_metrics, held_metrics, decision.promote),
                                 p.always)
-    return _awaiting(_compared_on(decision, _comparison(e, p)), p)
+    return _awaiting(_compared_on(decision, _comparison(e, p)), p, e.champion)
 
 
-def _awaiting(decision: Decision, policy: Policy) -> Decision:
-    return dataclasses.replace(decision, action=AWAIT) if decision.action == PROMOTE and policy.approval else decision
+def _awaiting(decision: Decision, policy: Policy, champion: Champion | None) -> Decision:
+    """A promotion held for a decision: a person's, or its shadow's (only a champion can be shadowed: the first
+    promotion of a location is direct)."""
+    held = policy.approval or (policy.shadow and champion is not None)
+    return dataclasses.replace(decision, action=AWAIT) if decision.action == PROMOTE and held else decision
 
 
 def _compared_on(decision: Decision, comparison: Comparison) -> Decision:

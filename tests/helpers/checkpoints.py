@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-from podium_nightly_code import weights
+from podium_nightly_code import weights, write_data
 
 from podium.config import build_config
 from podium.core.events import CheckpointEvent
@@ -31,6 +33,8 @@ from podium.tracking.client import TrackingRun
 from podium.tracking.records import record_checkpoint, record_verdict
 from podium.tracking.runs import close_tracking_run, open_tracking_run
 from podium.training.validation_call import call_validation
+
+INTEGRATION = Path(__file__).parent.parent / "integration"  # the nightly model's code, imported by name
 
 
 @dataclass
@@ -87,3 +91,15 @@ def make_trained_run(config: dict[str, Any], tracking_uri: str, in_flow_run: boo
 
     made = flow(name="make-checkpoints", flow_run_name=f"{config['run_name']}-made", log_prints=False)(_make)
     return made(config, tracking_uri)
+
+
+def nightly_home(root: Path, template_db: Path, prefect_api: str, ray_env: dict[str, str]) -> dict[str, str]:
+    """A test module's own podium home and MLflow store under `root` (a copy of the session's template database),
+    the nightly model's data (`train.parquet`, `val.parquet`), and the environment a `podium` process of the module
+    runs with (the session's Prefect server, `ray_env`'s Ray, the integration tests' code importable)."""
+    shutil.copy(template_db, root / "mlflow.db")
+    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
+    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    return {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **ray_env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(INTEGRATION), os.environ.get("PYTHONPATH")]))}

@@ -7,6 +7,11 @@ Gaussians). Each epoch's checkpoint is turned by (epochs - epoch) x angle_deg: t
 Its confidence is `scale` (the logistic loss of sigmoid(scale * w.x)): accuracy does not depend on it, the
 loss does, so an overconfident model can be more accurate and have a worse loss. The validation function
 gives per-row values under podium's key when asked (`per_row`).
+
+`load_linear` is a `promotion.model_loader` for these checkpoints: the weights as a torch module, so that their
+versions are MLflow models `podium serve` can serve. A loop config's `nan_below` (saved with the weights) makes
+that module answer NaN where f1 is below it: a value the data never holds (features are standard Gaussians), so
+validation does not see it, but a live request can.
 """
 
 from __future__ import annotations
@@ -44,7 +49,33 @@ def weights(config: dict, epoch: int) -> dict:
     """What epoch `epoch` of a run with loop config `config` saves as weights.json (see the module)."""
     epochs, angle, scale = int(config["epochs"]), float(config["angle_deg"]), float(config.get("scale", 1.0))
     theta = math.radians(angle * (epochs - epoch))
-    return {"w": [math.cos(theta), math.sin(theta), 0.0, 0.0], "epoch": epoch, "scale": scale}
+    saved = {"w": [math.cos(theta), math.sin(theta), 0.0, 0.0], "epoch": epoch, "scale": scale}
+    if config.get("nan_below") is not None:
+        saved["nan_below"] = float(config["nan_below"])
+    return saved
+
+
+def load_linear(checkpoint_dir: str):
+    """promotion.model_loader: the checkpoint's linear model as a torch module, 4 features in, 2 logits out (see
+    the module for `nan_below`)."""
+    import torch
+
+    with open(os.path.join(checkpoint_dir, "weights.json")) as f:
+        saved = json.load(f)
+
+    class Linear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.tensor(saved["w"], dtype=torch.float32) * float(saved.get("scale", 1.0)))
+            self.nan_below = saved.get("nan_below")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            z = x @ self.w
+            if self.nan_below is not None:
+                z = torch.where(x[:, 1] < self.nan_below, torch.full_like(z, float("nan")), z)
+            return torch.stack([-z / 2, z / 2], dim=1)
+
+    return Linear().eval()
 
 
 def train_func(config: dict) -> None:
@@ -82,17 +113,3 @@ def validate_fn(checkpoint: ray.train.Checkpoint, val_data: str, label_column: s
         out["podium.per_row"] = {"accuracy": right, "loss": loss}
     return out
 
-
-def load_model(checkpoint_dir: str):
-    """The checkpoint's linear model as a torch module (4 float features in, 2 logits out), for
-    `promotion.model_loader`: its versions are MLflow models that `podium serve` and pyfunc load."""
-    import torch
-
-    with open(os.path.join(checkpoint_dir, "weights.json")) as f:
-        saved = json.load(f)
-    w = torch.tensor(saved["w"], dtype=torch.float32) * float(saved.get("scale", 1.0))
-    layer = torch.nn.Linear(len(FEATURES), 2)
-    with torch.no_grad():
-        layer.weight.copy_(torch.stack([-w / 2, w / 2]))
-        layer.bias.zero_()
-    return layer.eval()

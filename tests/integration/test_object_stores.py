@@ -17,8 +17,8 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from helpers.checkpoints import make_trained_run
-from helpers.commands import made_run_home, podium
+from helpers.checkpoints import make_trained_run, nightly_home
+from helpers.commands import podium
 from helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
 from podium_nightly_code import FEATURES
 
@@ -32,7 +32,6 @@ from podium.storage.locations import fsspec_filesystem
 pytestmark = pytest.mark.integration
 
 BUCKET = "podium-test"
-HERE = Path(__file__).parent
 # what points a `podium` process at the emulators
 STORE_ENV = ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
              "AZURE_STORAGE_CONNECTION_STRING")
@@ -193,7 +192,7 @@ def made_run(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """A home, an MLflow store and a run of two made checkpoints (epoch 1 the better) in local storage, and the
     environment of a `podium` process that uses them (the session's Prefect server and Ray head)."""
     root = tmp_path_factory.mktemp("object-store-promotions")
-    env = made_run_home(root, prefect_api, shared_ray, mlflow_template_db, HERE)
+    env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     made = make_trained_run(_run_config(root, str(root / "trained"), "made-train"), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env

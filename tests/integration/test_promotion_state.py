@@ -31,13 +31,12 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run
-from helpers.commands import awaiting_approval, made_run_home, podium
+from helpers.checkpoints import make_trained_run, nightly_home
+from helpers.commands import awaiting_approval, podium
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
 RUN = "state"
 
 
@@ -46,7 +45,7 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """A module's own podium home and MLflow store, the session's Prefect server and Ray head, and one run (`state`:
     2 checkpoints, epoch 1 the better), made and recorded without training."""
     root = tmp_path_factory.mktemp("promotion-state")
-    env = made_run_home(root, prefect_api, shared_ray, mlflow_template_db, HERE)
+    env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     made = make_trained_run(json.loads(_config(root, "trained", "state-train").read_text()), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env

@@ -6,22 +6,19 @@ process's Ray head, as a team's cluster runs it), live requests in threads while
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run
+from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
 from helpers.live import Load, call, predictions, serving
-from podium_nightly_code import FEATURES, write_data
+from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
 RUN = "live"
 # rows the two checkpoints disagree on (epoch 1 is turned 20 degrees from the true boundary, epoch 0 40 degrees)
 ROWS = [[-0.5, 1.0, 0.0, 0.0], [1.0, 0.2, 0.0, 0.0], [-1.0, -0.3, 0.5, 0.0]]
@@ -33,12 +30,7 @@ def live(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     """A module's own podium home and MLflow store, the session's Prefect server and Ray head, and one made run
     (2 checkpoints, epoch 1 the better)."""
     root = tmp_path_factory.mktemp("serve")
-    shutil.copy(mlflow_template_db, root / "mlflow.db")
-    env = {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
-           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **shared_ray.driver_env(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
-    write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
+    env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     made = make_trained_run(json.loads(_config(root).read_text()), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env
@@ -52,7 +44,7 @@ def _config(root: Path, **promotion) -> Path:
                            "train_loop_config": {"epochs": 2, "angle_deg": 20.0}},
               "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn"},
               "promotion": {"metric": "accuracy", "mode": "max", "verify": "load",
-                            "model_loader": "podium_nightly_code:load_model", **promotion}}
+                            "model_loader": "podium_nightly_code:load_linear", **promotion}}
     path = root / f"config-{abs(hash(json.dumps(promotion, sort_keys=True)))}.json"
     path.write_text(json.dumps(config))
     return path

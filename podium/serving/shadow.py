@@ -1,0 +1,101 @@
+"""The shadow stage at the serving location: the pointer that puts a candidate in shadow, and the replicas' tallies.
+
+    <serving>/SHADOW                               {"shadow_id", "version", "manifest", "champion", "by", ...}
+    <serving>/shadow/<shadow id>/<replica>.json    one replica's tally of that shadow (podium.core.shadow.Tally)
+
+A promotion with `promotion.rollout = "shadow"` writes SHADOW (atomically, as CURRENT is written) once its
+candidate is staged and verified, and removes it when the shadow ends. The candidate is still staged (not sealed:
+it is not complete until it is decided on), so the pointer carries the manifest the replicas check it against.
+Each replica of `podium serve` follows SHADOW as it follows CURRENT, loads the candidate, mirrors the live requests
+to it and rewrites its tally every poll; the promotion reads the tallies back. A promotion killed mid-shadow leaves
+the pointer behind: the next command removes it (`podium.tasks.reconcile.withdraw_orphans`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import time
+from typing import Any
+
+from podium.core.shadow import Tally
+from podium.errors import ServingError
+from podium.serving.layout import PromotedVersion, content_of
+from podium.storage.documents import read_json, write_json
+from podium.storage.locations import fsspec_filesystem, join, normalize_location
+
+SHADOW_POINTER = "SHADOW"
+TALLIES = "shadow"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def read_shadow(serving: str) -> dict[str, Any] | None:
+    """The SHADOW pointer document, or None when no candidate is in shadow."""
+    return read_json(join(normalize_location(serving), SHADOW_POINTER), ServingError)
+
+
+def check_no_shadow(serving: str, shadow_id: str | None = None) -> None:
+    """Raise if a candidate (other than `shadow_id`'s) is in shadow: the replicas compare one at a time. A promotion
+    asks before it stages anything, under the promotion lock."""
+    other = read_shadow(serving)
+    if other is not None and other.get("shadow_id") != shadow_id:
+        raise ServingError(f"{serving}: {other.get('version')} is already in shadow (run "
+                           f"{dict(other.get('by') or {}).get('run_name')}): one candidate is shadowed at a time; "
+                           "promote again once it is decided")
+
+
+def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champion: str | None,
+                 mark: dict[str, Any], **more: Any) -> None:
+    """Put a staged candidate in shadow (`mark`: who runs the shadow, as a staged version's mark); refused while
+    another is (`check_no_shadow`)."""
+    if not _NAME.match(shadow_id):
+        raise ServingError(f"shadow id {shadow_id!r}: expected letters, digits, '.', '_' and '-'")
+    check_no_shadow(serving, shadow_id)
+    write_json(join(normalize_location(serving), SHADOW_POINTER),
+               {"shadow_id": shadow_id, "version": version.version, "manifest": version.manifest,
+                "champion": champion, "started_at": time.time(), "by": mark, **more})
+
+
+def end_shadow(serving: str, shadow_id: str) -> bool:
+    """Remove the SHADOW pointer if it names `shadow_id` (the replicas stop mirroring at their next poll); whether
+    it did. The tallies stay, as the evidence the decision was made on."""
+    pointer = read_shadow(serving)
+    if pointer is None or pointer.get("shadow_id") != shadow_id:
+        return False
+    fs, path = fsspec_filesystem(join(normalize_location(serving), SHADOW_POINTER))
+    try:
+        fs.rm(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def candidate_of(serving: str, pointer: dict[str, Any]) -> PromotedVersion:
+    """The staged candidate a SHADOW pointer names, with the manifest it is checked against."""
+    manifest = pointer.get("manifest")
+    if not isinstance(manifest, dict) or not str(pointer.get("version", "")).startswith("v"):
+        raise ServingError(f"{serving}/{SHADOW_POINTER} is corrupt: expected a version and its manifest")
+    serving = normalize_location(serving)
+    return PromotedVersion(version=str(pointer["version"]),
+                           uri=join(serving, "versions", str(pointer["version"]), content_of(manifest)),
+                           manifest=manifest)
+
+
+def write_tally(serving: str, tally: Tally) -> None:
+    """A replica's tally of a shadow, rewritten whole (atomically) every poll."""
+    if not _NAME.match(tally.shadow_id) or not _NAME.match(tally.replica):
+        raise ServingError(f"tally {tally.shadow_id!r}/{tally.replica!r}: expected letters, digits, '.', '_', '-'")
+    write_json(join(normalize_location(serving), TALLIES, tally.shadow_id, f"{tally.replica}.json"), tally.as_dict())
+
+
+def read_tallies(serving: str, shadow_id: str) -> list[Tally]:
+    """Every replica's tally of a shadow (none yet: an empty list)."""
+    folder = join(normalize_location(serving), TALLIES, shadow_id)
+    fs, root = fsspec_filesystem(folder)
+    try:
+        names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
+    except FileNotFoundError:
+        return []
+    docs = (read_json(join(folder, name), ServingError) for name in names
+            if name.endswith(".json") and not name.startswith("."))
+    return [Tally.from_dict(doc) for doc in docs if doc]
