@@ -86,10 +86,28 @@ def start_gcs_emulator(log_path: Path, bucket: str, *, preconditions: bool, time
                                                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"})
 
 
+def install_azurite() -> None:
+    """Azurite from its lock file (`npm ci`), the first time a test needs it on this checkout (.ci/run installs it
+    beforehand); one test process installs while any other waits (a file lock)."""
+    import fcntl
+    import shutil
+
+    folder = AZURITE.parents[2]
+    with open(folder / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if AZURITE.exists():
+            return
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError("the Azure Blob tests need Azurite, installed with npm: install Node.js and npm "
+                               f"(Debian: apt-get install npm), or run `npm ci` in {folder}")
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder, check=True,
+                       timeout=600, capture_output=True)
+
+
 def start_azurite(log_path: Path, timeout_s: float = 60.0) -> Emulator:
     """Azurite's blob service, in memory, with a made-up account, on a free loopback port."""
-    if not AZURITE.exists():
-        raise RuntimeError(f"Azurite is not installed: run `npm ci` in {AZURITE.parents[2]}")
+    install_azurite()
     port = free_port()
     command = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"]
