@@ -61,13 +61,16 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
 def check_location_claim(serving: str, tracking_uri: str, registered_model: str, alias: str) -> None:
     """`claim_location`'s refusals, read-only, for a command to say before it starts anything (the flow claims under
     the promotion lock again, for a run that no command started)."""
+    # the owner first, then the location: a promoter racing this command writes the location's file before its
+    # claim of the alias, and moves the alias after both, so what is read here is never a half of its first promotion
+    owner = alias_owner(tracking_uri, registered_model, alias)
     found = read_location(serving)
     check_belongs(found, registered_model, alias)
-    owner = alias_owner(tracking_uri, registered_model, alias)
     here = normalize_location(serving)
     if owner is not None and owner.get("uri") != here and (found is None or owner.get("id") != found.id):
         raise AliasTaken(alias_taken(registered_model, alias, here, owner.get("uri")))
-    if owner is None and found is None and _legacy_owner(serving, tracking_uri, registered_model, alias) is False:
+    if (owner is None and found is None and _legacy_owner(serving, tracking_uri, registered_model, alias) is False
+            and read_location(serving) is None):  # (no promoter made the location meanwhile: the alias is another's)
         raise AliasTaken(alias_taken(registered_model, alias, here, None))
 
 
