@@ -333,6 +333,38 @@ def test_mlflow_opens_on_runs_and_shows_checkpoints_and_the_champion(run, page):
     assert _in_view(champion) and _in_view(winner) and _no_horizontal_scroll(page)
 
 
+def _submit_resume_form(page, form) -> str:
+    """Submit the Resume form and wait for the Prefect server's answer to it: what it said (ACCEPT, or why not).
+    A click that did not reach the form (a busy machine's browser still laying it out) is made again while the
+    form stays open."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        try:
+            with page.expect_response(lambda r: "/resume" in r.url and r.request.method == "POST",
+                                      timeout=30_000) as response:
+                form.get_by_role("button", name="Submit").click()
+            break
+        except PlaywrightTimeout:
+            if not form.is_visible():
+                raise AssertionError("the form closed without asking the Prefect server to resume the run") from None
+            page.screenshot(path=str(page.shots / f"prefect-approval-form-not-sent-{attempt}.png"))
+    else:
+        raise AssertionError(f"Submit sent nothing in 3 tries; the form says:\n{form.inner_text()}")
+    body = response.value.json()
+    assert response.value.ok and body.get("status") == "ACCEPT", f"resume answered {response.value.status}: {body}"
+    return f"{body['status']}, try {attempt + 1}"
+
+
+def _flow_run_state(base: str, flow_run: str) -> str:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: f"{base}/api"}), get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run).state
+    return f"{state.type.value if state else None}: {state.message if state else ''}"
+
+
 def test_the_prefect_ui_form_approves_a_candidate_awaiting_approval(run, dataset, page):
     """`podium promote --approval required` of the module's run, to a serving location of its own: the flow run
     pauses, and a person answers the form the Prefect UI shows on it (its Resume button)."""
@@ -369,8 +401,12 @@ def test_the_prefect_ui_form_approves_a_candidate_awaiting_approval(run, dataset
         form.locator(".schema-form-property", has_text="Reason").locator("textarea").fill("read the report: ship it")
         form.locator(".schema-form-property", has_text="By").locator("textarea").fill("ana")
         page.screenshot(path=str(page.shots / "prefect-approval-form.png"))
-        form.get_by_role("button", name="Submit").click()
-        out, err = proc.communicate(timeout=300)
+        answer = _submit_resume_form(page, form)
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the form was answered ({answer}) but the run did not go on; the flow run is "
+                                 f"{_flow_run_state(base, flow_run)}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
