@@ -118,24 +118,38 @@ def train_func_with_datasets(config: dict) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if ray.train.get_context().get_world_rank() == 0:
-                torch.save(model.state_dict(), os.path.join(tmp, "softmax.pt"))
+                torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(tmp, "softmax.pt"))
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report({"epoch": epoch, "train_rows": train_rows, "val_rows": val_rows,
                               "accuracy": correct / max(val_rows, 1)}, checkpoint=checkpoint)
 
 
-def validate_softmax(checkpoint: ray.train.Checkpoint, val_data: str) -> dict:
-    """Accuracy of train_func_with_datasets' model on the validation Parquet file."""
+def validate_softmax(checkpoint: ray.train.Checkpoint, val_data: str, fail_epoch: int | None = None,
+                     hang_epoch: int | None = None, none_epoch: int | None = None,
+                     paths_log: str | None = None) -> dict:
+    """Accuracy of train_func_with_datasets' model on the validation Parquet file. For the epochs named, it
+    fails, hangs, or forgets its `return`, as a user's validation function may; `paths_log` gets each path it
+    was given."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(val_data)
-    x = torch.stack([torch.from_numpy(table.column(k).to_numpy()).float()
+    x = torch.stack([torch.from_numpy(table.column(k).to_numpy().copy()).float()
                      for k in sorted(table.column_names) if k != "label"], dim=1)
-    y = torch.from_numpy(table.column("label").to_numpy())
+    y = torch.from_numpy(table.column("label").to_numpy().copy())
     with checkpoint.as_directory() as d:
         state = torch.load(os.path.join(d, "softmax.pt"), weights_only=True)
+    if paths_log:
+        with open(paths_log, "a") as f:
+            f.write(f"{checkpoint.path}\n")
+    epoch = int(state["epoch"])
+    if epoch == fail_epoch:
+        raise RuntimeError(f"validation data unavailable for epoch {epoch}")
+    if epoch == hang_epoch:
+        time.sleep(3600)
+    if epoch == none_epoch:
+        return None  # type: ignore[return-value]  # a function that forgot its `return`, for one epoch
     model = nn.Linear(x.shape[1], 4)
-    model.load_state_dict(state)
+    model.load_state_dict(state["model"])
     with torch.no_grad():
         return {"accuracy": float((model(x).argmax(1) == y).float().mean())}
 

@@ -1,6 +1,6 @@
 """The whole pipeline against real components: Ray Train, a Prefect server, MLflow, the serving folder.
 
-Four Ray Train starts:
+Three Ray Train starts:
 
 - `e2e` (module-scoped): a run of 6 epochs of the built-in loop on 2 workers (DDP), in-process. Carries the
   records, validation overlapping training, the promoted best and what serves, the registry, Prefect's task runs,
@@ -10,16 +10,16 @@ Four Ray Train starts:
 - test_a_diverging_run_never_replaces_the_champion: a run whose training diverges, through the `podium` process,
   to e2e's serving location: every validation failed, so the command prints its summary and exits 1, its flow run
   Failed and its MLflow run FAILED, and the champion stays.
-- test_user_loop_with_plain_ray_train_apis: a user's loop whose validations fail, hang, and return no dict.
 - test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_started.
 
-(A run resumed by its name, and what a resume changes: test_cli_process's `beta_resumed`, through the command.)
+(A user's loop whose validations fail, hang, and return no dict: test_ray_data's `users_loop_run`, which also
+carries its Ray Datasets. A run resumed by its name, and what a resume changes: test_cli_process's
+`beta_resumed`, through the command.)
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import types
@@ -183,42 +183,6 @@ def test_a_diverging_run_never_replaces_the_champion(e2e, pipeline, dataset, tmp
     assert MlflowClient(locations["tracking_uri"]).get_run(out["mlflow_run_id"]).info.status == "FAILED"
     assert read_current(locations["serving"]).version == before.version
     assert len(read_history(locations["serving"])) == len(history)
-
-
-def test_user_loop_with_plain_ray_train_apis(pipeline, locations, dataset, tmp_path):
-    """A user's loop and validation function on plain Ray Train APIs: validations that fail, hang or return no
-    dict are each failed with the reason (retried first), training goes on, and the best of the others is
-    promoted in the user's own checkpoint format."""
-    paths_log = tmp_path / "validated-paths.txt"
-    cfg = _config("byo", dataset, locations, scaling={"num_workers": 1},  # DDP: the e2e test above
-                  training={"train_loop": "podium_user_code:train_func", "train_loop_config": {"epochs": 4}},
-                  validation={"fn": "podium_user_code:validate_fn",
-                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "none_epoch": 0, "paths_log": str(paths_log)},
-                              "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
-                  promotion={"metric": "score", "mode": "max", "verify": "revalidate"})
-    del cfg["training"]["epochs"]  # the built-in loop's setting: the user's loop has its own, in train_loop_config
-    summary = pipeline(cfg, locations["tracking_uri"])
-    by_epoch = {r.step: r for r in summary.checkpoints}  # the user's loop reports 'epoch': podium's step
-    assert sorted(by_epoch) == [0, 1, 2, 3]
-    # epoch 1's validation always fails: marked failed with the reason, never promoted, training unaffected
-    assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
-    # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
-    assert by_epoch[2].status == "failed" and "longer than 12 s" in by_epoch[2].failure
-    # epoch 0's validation returns None (a function that forgot its `return`): failed, saying what it returned
-    assert by_epoch[0].status == "failed" and "returned NoneType, expected a dict" in by_epoch[0].failure
-    assert by_epoch[3].status == "validated"
-    assert summary.promotion.promoted.step == 3  # the only one validated
-    assert math.isfinite(summary.promotion.promoted.value)
-    # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score
-    # when the user's validation ran on it (verify = "revalidate")
-    current = read_current(locations["serving"])
-    assert set(current.manifest["files"]) == {"state.pt"}
-    assert current.uri in paths_log.read_text().split()
-    # the failed validation was retried once: two attempts, then a final failure
-    runs = task_runs("byo", expect_at_least=8)
-    for step in (1, 2):
-        failed = [r for r in runs if r.name == f"validate-step-{step}"]
-        assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
 
 
 def test_a_fresh_run_that_cannot_open_its_mlflow_run_stops_the_training_it_started(pipeline, dataset, locations):

@@ -6,7 +6,8 @@ Three trainings:
 - the module's one run of the whole pipeline with the built-in loop (`built_in_run`): its validations hold
   every validation CPU while training reads its next epoch through Ray Data, and the first one kills a training
   worker; it carries "validations do not stall training" and "a restarted worker group resumes mid-epoch";
-- a user's loop given Ray Datasets (`data.ray_datasets`): split across the workers.
+- the module's run of a user's own loop given Ray Datasets (`users_loop_run`): it carries "split across the
+  workers" and "validations that fail, hang or return no dict are failed, and the best of the others promoted".
 The validation workers' own pool and the statistics pass train nothing.
 
 The helper functions below run inside Ray workers (this folder is on their path).
@@ -15,6 +16,7 @@ The helper functions below run inside Ray workers (this folder is on their path)
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -221,15 +223,63 @@ def test_a_restarted_worker_group_resumes_mid_epoch_at_the_right_step(built_in_r
         assert r.metrics["epoch"] == r.step // PER_EPOCH
 
 
-def test_a_users_loop_gets_ray_datasets_split_across_workers(pipeline, dataset, locations):
-    cfg = _config("byo-datasets", dataset, locations, data={"ray_datasets": True},
-                  training={"train_loop": "podium_user_code:train_func_with_datasets"},
-                  validation={"fn": "podium_user_code:validate_softmax"},
-                  promotion={"metric": "accuracy", "mode": "max"})
-    summary = pipeline(cfg, locations["tracking_uri"])
-    assert [r.status for r in summary.checkpoints] == ["validated", "validated"]
+@pytest.fixture(scope="module")
+def users_loop_run(module_pipeline, dataset, tmp_path_factory, mlflow_template_db):
+    """The module's run of a user's own loop and validation function, written only against plain Ray Train APIs
+    (podium_user_code): Ray's data-ingest pattern on the Ray Datasets podium gives it (`data.ray_datasets`), 4
+    epochs on 2 workers; its validation fails at epoch 1 (retried once), hangs at epoch 2 (timed out, each
+    attempt) and returns nothing at epoch 0; promoted with `verify = "revalidate"`. Two tests check it."""
+    root = tmp_path_factory.mktemp("users-loop")
+    shutil.copy(mlflow_template_db, root / "mlflow.db")
+    locations = {"storage": str(root / "storage"), "serving": str(root / "serving"),
+                 "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
+    paths_log = root / "validated-paths.txt"
+    cfg = _config("byo", dataset, locations, data={"ray_datasets": True},
+                  training={"train_loop": "podium_user_code:train_func_with_datasets",
+                            "train_loop_config": {"epochs": 4}},
+                  validation={"fn": "podium_user_code:validate_softmax",
+                              "kwargs": {"fail_epoch": 1, "hang_epoch": 2, "none_epoch": 0, "paths_log": str(paths_log)},
+                              "retries": 1, "retry_delay_s": 0.1, "timeout_s": 12},
+                  promotion={"metric": "accuracy", "mode": "max", "verify": "revalidate"})
+    summary = module_pipeline(cfg, locations["tracking_uri"])
+    return types.SimpleNamespace(summary=summary, locations=locations, paths_log=paths_log)
+
+
+def test_a_users_loop_gets_ray_datasets_split_across_workers(users_loop_run):
+    summary = users_loop_run.summary
+    assert [r.step for r in summary.checkpoints] == [0, 1, 2, 3]  # the user's loop reports 'epoch': podium's step
     for r in summary.checkpoints:
-        # each of the 2 workers read half of the 12000 training rows and of the 3000 validation rows
-        assert (r.metrics["train_rows"], r.metrics["val_rows"]) == (6000, 1500)
-        assert r.metrics["accuracy"] > 0.5
-    assert summary.promotion.promoted is not None
+        # each of the 2 workers read half of the 12000 training rows and of the 3000 validation rows, each epoch
+        assert (r.metrics["train_rows"], r.metrics["val_rows"]) == (6000, 1500), r.metrics
+    validated = [r for r in summary.checkpoints if r.status == "validated"]
+    assert validated and all(r.metrics["accuracy"] > 0.5 for r in validated)
+
+
+def test_user_loop_with_plain_ray_train_apis(users_loop_run):
+    """A user's validations that fail, hang or return no dict are each failed with the reason (retried first),
+    training goes on, and the best of the others is promoted in the user's own checkpoint format."""
+    from helpers.prefect_queries import task_runs
+
+    from podium.serving.layout import read_current
+
+    summary = users_loop_run.summary
+    by_epoch = {r.step: r for r in summary.checkpoints}
+    # epoch 1's validation always fails: marked failed with the reason, never promoted, training unaffected
+    assert by_epoch[1].status == "failed" and "validation data unavailable" in by_epoch[1].failure
+    # epoch 2's validation hangs: cancelled at the timeout, each attempt, then marked failed
+    assert by_epoch[2].status == "failed" and "longer than 12 s" in by_epoch[2].failure
+    # epoch 0's validation returns None (a function that forgot its `return`): failed, saying what it returned
+    assert by_epoch[0].status == "failed" and "returned NoneType, expected a dict" in by_epoch[0].failure
+    assert by_epoch[3].status == "validated"
+    assert summary.promotion.promoted.step == 3  # the only one validated
+    assert math.isfinite(summary.promotion.promoted.value)
+    # the promoted copy is the user's own checkpoint format, byte for byte, and gave back its score
+    # when the user's validation ran on it (verify = "revalidate")
+    current = read_current(users_loop_run.locations["serving"])
+    assert set(current.manifest["files"]) == {"softmax.pt"}
+    assert current.uri in users_loop_run.paths_log.read_text().split()
+    # the failed validation was retried once: two attempts, then a final failure
+    runs = task_runs("byo", expect_at_least=8)
+    for step in (1, 2):
+        failed = [r for r in runs if r.name == f"validate-step-{step}"]
+        assert len(failed) == 1 and failed[0].state.is_failed() and failed[0].run_count == 2
