@@ -14,7 +14,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from podium.core.approval import Approval, challenger_alias
+from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
 from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, checks_summary, comparison_summary, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
@@ -136,6 +136,8 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
     assert candidate is not None
     decided = approval.as_dict()
     shadow = {"shadow": outcome.shadow} if outcome.shadow else {}  # the numbers the decision was made on
+    # a person approving after a shadow: the reason says both (a shadow's own verdict says it already)
+    shadow_said = f"{outcome.shadow['reason']}; " if outcome.shadow and approval.via != VIA_SHADOW else ""
     version = layout.PromotedVersion(version=candidate.version, uri=candidate.uri,
                                      manifest={**candidate.manifest, "approval": decided, **shadow})
     with promotion_lock(plan.serving) as still_locked:
@@ -146,7 +148,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             reason = (f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
                       f" -> {now}): not promoted; run `podium promote --run-name {tracking.run_name}` to compare with it")
         elif approval.approved:
-            reason = f"{candidate.reason}; {approval.describe()}"
+            reason = f"{candidate.reason}; {shadow_said}{approval.describe()}"
             record = CheckpointRecord(step=candidate.step, uri=candidate.checkpoint_uri, model_id=candidate.model_id)
             rollout = Rollout(plan, tracking, still_locked, record, candidate.value, reason,
                               {**origin(), "approval": decided, **shadow}, version=version,

@@ -9,7 +9,10 @@ the live traffic. No training: the runs' checkpoints are made and validated with
                carry it make the candidate fail, so it is refused with its error rate; the champion keeps serving
   better       a better run that answers like a champion: promoted after its shadow, the comparison recorded
   best         better still: SIGTERM during its shadow withdraws it; with no live traffic, its shadow ends at
-               its deadline and refuses it (promotion.shadow.on_no_traffic's default)
+               its deadline and refuses it (promotion.shadow.on_no_traffic's default); then a rollback during
+               its shadow refuses it (the champion changed); then, with approval required too, it passes its
+               shadow, waits for a person, and `podium approve` promotes it
+After each step that changes what serves, what serves is what the registry names and what the history says.
 """
 
 from __future__ import annotations
@@ -269,3 +272,90 @@ def test_a_shadow_that_no_live_request_reaches_refuses_the_candidate_at_its_dead
     assert out["promoted"] is None and out["shadow"]["requests"] == 0, out
     assert "no live request reached the shadow" in out["promotion_reason"]
     assert "on_no_traffic = refuse" in out["promotion_reason"] and _current(root) == champion
+
+
+def _check_one_champion(root: Path, env: dict, url: str) -> str:
+    """What serves is what the registry names and what the history says: CURRENT, the replica's version (once
+    it followed CURRENT), the champion alias's registered version, and the history's current switch."""
+    current = _current(root)
+    deadline = time.monotonic() + 60  # the replica follows CURRENT at its next poll
+    while _serving(url)["version"] != current and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _serving(url)["version"] == current
+    registered, _ = _registered(env, current)
+    assert _alias(env, "champion") == registered and _alias(env, "challenger") is None
+    history = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)
+    assert history["current"] == current == history["switches"][-1]["version"], history["switches"][-1]
+    return current
+
+
+def _promote_until_shadowed(root: Path, env: dict, *args: str) -> tuple[subprocess.Popen, str]:
+    """`podium promote` of run `best` in the background, once its candidate is in shadow: the process and the
+    candidate's version."""
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--config",
+                             str(_config(root, "best")), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pointer = root / "serving" / "SHADOW"
+    deadline = time.monotonic() + 300
+    while not pointer.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not pointer.exists():
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=60))
+    return proc, json.loads(pointer.read_text())["version"]
+
+
+def test_a_rollback_during_a_shadow_ends_it_and_what_serves_is_what_the_rollback_restored(world, server):
+    """The team rolls back while a candidate is in shadow (no live traffic: it would wait its 60 s): the shadow
+    ends at the promotion's next read, the candidate is refused (it was compared with another champion), and the
+    rolled-back champion serves, named by the registry and the history."""
+    root, env = world
+    before = _check_one_champion(root, env, server)
+    proc, candidate = _promote_until_shadowed(root, env)
+    rolled = json.loads(podium(["rollback", "--json", "--serving", str(root / "serving"), "--model", MODEL,
+                                "--reason", "a complaint about the new champion"], env).stdout)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["promoted"] is None and "the champion changed during its shadow" in outcome["promotion_reason"], \
+        outcome["promotion_reason"]
+    assert f"{before} -> {rolled['to_version']}" in outcome["promotion_reason"], (rolled, outcome)
+    assert not (root / "serving" / "SHADOW").exists()
+    assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
+    assert _check_one_champion(root, env, server) == rolled["to_version"] != before
+    assert _serving(server)["shadow"] is None
+
+
+def test_a_candidate_that_passed_its_shadow_waits_for_approval_and_an_approval_promotes_it(world, server):
+    """Shadow and approval together: the shadow comes first; a candidate it passes waits for a person, with the
+    shadow's numbers on the form; `podium approve` then promotes it, and everything names it."""
+    from podium.prefect_api import paused_flow_run
+
+    root, env = world
+    champion = _current(root)
+    with Traffic(server, [_body(unseen=False, probabilities=False)]) as live:
+        proc, candidate = _promote_until_shadowed(root, env, "--approval", "required")
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                paused_flow_run("best")
+                break
+            except LookupError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)
+                time.sleep(1)
+    assert set(live.answered) == {(200, champion)}, live.answered  # the champion answered throughout
+    assert _current(root) == champion
+    deadline = time.monotonic() + 60  # the shadow ended when it had its requests: the replica stops at its next poll
+    while _serving(server)["shadow"] is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _serving(server)["shadow"] is None and _serving(server)["version"] == champion
+    podium(["approve", "--run-name", "best", "--reason", "the shadow agreed", "--by", "ana"], env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    outcome = json.loads(out.strip().splitlines()[-1])
+    assert outcome["promoted"]["version"] == candidate and outcome["shadow"]["passed"], outcome
+    assert "passed its shadow" in outcome["promotion_reason"] and "approved by ana" in outcome["promotion_reason"]
+    assert _check_one_champion(root, env, server) == candidate
+    last = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)["switches"][-1]
+    origin = last["origin"]
+    assert origin["approval"]["by"] == "ana (podium approve)" and origin["shadow"]["passed"] is True, origin
