@@ -4,10 +4,13 @@ Each replica loads the version CURRENT names and answers MLflow's scoring protoc
 answers, so its clients work unchanged):
 
     POST /invocations   predictions (JSON: dataframe_split, dataframe_records, instances, inputs; CSV; Parquet)
-    GET  /ping, /health 200 once a version is loaded (503 before), with what serves and what was refused
-    GET  /version       the same, as JSON
+    GET  /ping          200 once a version is loaded (503 before), with what serves and what was refused (JSON)
+    GET  /health        the same, with this replica's requests, errors and latency per version since it started
+    GET  /version       the same as /health
 
-Every answer carries the version that gave it in the `X-Podium-Version` header.
+Every answer carries the version that gave it in the `X-Podium-Version` header. Each replica counts the requests
+each version answered, their errors and latency, in Ray Serve's metrics and in a tally of its own
+(podium.training.live_traffic).
 
 Following promotions and rollbacks: a replica reads CURRENT every `poll_s` seconds, in a thread of its own. When
 CURRENT names another version, the replica loads it beside the one serving, checks it as a promotion does (its
@@ -50,6 +53,7 @@ from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
 from podium.serving.staging import verify_files
 from podium.storage.locations import is_remote
+from podium.training.live_traffic import ReplicaTraffic
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +118,7 @@ class ChampionServer:
         self._shadow_refused: dict[str, str] = {}  # shadow id -> why its candidate did not load here
         self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
         self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
+        self._traffic = ReplicaTraffic(serving, self._replica)
         self._follow_once()  # a replica starts with the current version loaded, or with nothing promoted yet
         self._stop = threading.Event()
         self._follower = threading.Thread(target=self._follow, name="podium-follow-current", daemon=True)
@@ -230,12 +235,18 @@ class ChampionServer:
         self._stop.set()
         self._mirrors.shutdown(wait=False, cancel_futures=True)
 
+    def traffic(self) -> dict[str, Any]:
+        """This replica's requests, errors and latency per version since it started (other replicas count theirs)."""
+        return self._traffic.as_dict()
+
     async def __call__(self, request: Any) -> Any:
+        started = time.perf_counter()
         path = request.url.path.rstrip("/") or "/"
         active = self._active  # the one version this whole request runs on
         headers = {VERSION_HEADER: active.version} if active else {}
         if request.method == "GET" and path in ("/ping", "/health", "/version"):
-            return Response(json.dumps(self.status()), status_code=200 if active else 503, headers=headers,
+            said = self.status() if path == "/ping" else {**self.status(), "this_replica": self.traffic()}
+            return Response(json.dumps(said), status_code=200 if active else 503, headers=headers,
                             media_type="application/json")
         if path != "/invocations" or request.method != "POST":
             return Response(json.dumps({"error_code": "ENDPOINT_NOT_FOUND", "message": f"{request.method} {path}: "
@@ -250,6 +261,7 @@ class ChampionServer:
         answer = await asyncio.to_thread(_invoke, active, body, content_type)
         if answer.status == 200 and shadowing is not None and shadowing.candidate is not active:
             self._mirror(shadowing, body, content_type, answer)
+        self._traffic.record(active.version, time.perf_counter() - started, answer.status)
         return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.media_type)
 
     def _mirror(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:

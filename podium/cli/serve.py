@@ -2,11 +2,12 @@
 
 It runs until stopped (Ctrl-C or SIGTERM: exit 0 once Serve and the Ray it started are down). It speaks
 MLflow's scoring protocol at /invocations, so clients of `mlflow models serve` work unchanged; every answer
-names the version that gave it (the X-Podium-Version header). When a promotion or a rollback switches the
-location's CURRENT, each replica loads the new version beside the old one and switches once it is loaded and
-checked; a version that does not load is never switched to, and this command says why. A candidate a promotion
-puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off the
-answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
+names the version that gave it (the X-Podium-Version header), and each replica counts the requests, errors and
+latency of each version, in Ray's metrics (ray_podium_serve_*) and on /version. When a promotion or a rollback
+switches the location's CURRENT, each replica loads the new version beside the old one and switches once it is
+loaded and checked; a version that does not load is never switched to, and this command says why. A candidate a
+promotion puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off
+the answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,3 +137,18 @@ class Load:
 
 def predictions(answer: Answer) -> list:
     return json.loads(answer.body)["predictions"]
+
+
+PROMETHEUS_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+PROMETHEUS_LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
+
+
+def prometheus_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of metric `name` in a Prometheus text export: each one's labels and value."""
+    found = []
+    for line in text.splitlines():
+        sample = PROMETHEUS_SAMPLE.match(line)
+        if sample and sample["name"] == name:
+            labels = {m["key"]: m["value"] for m in PROMETHEUS_LABEL.finditer(sample["labels"] or "")}
+            found.append((labels, float(sample["value"])))
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -185,3 +186,13 @@ class RayHead:
     def driver_env(self) -> dict[str, str]:
         """What a `podium` process needs to run on this head, as a user's would on their team's cluster."""
         return {"RAY_ADDRESS": f"127.0.0.1:{self.port}", "RAY_AUTH_MODE": "disabled"}
+
+    def metrics_urls(self) -> list[str]:
+        """Each live node's Prometheus export (its metrics agent's `/metrics`), as `ray.nodes()` names its port;
+        asked by a driver of its own, so that the test's process never joins this head."""
+        ask = ("import json, ray; ray.init(logging_level='ERROR'); print(json.dumps([[n['NodeManagerAddress'], "
+               "n['MetricsExportPort']] for n in ray.nodes() if n['Alive']]))")
+        done = subprocess.run([sys.executable, "-c", ask], env={**self.env, **self.driver_env()}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, f"ray.nodes() failed:\n{done.stderr[-2000:]}"
+        return [f"http://{host}:{port}/metrics" for host, port in json.loads(done.stdout.strip().splitlines()[-1])]

@@ -1,7 +1,8 @@
 """`podium serve` through the real commands, on loopback: one `podium serve` process for the module (on the test
 process's Ray head, as a team's cluster runs it), live requests in threads while `podium promote` and
-`podium rollback` switch the serving location's CURRENT. No training: the run's checkpoints are made
-(helpers.checkpoints), and the nightly model's loader makes every version an MLflow model."""
+`podium rollback` switch the serving location's CURRENT, then what the replica counted per version, on its
+/version and in Ray's Prometheus export. No training: the run's checkpoints are made (helpers.checkpoints), and
+the nightly model's loader makes every version an MLflow model."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
-from helpers.live import Load, call, predictions, serving
+from helpers.live import Answer, Load, Served, call, predictions, prometheus_samples, serving
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
@@ -59,7 +62,25 @@ def _promote(live, *more: str, **promotion) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_requests_across_a_promotion_and_a_rollback_never_fail_and_each_is_answered_by_one_whole_version(live):
+@dataclass
+class Switched:
+    """`podium serve` (still running) after live requests across a promotion and a rollback: every answer, the
+    first from the promoted version, the first from the rollback's, and when the rollback's command ran."""
+
+    served: Served
+    location: str
+    answers: list[Answer]
+    first_new: Answer
+    back: Answer
+    rolling_back: float
+    rolled_back: float
+
+
+@pytest.fixture(scope="module")
+def switched(live):
+    """One `podium serve` of the location for the module, with clients sending requests while v000001 serves,
+    while `podium promote` switches to v000002, and while `podium rollback` switches back; it serves on (no
+    request any more) until the module's tests are done."""
     root, env = live
     location = str(root / "serving")
     assert _promote(live)["promoted"]["version"] == "v000001"
@@ -81,7 +102,12 @@ def test_requests_across_a_promotion_and_a_rollback_never_fail_and_each_is_answe
             rolled_back = time.monotonic()
             back = load.wait_for("v000001", after=rolled_back)
             time.sleep(2)  # answers after the switch back, to see that none comes from v000002 any more
-        answers = load.answers
+        yield Switched(served, location, load.answers, first_new, back, rolling_back, rolled_back)
+
+
+def test_requests_across_a_promotion_and_a_rollback_never_fail_and_each_is_answered_by_one_whole_version(
+        switched):
+    answers, first_new, back = switched.answers, switched.first_new, switched.back
     failed = [a for a in answers if a.status != 200]
     assert not failed, f"{len(failed)} of {len(answers)} requests failed, e.g. {failed[:3]}"
     assert {a.version for a in answers} == {"v000001", "v000002"}, {a.version for a in answers}
@@ -89,13 +115,66 @@ def test_requests_across_a_promotion_and_a_rollback_never_fail_and_each_is_answe
     by_version = {v: {json.dumps(predictions(a)) for a in answers if a.version == v} for v in ("v000001", "v000002")}
     assert all(len(p) == 1 for p in by_version.values()) and by_version["v000001"] != by_version["v000002"], by_version
     # one replica switches in place: once a version answers, no request sent after that gets the one before
-    assert not [a for a in answers if a.sent > first_new.answered and a.answered < rolling_back
+    assert not [a for a in answers if a.sent > first_new.answered and a.answered < switched.rolling_back
                 and a.version == "v000001"], "v000001 answered after v000002 had"
     assert not [a for a in answers if a.sent > back.answered and a.version == "v000002"], \
         "v000002 answered after the rollback's v000001 had"
     # the new version answers soon after the command that switched it ends (a poll, a load and a check)
-    assert back.answered - rolled_back < 60, f"the rollback's version answered {back.answered - rolled_back:.1f} s later"
-    said = served.output()
+    waited = back.answered - switched.rolled_back
+    assert waited < 60, f"the rollback's version answered {waited:.1f} s later"
+    said = switched.served.output()
     assert "serving " in said and ": v000002 at http://127.0.0.1:" in said and "NOT switched" not in said, said
-    print(f"{len(answers)} requests, 0 failed; the rollback's version answered "
-          f"{back.answered - rolled_back:.1f} s after the command ended")
+    print(f"{len(answers)} requests, 0 failed; the rollback's version answered {waited:.1f} s after the command ended")
+
+
+def _answered(switched: Switched) -> dict[str, int]:
+    """What the clients were answered, by the version that answered."""
+    return {v: sum(1 for a in switched.answers if a.version == v) for v in ("v000001", "v000002")}
+
+
+def test_version_shows_each_version_s_requests_counted_by_the_replica_with_no_errors(switched):
+    said = json.loads(call(f"{switched.served.url}/version").body)
+    counted = said["this_replica"]["versions"]
+    # one replica answered every request: its counts are the clients' own, version by version
+    assert {v: c["requests"] for v, c in counted.items()} == _answered(switched), (counted, _answered(switched))
+    assert {v: c["errors"] for v, c in counted.items()} == {"v000001": 0, "v000002": 0}, counted
+    for version, c in counted.items():
+        assert 0 < c["latency_ms"]["p50"] <= c["latency_ms"]["p95"] <= c["latency_ms"]["max"], (version, c)
+    assert said["this_replica"]["replica"] and said["this_replica"]["since"] > 0, said["this_replica"]
+    print(json.dumps(said["this_replica"]))
+
+
+def test_ray_s_prometheus_export_counts_each_version_s_requests_and_latency(switched, shared_ray):
+    """Ray's metrics agent exports what the replica recorded after its report interval (about 10 s): read each
+    node's export until the counts are the clients' own, or a deadline passes."""
+    answered, urls = _answered(switched), shared_ray.metrics_urls()
+    started = time.monotonic()
+    deadline, seen = started + 90, {}
+    while True:
+        text = ""
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    text += response.read().decode() + "\n"
+            except OSError:
+                continue
+        ours = {"serving": switched.location}
+        seen = {name: _by_version(text, f"ray_podium_serve_{name}", ours)
+                for name in ("requests_total", "errors_total", "latency_ms_count")}
+        if seen["requests_total"] == answered or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert seen["requests_total"] == answered, (f"Ray's export at {urls} never counted the clients' requests "
+                                                f"{answered}: {seen}")
+    assert seen["latency_ms_count"] == answered, seen
+    assert not seen["errors_total"], seen
+    print(f"Ray's export counted {answered} after {time.monotonic() - started:.0f} s")
+
+
+def _by_version(text: str, metric: str, labels: dict[str, str]) -> dict[str, int]:
+    """A metric's samples with `labels`, summed by their `version` label."""
+    out: dict[str, int] = {}
+    for found, value in prometheus_samples(text, metric):
+        if all(found.get(k) == v for k, v in labels.items()) and value:
+            out[found["version"]] = out.get(found["version"], 0) + int(value)
+    return out

@@ -78,6 +78,13 @@ def test_a_replica_answers_as_mlflow_names_its_version_and_follows_promotions_an
     server._follow_once()
     assert _call(server, "POST", "/invocations", _rows(data))[1][VERSION_HEADER.lower()] == v1.version
 
+    # what each version answered, as this replica counted it (not the 503 from before anything was promoted)
+    counted = _call(server, "GET", "/version")[2]["this_replica"]["versions"]
+    assert {v: (c["requests"], c["errors"], c["error_statuses"]) for v, c in counted.items()} == {
+        v1.version: (3, 1, {"400": 1}), v2.version: (1, 0, {})}
+    assert 0 < counted[v1.version]["latency_ms"]["p50"] <= counted[v1.version]["latency_ms"]["p95"]
+    assert "this_replica" not in _call(server, "GET", "/ping")[2]
+
 
 def test_a_version_that_fails_its_checks_is_never_switched_to_and_the_replica_says_why(tmp_path, data, checkpoint):
     plan, served = _served(tmp_path, data, checkpoint[0])

@@ -1,0 +1,108 @@
+"""Live traffic per served version, as one replica of `podium serve` counts it: requests, errors and latency.
+Pure, no I/O.
+
+A `Traffic` keeps, for each version that answered, how many requests it answered, how many of those were errors
+(an answer other than 200, by status) and how long each took, in fixed latency buckets (`LATENCY_BUCKETS_MS`,
+the boundaries of the Prometheus histogram too), so its size does not grow with the requests it counts. Its p50
+and p95 are estimated from the buckets as Prometheus' `histogram_quantile` does (linearly within a bucket), kept
+within the fastest and slowest latencies measured: accurate to a bucket's width.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# upper bounds (ms) of the latency buckets; one more bucket holds what is slower than the last
+LATENCY_BUCKETS_MS: tuple[float, ...] = (0.5, 1, 1.5, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100,
+                                         150, 200, 300, 400, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000, 30000,
+                                         60000)
+
+
+@dataclass
+class VersionTraffic:
+    """One version's requests on one replica: counts, errors by status, and latencies in buckets."""
+
+    boundaries: Sequence[float] = LATENCY_BUCKETS_MS
+    requests: int = 0
+    errors: int = 0
+    error_statuses: dict[int, int] = field(default_factory=dict)
+    buckets: list[int] = field(default_factory=list)  # per boundary, then one beyond the last
+    fastest_ms: float = math.inf
+    slowest_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            self.buckets = [0] * (len(self.boundaries) + 1)
+
+    def add(self, latency_ms: float, status: int) -> None:
+        """One answered request: how long it took and the status it was answered with (not 200: an error)."""
+        self.requests += 1
+        if status != 200:
+            self.errors += 1
+            self.error_statuses[status] = self.error_statuses.get(status, 0) + 1
+        self.buckets[bisect_left(self.boundaries, latency_ms)] += 1
+        if latency_ms < self.fastest_ms:
+            self.fastest_ms = latency_ms
+        if latency_ms > self.slowest_ms:
+            self.slowest_ms = latency_ms
+
+    def latency_quantile_ms(self, q: float) -> float | None:
+        """The `q` quantile (0 to 1) of the latencies, estimated from the buckets (None: no request)."""
+        return quantile_from_buckets(self.buckets, self.boundaries, q, self.fastest_ms, self.slowest_ms)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What a person reads: requests, errors (by status), latency p50, p95 and max in ms."""
+        p50, p95 = self.latency_quantile_ms(0.5), self.latency_quantile_ms(0.95)
+        return {"requests": self.requests, "errors": self.errors,
+                "error_statuses": {str(status): n for status, n in sorted(dict(self.error_statuses).items())},
+                "latency_ms": {"p50": _rounded(p50), "p95": _rounded(p95),
+                               "max": _rounded(self.slowest_ms if self.requests else None)}}
+
+
+class Traffic:
+    """Every version's `VersionTraffic` on one replica, since it started counting."""
+
+    def __init__(self, boundaries: Sequence[float] = LATENCY_BUCKETS_MS):
+        self.boundaries = tuple(boundaries)
+        self.versions: dict[str, VersionTraffic] = {}
+
+    def add(self, version: str, latency_ms: float, status: int) -> None:
+        """One request `version` answered, in `latency_ms`, with `status`."""
+        counted = self.versions.get(version)
+        if counted is None:
+            counted = self.versions[version] = VersionTraffic(self.boundaries)
+        counted.add(latency_ms, status)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Each version's numbers (see `VersionTraffic.as_dict`), by version."""
+        return {version: counted.as_dict() for version, counted in sorted(dict(self.versions).items())}
+
+
+def quantile_from_buckets(counts: Sequence[int], boundaries: Sequence[float], q: float, lowest: float,
+                          highest: float) -> float | None:
+    """The `q` quantile of values counted in buckets (`counts[i]`: values up to `boundaries[i]` and above the one
+    before; the last count: above the last boundary), interpolated linearly within its bucket as Prometheus'
+    `histogram_quantile` does, and kept within [`lowest`, `highest`], the extreme values seen. None: no value."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile {q}: expected a number from 0 to 1")
+    rank, below = q * total, 0
+    for i, count in enumerate(counts):
+        if count and below + count >= rank:
+            low = boundaries[i - 1] if i > 0 else 0.0
+            high = boundaries[i] if i < len(boundaries) else highest
+            low, high = max(low, lowest), min(high, highest)
+            estimate = low + (high - low) * (rank - below) / count
+            return min(max(estimate, lowest), highest)
+        below += count
+    return highest
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
