@@ -47,7 +47,7 @@ class ReplicaTraffic:
         self.replica, self.since = replica, time.time()
         self.tally = Traffic()
         # Ray Serve annotates tag_keys as a one-tuple (Tuple[str]); any tuple of names is what it takes
-        by_version: Any = ("serving", "version")
+        by_version: Any = ("serving", "serving_version")
         self._requests = Counter(REQUESTS_METRIC, "Requests to /invocations answered by each served version.",
                                  tag_keys=by_version)
         self._errors = Counter(ERRORS_METRIC, "Requests to /invocations a served version answered with a status "
@@ -65,12 +65,12 @@ class ReplicaTraffic:
         ms = seconds * 1000.0
         tags = self._tags.get(version)
         if tags is None:
-            tags = self._tags[version] = {"version": version}
+            tags = self._tags[version] = {"serving_version": version}
         self.tally.add(version, ms, status)
         self._requests.inc(1, tags)
         self._latency.observe(ms, tags)
         if status != 200:
-            self._errors.inc(1, {"version": version, "status": str(status)})
+            self._errors.inc(1, {"serving_version": version, "status": str(status)})
 
     def as_dict(self) -> dict[str, Any]:
         """This replica's counts since it started, by version (what /version shows)."""

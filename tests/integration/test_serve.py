@@ -172,9 +172,9 @@ def test_ray_s_prometheus_export_counts_each_version_s_requests_and_latency(swit
 
 
 def _by_version(text: str, metric: str, labels: dict[str, str]) -> dict[str, int]:
-    """A metric's samples with `labels`, summed by their `version` label."""
+    """A metric's samples with `labels`, summed by their `serving_version` label."""
     out: dict[str, int] = {}
     for found, value in prometheus_samples(text, metric):
         if all(found.get(k) == v for k, v in labels.items()) and value:
-            out[found["version"]] = out.get(found["version"], 0) + int(value)
+            out[found["serving_version"]] = out.get(found["serving_version"], 0) + int(value)
     return out
