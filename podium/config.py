@@ -18,11 +18,12 @@ import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import quote, unquote
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from podium.core.redaction import has_password, redact_uri
+from podium.core.redaction import SECRET_KEY, has_password, redact_uri
 from podium.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MODEL_NAME_RE = RUN_NAME_RE
 DEFAULT_MODEL = "podium"
 RUN_NAME_PLACEHOLDERS = {"date": "%Y%m%d", "datetime": "%Y%m%d-%H%M%S"}
+# a `[storage]` table's location: userfs://<factory>[;<filesystem_kwargs as JSON, percent-encoded>]/<path>
+USERFS_SCHEME = "userfs"
 # the one key podium adds to a user loop's config (podium's facts); refused in train_loop_config
 LOOP_CONFIG_PODIUM_KEY = "podium"
 # settings of the built-in loop only: a user loop gets its own from train_loop_config
@@ -77,6 +80,61 @@ def _check_import_path(value: str | None) -> str | None:
     if value is not None and not IMPORT_PATH_RE.match(value):
         raise ValueError(f"expected 'package.module:function', got {value!r}")
     return value
+
+
+class StorageFilesystemConfig(_Strict):
+    """`storage` as a table: checkpoints in a filesystem of your own (Ray Train's storage_filesystem)."""
+
+    path: str = Field(min_length=1, description="Where checkpoints go inside your filesystem (Ray Train's "
+                      "storage_path).")
+    filesystem: str = Field(
+        min_length=1, description="'package.module:function' returning a pyarrow.fs.FileSystem, called with "
+        "filesystem_kwargs. Every process that reads or writes storage calls it (Ray's workers included), so the "
+        "module must be importable there, as your training loop's is.")
+    filesystem_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the filesystem function: JSON values, no "
+        "credentials (they travel in the storage location, which logs and records show).")
+
+    @field_validator("filesystem")
+    @classmethod
+    def _check_filesystem(cls, v: str) -> str:
+        return _check_import_path(v) or v
+
+    @field_validator("filesystem_kwargs")
+    @classmethod
+    def _check_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        secret = sorted(k for k in v if SECRET_KEY.search(k))
+        if secret:
+            raise ValueError(f"{', '.join(secret)}: credentials are not accepted here (they would be logged); "
+                             "let the filesystem function read them from the environment")
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"expected JSON values ({exc})") from None
+        return v
+
+    def location(self) -> str:
+        """The storage location podium passes around: userfs://<filesystem>[;<kwargs>]/<path>."""
+        netloc = self.filesystem
+        if self.filesystem_kwargs:
+            netloc += ";" + quote(json.dumps(self.filesystem_kwargs, sort_keys=True, separators=(",", ":")), safe="")
+        return f"{USERFS_SCHEME}://{netloc}/{self.path}".rstrip("/")
+
+
+def parse_userfs_location(location: str) -> tuple[str, dict[str, Any], str]:
+    """(filesystem function, its kwargs, the path inside the filesystem) of a userfs:// location."""
+    rest = location[len(USERFS_SCHEME) + 3:] if location.lower().startswith(f"{USERFS_SCHEME}://") else ""
+    netloc, _, path = rest.partition("/")
+    factory, _, kwargs = netloc.partition(";")
+    if not IMPORT_PATH_RE.match(factory):
+        raise ValueError(f"{location!r}: expected {USERFS_SCHEME}://package.module:function/path")
+    try:
+        parsed = json.loads(unquote(kwargs)) if kwargs else {}
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{location!r}: the filesystem's kwargs after ';' are not a JSON object")
+    return factory, parsed, path
 
 
 class DataConfig(_Strict):
@@ -375,7 +433,10 @@ class PipelineConfig(_Strict):
     model: str = Field(DEFAULT_MODEL, description="The model this run trains: names the MLflow experiment, the "
                        "registered model and the default serving location (<home>/serving/<model>).")
     experiment: str = Field("", description="MLflow experiment name (default: the model name).")
-    storage: str = Field("", description="Ray Train storage_path (path or URI).")
+    storage: str = Field(
+        "", description="Where Ray Train persists checkpoints: a path or URI, or a table naming a filesystem of "
+        "your own, { path = \"checkpoints\", filesystem = \"mypkg.fs:make_fs\" } (path, filesystem, "
+        "filesystem_kwargs: see Object storage, A filesystem of your own), kept as its userfs:// location.")
     serving: str = Field("", description="Serving location: promoted versions and the CURRENT pointer.")
     data: DataConfig = Field(default_factory=DataConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -399,6 +460,21 @@ class PipelineConfig(_Strict):
         elif isinstance(promotion, PromotionConfig) and not promotion.registered_model:
             data["promotion"] = promotion.model_copy(update={"registered_model": model})
         return data
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _storage_table(cls, v: Any) -> Any:
+        # a table of your own filesystem becomes its location: every process (Ray workers, Prefect parameters,
+        # records) gets the one string, from which podium.storage.backends.userfs rebuilds the filesystem
+        if isinstance(v, dict):
+            try:
+                return StorageFilesystemConfig.model_validate(v).location()
+            except ValidationError as err:
+                raise ValueError("\n  ".join(line.strip() for line in
+                                              format_validation_error(err, "storage.").splitlines()[1:])) from None
+        if not isinstance(v, str):
+            raise ValueError(f"expected a path or URI (a string), or a table {{ path, filesystem }}, got {type_name(v)}")
+        return v
 
     @field_validator("storage", "serving")
     @classmethod
@@ -452,7 +528,10 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
         msg = TYPE_EXPECTED.get(e["type"]) or e["msg"].removeprefix("Value error, ")
         if e["type"] in TYPE_EXPECTED:
             msg = f"{msg}, got {type_name(value)}"
-        lines.append(f"{field} = {shown}: {msg}")
+        if msg.startswith(f"{field}.") or e["type"] == "missing":  # a table's own lines; a missing key has no value
+            lines.append(msg if msg.startswith(f"{field}.") else f"{field}: {msg}")
+        else:
+            lines.append(f"{field} = {shown}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

@@ -183,7 +183,7 @@ def _fit(plan: RunPlan, sink: EventSink, step_base: int, loop_config: dict[str, 
         use_gpu=cfg.scaling.use_gpu,
         cpus_per_worker=cfg.scaling.cpus_per_worker,
         # the flow's own queue gets the controller's handle: a clean stop aborts training through it
-        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base,
+        callbacks=[raytrain.CheckpointAnnouncer(cfg.run_name, [sink], step_base, storage=plan.storage,
                                                 announce_controller=isinstance(sink, raytrain.RayQueueSink))],
         max_failures=cfg.scaling.max_failures,
         datasets=datasets,

@@ -38,7 +38,7 @@ from podium.core.events import (
 )
 from podium.core.failures import describe_failure
 from podium.settings import count_start
-from podium.storage.locations import arrow_filesystem, join, normalize_location, uri_of
+from podium.storage.locations import arrow_filesystem, join, normalize_location, persisted_uri
 from podium.training.cluster import (  # noqa: F401  (moved to cluster.py; the names stay importable here)
     DEFAULT_POLL_INTERVAL_S,
     POLL_INTERVAL_ENV,
@@ -215,10 +215,14 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     A report's step is the first step-like metric it carries (`step_of`), else its index in the
     run: Ray Train's count of reports, which goes on across worker-group restarts and reruns.
     `step_base` (the run's last recorded step) starts the count where that index is not known.
+    `storage`, the location Ray Train's storage_path and storage_filesystem came from, names the checkpoints
+    where the filesystem Ray hands back cannot (a filesystem of your own: podium.storage.backends.userfs).
     """
 
-    def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0, announce_controller: bool = False):
+    def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0, announce_controller: bool = False,
+                 storage: str | None = None):
         self.run_name = run_name
+        self.storage = storage
         self.sinks = sinks
         self._index = step_base
         self._restarts = 0
@@ -246,7 +250,9 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
             step=step_of(rank0, self._index),
             epoch=int(rank0["epoch"]) if isinstance(rank0.get("epoch"), (int, float)) else None,
             metrics=numeric_metrics(rank0),
-            checkpoint_uri=uri_of(checkpoint.filesystem, checkpoint.path) if checkpoint else None,
+            checkpoint_uri=persisted_uri(checkpoint.filesystem, checkpoint.path, self.storage,
+                                         f"{self.run_name}/{os.path.basename(checkpoint.path.rstrip('/'))}")
+            if checkpoint else None,
             checkpoint_name=os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else None,
             validation=request,
         )
@@ -481,5 +487,5 @@ def persisted_checkpoints(storage: str, run_name: str) -> list[CheckpointEvent]:
         events.append(CheckpointEvent(
             run_name=run_name, step=step_of(metrics, int(index) + 1), metrics=numeric_metrics(metrics),
             epoch=int(epoch) if isinstance(epoch, (int, float)) else None,
-            checkpoint_uri=uri_of(fs, f"{path}/{name}"), checkpoint_name=name))
+            checkpoint_uri=persisted_uri(fs, f"{path}/{name}", run_dir, name), checkpoint_name=name))
     return events

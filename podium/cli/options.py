@@ -77,7 +77,8 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
     ("--model", "model", str, "The model this run trains: names the MLflow experiment, the registered model "
                               "and the default serving location (.podium/serving/<model>)."),
     ("--experiment", "experiment", str, "MLflow experiment name (default: the model name)."),
-    ("--storage", "storage", str, "Where Ray Train persists checkpoints (path or URI; default: .podium/storage)."),
+    ("--storage", "storage", str, "Where Ray Train persists checkpoints (path or URI; default: .podium/storage). "
+                                  "A filesystem of your own is a [storage] table of --config, which this replaces."),
     ("--serving", "serving", str,
      "Serving location for promoted models (path or URI; default: .podium/serving/<model>)."),
     ("--train-data", "data.train", str, "Training Parquet file or directory (default: generated demo data)."),

@@ -53,6 +53,14 @@ def uri_of(fs: pafs.FileSystem, path: str) -> str:
     return path
 
 
+def persisted_uri(fs: pafs.FileSystem, path: str, storage: str | None = None, relative: str = "") -> str:
+    """The URI of what Ray Train persisted at `path` in `fs`: where the storage location it was given is known,
+    `relative` under it if that location's store names it so (a filesystem of your own), else `uri_of`."""
+    if storage is not None and backend_for(storage).uris_from_location:
+        return join(storage, relative)
+    return uri_of(fs, path)
+
+
 def join(uri: str, *parts: str) -> str:
     """Join path parts onto a path or URI."""
     base = uri.rstrip("/")

@@ -41,6 +41,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from helpers.commands import podium
@@ -205,18 +206,28 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset,
     and resolves the user's packages, not its own (which are podium.training, podium.tasks). The run's name has a
     dot, as a versioned name often does, which MLflow refuses in a checkpoint record's name, and a {date} that the
     command fills. The user's code is the complete example of docs/bring-your-own-loop.md, as written there: its
-    loop, validation function and model loader; the champion is a served MLflow model that predicts labels."""
+    loop, validation function and model loader; the champion is a served MLflow model that predicts labels.
+    Storage is a filesystem of the user's own, docs/object-storage.md's example as written there
+    (training/fs.py, a `[storage]` table): checkpoints land under its root, validations read them through it
+    and the champion is built from one of them."""
     from datetime import datetime, timezone
 
     from mlflow.tracking import MlflowClient
 
     guide = (REPO / "docs" / "bring-your-own-loop.md").read_text()
     example = re.search(r"```python\n(# mypkg/train\.py\n.*?)```", guide, re.S).group(1)  # type: ignore[union-attr]
+    storage_guide = (REPO / "docs" / "object-storage.md").read_text()
+    own_fs = re.search(r"```python\n(# training/fs\.py\n.*?)```", storage_guide, re.S).group(1)  # type: ignore[union-attr]
+    table = re.search(r"```toml\n(\[storage\]\n.*?)```", storage_guide, re.S).group(1)  # type: ignore[union-attr]
+    root = tmp_path / "own-fs"
     repo = tmp_path / "user-repo"
     for package in ("training", "tasks"):
         (repo / package).mkdir(parents=True)
         (repo / package / "__init__.py").write_text("")
     (repo / "training" / "train.py").write_text(example)
+    (repo / "training" / "fs.py").write_text(own_fs)
+    assert "/mnt/shared/podium" in table
+    (repo / "podium.toml").write_text(table.replace("/mnt/shared/podium", str(root)))
     (repo / "tasks" / "checks.py").write_text("from training.train import validate_fn  # noqa: F401\n")
     # a local Ray of podium's own, as a user's first run gets: the user's packages reach its workers through the
     # raylet's path, not an upload
@@ -227,8 +238,7 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset,
         [console_script, "run", "--json", "--run-name", "own-packages-v1.2-{date}", "--loop-config", "epochs=2",
          "--num-workers", "1", "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
          "--model-class", "training.train:Net", "--train-data", dataset[0], "--val-data", dataset[1],
-         "--metric", "accuracy", "--mode", "max", "--storage", str(tmp_path / "storage"),
-         "--serving", str(tmp_path / "serving")],
+         "--metric", "accuracy", "--mode", "max", "--config", "podium.toml", "--serving", str(tmp_path / "serving")],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -237,6 +247,17 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset,
     if out["run_name"] != f"own-packages-v1.2-{day}":  # the command started after midnight (UTC)
         day = datetime.now(timezone.utc).strftime("%Y%m%d")
     assert out["promoted"] is not None and out["run_name"] == f"own-packages-v1.2-{day}"
+    # the checkpoints are in the user's filesystem, named by its function and kwargs
+    location = f"userfs://training.fs:make_fs;{quote(json.dumps({'root': str(root)}, separators=(',', ':')), safe='')}"
+    location += "/checkpoints"
+    uris = [c["uri"] for c in out["checkpoints"]]
+    assert all(u.startswith(f"{location}/{out['run_name']}/checkpoint_") for u in uris), uris
+    assert sorted(p.name for p in (root / "checkpoints" / out["run_name"]).glob("checkpoint_*") if p.is_dir()) == \
+        sorted(u.rsplit("/", 1)[1] for u in uris)
+    assert not (tmp_path / "storage").exists() and not (repo / ".podium" / "storage").exists()
+    # the champion was built from one of them, read through the user's filesystem
+    manifest = json.loads((tmp_path / "serving" / "versions" / out["promoted"]["version"] / "MANIFEST.json").read_text())
+    assert manifest["checkpoint"] in uris and manifest["step"] == out["promoted"]["step"], manifest
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
     models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id])
     assert {m.name for m in models} == {f"own-packages-v1_2-{day}-step-{c['step']}" for c in out["checkpoints"]}

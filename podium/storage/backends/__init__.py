@@ -11,6 +11,7 @@ with no lease (a warning says so) and no copy inside the store.
 - `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight)
 - `gcs`: Google Cloud Storage (gcsfs; generation preconditions)
 - `azure`: Azure Blob Storage (adlfs; ETag conditions)
+- `userfs`: a filesystem of your own, a pyarrow filesystem built by your function (a `[storage]` table)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "az": "podium.storage.backends.azure:AzureBackend",
     "abfs": "podium.storage.backends.azure:AzureBackend",
     "abfss": "podium.storage.backends.azure:AzureBackend",
+    "userfs": "podium.storage.backends.userfs:UserFilesystemBackend",
 }
 
 

@@ -3,7 +3,8 @@
 A backend answers, for the locations of its URI schemes:
 
 - the filesystems: fsspec (podium's file operations) and pyarrow (Ray Train, Parquet readers);
-- the checks on a location: its URI (`normalize`), and whether it is usable (`check_location`);
+- the checks on a location: its URI (`normalize`), and whether it is usable (`check_location`; a writable one
+  gets its folder first, `make_folder`);
 - the streams: a front-to-back reader and a writer published only when closed (`open_read`, `open_write`);
 - a copy inside the store, where it has one (`copy_in_store`), and how far the store vouches for it;
 - whole-object writes that readers see whole or not at all (`write`: how CURRENT is switched), create-only
@@ -48,6 +49,9 @@ class Backend:
     conditional_writes: ClassVar[bool] = False
     # environment variables that say where the store is (never credentials), for processes started elsewhere
     setting_env: ClassVar[tuple[str, ...]] = ()
+    # True where what Ray Train persisted is named from the storage location, not from the pyarrow filesystem
+    # Ray hands back (which cannot say how another process would rebuild it: a filesystem of your own)
+    uris_from_location: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ locations
 
@@ -64,6 +68,10 @@ class Backend:
         fs, path = self.fsspec_filesystem(location)
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
+    def make_folder(self, location: str) -> None:
+        """Create the location's folder where the store has folders (object stores have none): a location that
+        must be writable is made first."""
+
     def check_location(self, location: str, *, write: bool) -> None:
         """Prove `location` usable (see podium.storage.preflight.check_location)."""
         fs, path = self.fsspec_filesystem(location)
@@ -73,6 +81,7 @@ class Backend:
             return
         probe = f"{path.rstrip('/')}/.podium-write-probe-{uuid.uuid4().hex}"
         try:
+            self.make_folder(location)
             fs.pipe_file(probe, b"ok")
             fs.rm_file(probe)
         except Exception as exc:

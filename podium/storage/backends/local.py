@@ -12,7 +12,6 @@ import fsspec
 import pyarrow.fs as pafs
 
 from podium.storage.backends.base import Backend
-from podium.storage.errors import StorageError
 
 
 class LocalBackend(Backend):
@@ -35,14 +34,9 @@ class LocalBackend(Backend):
         """pyarrow's native local filesystem."""
         return pafs.LocalFileSystem(), location
 
-    def check_location(self, location: str, *, write: bool) -> None:
-        """The folder is created first when it must be writable."""
-        if write:
-            try:
-                os.makedirs(location, exist_ok=True)
-            except OSError as exc:
-                raise StorageError(location, f"not writable ({type(exc).__name__}: {exc})") from None
-        super().check_location(location, write=write)
+    def make_folder(self, location: str) -> None:
+        """The folder and its parents."""
+        os.makedirs(location, exist_ok=True)
 
     def write(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         """A complete temporary file, renamed over the old one."""
