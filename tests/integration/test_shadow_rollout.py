@@ -10,7 +10,8 @@ the live traffic. No training: the runs' checkpoints are made and validated with
   better       a better run that answers like a champion: promoted after its shadow, the comparison recorded
   best         better still: SIGTERM during its shadow withdraws it; with no live traffic, its shadow ends at
                its deadline and refuses it (promotion.shadow.on_no_traffic's default); then a rollback during
-               its shadow refuses it (the champion changed); then, with approval required too, it passes its
+               its shadow refuses it (the champion changed); SIGKILL during its shadow leaves the shadow to the
+               next command, which ends it; then, with approval required too, it passes its
                shadow, waits for a person, and `podium approve` promotes it
 After each step that changes what serves, what serves is what the registry names and what the history says.
 """
@@ -324,6 +325,26 @@ def test_a_rollback_during_a_shadow_ends_it_and_what_serves_is_what_the_rollback
     assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
     assert _check_one_champion(root, env, server) == rolled["to_version"] != before
     assert _serving(server)["shadow"] is None
+
+
+def test_a_promotion_killed_during_its_shadow_is_ended_by_the_next_command(world, server):
+    """SIGKILL during a shadow (no handler runs): the SHADOW pointer and the staged copy stay behind, and the champion
+    keeps serving. The next `podium promote` of the location ends that shadow and withdraws its candidate before it
+    stages its own (here refused at its short deadline, with no traffic), and one champion is named everywhere."""
+    root, env = world
+    champion = _check_one_champion(root, env, server)
+    proc, orphan = _promote_until_shadowed(root, env)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert json.loads((root / "serving" / "SHADOW").read_text())["version"] == orphan  # left behind
+    assert _current(root) == champion and _serving(server)["version"] == champion
+    after = podium(["promote", "--json", "--config", str(_config(root, "best")), "--shadow-duration", "3"], env)
+    assert f"ended the shadow of {orphan}" in after.stderr, after.stderr[-3000:]
+    outcome = json.loads(after.stdout.strip().splitlines()[-1])
+    assert outcome["promoted"] is None and "no live request reached the shadow" in outcome["promotion_reason"]
+    assert (root / "serving" / "versions" / orphan / "DISCARDED.json").exists()
+    assert not (root / "serving" / "SHADOW").exists()
+    assert _check_one_champion(root, env, server) == champion
 
 
 def test_a_candidate_that_passed_its_shadow_waits_for_approval_and_an_approval_promotes_it(world, server):
