@@ -5,12 +5,13 @@ Two views of the same counts:
 - Ray Serve's metrics (`ray.serve.metrics`), exported by Ray's metrics agent in Prometheus format, what Ray's
   dashboard and a Prometheus or Grafana of the cluster show. Ray names them with its `ray_` prefix:
 
-      ray_podium_serve_requests_total{version, serving, ...}       requests a version answered
-      ray_podium_serve_errors_total{version, serving, status, ...} of those, answers other than 200, by status
-      ray_podium_serve_latency_ms_bucket{version, serving, le, ...} the replica's time per request, a histogram
+      ray_podium_serve_requests_total{serving_version, serving, ...}       requests a version answered
+      ray_podium_serve_errors_total{serving_version, serving, status, ...} of those, answers other than 200
+      ray_podium_serve_latency_ms_bucket{serving_version, serving, le, ...} the replica's time per request
 
-  `serving` is the serving location (credentials hidden), `version` the version that answered; Ray Serve adds
-  `deployment`, `replica` and `application`.
+  `serving` is the serving location (credentials hidden), `serving_version` the version that answered (not
+  `version`: Ray adds `Version`, its release, to every metric); Ray Serve adds `deployment`, `replica` and
+  `application`.
 - The replica's own tally (podium.core.traffic.Traffic), since it started, which its `/version` and `/health`
   answers carry: a look without Prometheus.
 

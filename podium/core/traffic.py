@@ -28,7 +28,6 @@ class VersionTraffic:
 
     boundaries: Sequence[float] = LATENCY_BUCKETS_MS
     requests: int = 0
-    errors: int = 0
     error_statuses: dict[int, int] = field(default_factory=dict)
     buckets: list[int] = field(default_factory=list)  # per boundary, then one beyond the last
     fastest_ms: float = math.inf
@@ -42,13 +41,17 @@ class VersionTraffic:
         """One answered request: how long it took and the status it was answered with (not 200: an error)."""
         self.requests += 1
         if status != 200:
-            self.errors += 1
             self.error_statuses[status] = self.error_statuses.get(status, 0) + 1
         self.buckets[bisect_left(self.boundaries, latency_ms)] += 1
         if latency_ms < self.fastest_ms:
             self.fastest_ms = latency_ms
         if latency_ms > self.slowest_ms:
             self.slowest_ms = latency_ms
+
+    @property
+    def errors(self) -> int:
+        """Requests answered with a status other than 200."""
+        return sum(self.error_statuses.values())
 
     def latency_quantile_ms(self, q: float) -> float | None:
         """The `q` quantile (0 to 1) of the latencies, estimated from the buckets (None: no request)."""

@@ -357,11 +357,11 @@ def _submit_resume_form(page, form) -> str:
 
 
 def _flow_run_state(base: str, flow_run: str) -> str:
-    from prefect.client.orchestration import get_client
+    from helpers.prefect_queries import flow_run_state
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: f"{base}/api"}), get_client(sync_client=True) as client:
-        state = client.read_flow_run(flow_run).state
+    with temporary_settings(updates={PREFECT_API_URL: f"{base}/api"}):
+        state = flow_run_state(run_id=flow_run, timeout=0)  # as it is now, final or not
     return f"{state.type.value if state else None}: {state.message if state else ''}"
 
 

@@ -149,6 +149,15 @@ def _serving(url: str) -> dict:
         return json.loads(r.read())
 
 
+def _replica_shows(url: str, key: str, value: object) -> dict:
+    """What the replica says once its `key` is `value`, or after a minute (it follows CURRENT and SHADOW at its
+    next poll)."""
+    deadline = time.monotonic() + 60
+    while (said := _serving(url))[key] != value and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return said
+
+
 def _current(root: Path) -> str:
     return json.loads((root / "serving" / "CURRENT").read_text())["version"]
 
@@ -225,10 +234,7 @@ def test_a_good_candidate_is_promoted_after_its_shadow_with_the_comparison_recor
     shadow = out["shadow"]
     assert shadow["passed"] and shadow["requests"] >= 8 and shadow["errors"] == 0 and shadow["agreement"] >= 0.5
     assert _current(root) == promoted["version"] != before
-    deadline = time.monotonic() + 60  # the replica follows CURRENT at its next poll
-    while _serving(server)["version"] != promoted["version"] and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _serving(server)["version"] == promoted["version"]
+    assert _replica_shows(server, "version", promoted["version"])["version"] == promoted["version"]
     registered, tags = _registered(env, promoted["version"])
     assert _alias(env, "champion") == registered and _alias(env, "challenger") is None
     assert tags["podium.shadow"] == "passed" and int(tags["podium.shadow.requests"]) == shadow["requests"]
@@ -259,10 +265,8 @@ def test_a_promotion_stopped_during_its_shadow_withdraws_the_candidate(world, se
     assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
     _, tags = _registered(env, candidate)
     assert tags["podium.approval"] == "withdrawn" and _alias(env, "challenger") is None
-    deadline = time.monotonic() + 60  # the replica stops shadowing at its next poll
-    while _serving(server)["shadow"] is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _serving(server)["shadow"] is None and _serving(server)["version"] == champion
+    said = _replica_shows(server, "shadow", None)
+    assert said["shadow"] is None and said["version"] == champion
 
 
 def test_a_shadow_that_no_live_request_reaches_refuses_the_candidate_at_its_deadline(world, server):
@@ -279,10 +283,7 @@ def _check_one_champion(root: Path, env: dict, url: str) -> str:
     """What serves is what the registry names and what the history says: CURRENT, the replica's version (once
     it followed CURRENT), the champion alias's registered version, and the history's current switch."""
     current = _current(root)
-    deadline = time.monotonic() + 60  # the replica follows CURRENT at its next poll
-    while _serving(url)["version"] != current and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _serving(url)["version"] == current
+    assert _replica_shows(url, "version", current)["version"] == current
     registered, _ = _registered(env, current)
     assert _alias(env, "champion") == registered and _alias(env, "challenger") is None
     history = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)
@@ -366,10 +367,8 @@ def test_a_candidate_that_passed_its_shadow_waits_for_approval_and_an_approval_p
                 time.sleep(1)
     assert set(live.answered) == {(200, champion)}, live.answered  # the champion answered throughout
     assert _current(root) == champion
-    deadline = time.monotonic() + 60  # the shadow ended when it had its requests: the replica stops at its next poll
-    while _serving(server)["shadow"] is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _serving(server)["shadow"] is None and _serving(server)["version"] == champion
+    said = _replica_shows(server, "shadow", None)  # the shadow ended when it had its requests
+    assert said["shadow"] is None and said["version"] == champion
     podium(["approve", "--run-name", "best", "--reason", "the shadow agreed", "--by", "ana"], env)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
