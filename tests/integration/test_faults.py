@@ -16,6 +16,11 @@ where there is one (a verdict of its own recorded, more checkpoints waiting for 
   finish      nothing: on a new head it finishes                     test_the_last_attempt_finishes_each_checkpoint_
                                                                      once_without_asking_a_verdict_again
 
+The run keeps its checkpoints in Google Cloud Storage (gcp-storage-emulator) and serves its champion from Azure Blob
+(Azurite), each on loopback: a resume after each fault works on an object store, where nothing is renamed into place
+(test_a_run_killed_and_resumed_on_gcs_promotes_its_best_checkpoint_onto_azure); local disk, the embedded default,
+is every other training module's.
+
 The kill and Ctrl-C run on podium's own local Ray (the signals reach it as a user's would), the others on a
 `ray start` head of the module's own (the fault is the user's code's or the cluster's). Ray waits a fixed 30 s for a
 new node to register: a local Ray that did not start in time on a loaded machine ("The current node timed out during
@@ -44,9 +49,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import fsspec
 import pytest
+from azure.storage.blob import BlobServiceClient
+from helpers.object_stores import start_azurite, start_gcs_emulator
 from helpers.servers import RayHead, fill_filesystem
 from mlflow.tracking import MlflowClient
 
@@ -54,7 +63,7 @@ from podium.core.events import CheckpointEvent
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files
 from podium.storage.fingerprint import dataset_digest
-from podium.tracking.client import TAG_CHECKPOINT, TAG_STATUS, TAG_STEP
+from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_STATUS, TAG_STEP
 from podium.tracking.records import merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
 
@@ -133,6 +142,7 @@ def _statuses(tracking_uri) -> dict[str, str]:
 # ---- the chain: one run name, five `podium run` processes, each ended by another fault
 
 NAME = "faults"
+BUCKET = "podium-faults"  # the GCS bucket of the run's checkpoints, and the Azure container of its serving location
 EPOCHS = 16  # enough for each attempt to train some: each resumes from the newest checkpoint
 RAISING_EPOCH, FAILING_VALIDATION = 3, 1  # the first attempt's training loop and validation function raise there
 RAY_START_TIMEOUT = "The current node timed out during startup"
@@ -313,30 +323,46 @@ class Chain:
 
 
 @pytest.fixture(scope="module")
-def chain(prefect_api, dataset, tmp_path_factory, mlflow_template_db) -> Chain:
-    """The run `faults` through its five attempts (this module's docstring): what each left."""
+def chain(prefect_api, dataset, tmp_path_factory, mlflow_template_db) -> Iterator[Chain]:
+    """The run `faults` through its five attempts (this module's docstring): what each left. Its checkpoints are
+    kept in Google Cloud Storage and its champion served from Azure Blob, each an emulator on loopback."""
     root = tmp_path_factory.mktemp("faults")
     shutil.copy(mlflow_template_db, root / "mlflow.db")
-    locations = {"storage": str(root / "storage"), "serving": str(root / "serving"),
-                 "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
-    chain = Chain(root, locations, prefect_api, dataset)
-    head = RayHead(root, _podium_env(prefect_api, locations, root))
-    try:
-        chain.run(head)
-    except Exception as exc:  # the attempts not reached fail their own tests, saying this
-        chain.broken = f"{type(exc).__name__}: {exc}"
-    finally:
-        chain.kill_left()
-        head.stop()
-    return chain
+    gcs = start_gcs_emulator(root / "gcs.log", BUCKET, preconditions=True)
+    azure = start_azurite(root / "azurite.log")
+    with pytest.MonkeyPatch.context() as patch:  # this process reads the stores too (the serving history)
+        stores = {**gcs.env(), **azure.env()}
+        for name, value in stores.items():
+            patch.setenv(name, value)
+        patch.setitem(fsspec.config.conf, "gs", {"token": "anon"})  # fsspec read FSSPEC_GCS_TOKEN on import
+        BlobServiceClient.from_connection_string(stores["AZURE_STORAGE_CONNECTION_STRING"]).create_container(BUCKET)
+        locations = {"storage": f"gs://{BUCKET}/storage", "serving": f"az://{BUCKET}/serving",
+                     "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
+        chain = Chain(root, locations, prefect_api, dataset)
+        head = RayHead(root, _podium_env(prefect_api, locations, root))
+        try:
+            chain.run(head)
+        except Exception as exc:  # the attempts not reached fail their own tests, saying this
+            chain.broken = f"{type(exc).__name__}: {exc}"
+        finally:
+            chain.kill_left()
+            head.stop()
+        try:
+            yield chain
+        finally:
+            gcs.stop()
+            azure.stop()
 
 
-def _check_no_duplicate_and_no_verdict_invented(ended: Ended) -> None:
+def _check_no_duplicate_and_no_verdict_invented(ended: Ended, killed: bool = False) -> None:
     """Every record written whole (its training metrics there) and none duplicated; the only verdicts besides
-    `validated` the first attempt's failed validation."""
+    `validated` the first attempt's failed validation. A record whose writer was killed between MLflow's two
+    requests (the LoggedModel with its tags, then its metrics) has its metrics in podium's own copy, the tag
+    written with the create; the next command that finds it makes it whole (records._completed)."""
     assert ended.records and all(len(v) == 1 for v in ended.records.values()), "no MLflow record duplicated"
     for (model,) in ended.records.values():
-        assert "loss" in {m.key for m in model.metrics or []}, model.tags
+        whole = "loss" in {m.key for m in model.metrics or []}
+        assert whole or (killed and "loss" in json.loads(model.tags.get(TAG_METRICS, "{}"))), model.tags
     statuses = ended.statuses()
     assert statuses.get(FAILING_VALIDATION) == "failed", statuses
     others = {status for step, status in statuses.items() if step != FAILING_VALIDATION}
@@ -384,7 +410,7 @@ def test_a_killed_run_leaves_no_duplicate_and_the_next_attempt_marks_it_crashed(
     ended = chain.get("killed")
     assert ended.rc == -signal.SIGKILL, f"exit {ended.rc}:\n{ended.err[-3000:]}"
     assert ended.group_gone, "processes of the killed run's group still there after 60 s"
-    _check_no_duplicate_and_no_verdict_invented(ended)
+    _check_no_duplicate_and_no_verdict_invented(ended, killed=True)
     assert ended.frozen and set(ended.frozen.values()) == {1}, ended.frozen  # one attempt's validation each so far
     assert ended.flow_runs[ended.own] == "RUNNING", ended.flow_runs  # the kill wrote nothing
     assert chain.get("ctrl-c").flow_runs[ended.own] == "CRASHED", "the killed attempt marked Crashed"
@@ -427,6 +453,27 @@ def test_the_last_attempt_finishes_each_checkpoint_once_without_asking_a_verdict
     assert ended.mlflow_runs == ["FINISHED"], ended.mlflow_runs
     assert ended.flow_runs[ended.own] == "COMPLETED", ended.flow_runs
     assert "RUNNING" not in ended.flow_runs.values(), ended.flow_runs
+
+
+def test_a_run_killed_and_resumed_on_gcs_promotes_its_best_checkpoint_onto_azure(chain):
+    """The chain's stores: every checkpoint of the finished run, through the raise, the kill, the stop and the lost
+    cluster, is in Google Cloud Storage where its record says, and the champion, promoted from one of them, is
+    served whole from Azure Blob (its files as the manifest says), CURRENT and the history naming it."""
+    from podium.storage.locations import fsspec_filesystem
+
+    ended = chain.get("finish")
+    result = json.loads(ended.out.strip().splitlines()[-1])
+    storage, serving = chain.locations["storage"], chain.locations["serving"]
+    gcs, _ = fsspec_filesystem(storage)
+    for checkpoint in result["checkpoints"]:
+        assert checkpoint["uri"].startswith(f"{storage}/{NAME}/checkpoint_"), checkpoint["uri"]
+        assert gcs.ls(checkpoint["uri"], detail=False), f"{checkpoint['uri']}: nothing there"
+    promoted, current = result["promoted"], read_current(serving)
+    assert promoted["uri"].startswith(f"{serving}/versions/") and current.version == promoted["version"], promoted
+    assert current.manifest["source"] in {c["uri"] for c in result["checkpoints"]}, current.manifest
+    verify_files(f"{serving}/versions/{current.version}", current.manifest)
+    [switch] = read_history(serving)
+    assert switch["version"] == promoted["version"], switch
 
 
 # ---- a disk full at the serving location: checkpoints made in storage, promoted by `podium promote`
