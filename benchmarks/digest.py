@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.workload import load_average, machine_description, markdown_table, start_moto, update_markdown_section
+from podium.storage.backends.s3_client import s3_filesystem
 from podium.storage.fingerprint import TAIL_READ, dataset_digest
 from podium.storage.locations import arrow_filesystem
-from podium.storage.s3 import s3_filesystem
 
 REPO = Path(__file__).resolve().parent.parent
 FEATURES = 16

@@ -36,7 +36,7 @@ import numpy as np
 
 from benchmarks.workload import load_average, machine_description, markdown_table, start_moto
 from podium.serving import staging
-from podium.storage.s3 import s3_filesystem
+from podium.storage.backends.s3_client import s3_filesystem
 
 Plan = list[tuple[str, Callable[[], object], Callable[[], None]]]
 

@@ -215,8 +215,8 @@ class CheckpointAnnouncer(ReportCallback, ControllerCallback):
     A report's step is the first step-like metric it carries (`step_of`), else its index in the
     run: Ray Train's count of reports, which goes on across worker-group restarts and reruns.
     `step_base` (the run's last recorded step) starts the count where that index is not known.
-    `storage`, the location Ray Train's storage_path and storage_filesystem came from, names the checkpoints
-    where the filesystem Ray hands back cannot (a filesystem of your own: podium.storage.backends.userfs).
+    `storage`, the location Ray Train's storage_path and storage_filesystem came from, names the checkpoints as
+    the user spelled it (without it, Ray's filesystem does, which a filesystem of your own cannot).
     """
 
     def __init__(self, run_name: str, sinks: list[EventSink], step_base: int = 0, announce_controller: bool = False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fsspec
 import pyarrow.fs as pafs
 
-from podium.storage.backends import backend_for, scheme_of
+from podium.storage.backends import backend_for, scheme_of, uri_of
 
 
 def is_remote(uri: str) -> bool:
@@ -34,29 +34,11 @@ def arrow_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return backend_for(location).arrow_filesystem(location)
 
 
-def uri_of(fs: pafs.FileSystem, path: str) -> str:
-    """Turn a (pyarrow filesystem, path) pair from Ray back into a URI a user can read."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return path
-    if isinstance(fs, pafs.S3FileSystem):
-        return f"s3://{path}"
-    if isinstance(fs, pafs.GcsFileSystem):
-        return f"gs://{path}"
-    if isinstance(fs, pafs.PyFileSystem):
-        handler = fs.handler
-        inner = getattr(handler, "fs", None)
-        if inner is not None:
-            protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
-            if protocol in ("file", "local"):
-                return path
-            return f"{protocol}://{path}"
-    return path
-
-
 def persisted_uri(fs: pafs.FileSystem, path: str, storage: str | None = None, relative: str = "") -> str:
-    """The URI of what Ray Train persisted at `path` in `fs`: where the storage location it was given is known,
-    `relative` under it if that location's store names it so (a filesystem of your own), else `uri_of`."""
-    if storage is not None and backend_for(storage).uris_from_location:
+    """The URI of what Ray Train persisted at `path` in `fs`: `relative` under the storage location it was given,
+    spelled as the user named that location (s3://, az://, a filesystem of your own's userfs://); where that
+    location is not known (a Ray Train job of your own with podium's callback), from Ray's filesystem (`uri_of`)."""
+    if storage is not None:
         return join(storage, relative)
     return uri_of(fs, path)
 

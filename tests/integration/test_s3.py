@@ -30,9 +30,9 @@ from podium.core.events import CheckpointEvent
 from podium.errors import ConfigError
 from podium.serving.layout import read_current, read_history
 from podium.serving.staging import stage_version
+from podium.storage.backends.s3_client import MiB, s3_filesystem
+from podium.storage.backends.s3_transfer import MultipartWriter, open_range_reader
 from podium.storage.locations import arrow_filesystem
-from podium.storage.s3 import MiB, s3_filesystem
-from podium.storage.transfer import MultipartWriter, open_range_reader
 from podium.tasks.plan import BUILTIN_LOOP, RunPlan, plan_run
 from podium.tasks.promote import promote_best_checkpoint
 from podium.tracking.records import merge_validation, record_checkpoint
@@ -577,7 +577,7 @@ def test_two_promoters_at_once_on_s3_leave_one_consistent_champion(promotion_set
 
 
 # --------------------------------------------------------------------------------------------
-# The store briefly unreachable: podium's S3 retries (podium.storage.s3.S3_RETRIES) ride it out
+# The store briefly unreachable: podium's S3 retries (podium.storage.backends.s3_client.S3_RETRIES) ride it out
 
 
 @pytest.fixture

@@ -353,7 +353,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.storage.backends.s3": {"botocore": "botocore (0.15 s) only for an s3:// location; a local run never loads it"},
     "podium.storage.backends.azure": {"azure": "azure-core (with adlfs) only for an az:// location; every "
                                                "backend's module loads to name its settings for Ray workers"},
-    "podium.storage.s3": {"s3fs": "s3fs and aiohttp (0.35 s) only for an s3:// location; a local run never loads them"},
+    "podium.storage.backends.s3_client": {"s3fs": "s3fs and aiohttp (0.35 s) only for an s3:// location; a local run "
+                                                   "never loads them"},
     "podium.tracking.client": {"mlflow": MLFLOW,
                                "podium.settings": "pydantic-settings (0.13 s) only when no tracking URI is given"},
     "podium.tracking.datasets": {"mlflow": MLFLOW},

@@ -106,9 +106,11 @@ def test_a_checkpoint_ray_persisted_is_named_under_the_storage_location(tmp_path
     fs, path = arrow_filesystem(location)
     assert persisted_uri(fs, f"{path}/run/checkpoint_000000", location, "run/checkpoint_000000") == \
         f"{location}/run/checkpoint_000000"
-    # the stores podium knows keep naming them from Ray's filesystem
+    # every store's checkpoints are named so; without the location (a job of your own), from Ray's filesystem
     assert persisted_uri(pafs.LocalFileSystem(), f"{tmp_path}/run/checkpoint_000000", str(tmp_path),
                          "run/checkpoint_000000") == f"{tmp_path}/run/checkpoint_000000"
+    assert persisted_uri(pafs.LocalFileSystem(), f"{tmp_path}/run/checkpoint_000000") == \
+        f"{tmp_path}/run/checkpoint_000000"
 
 
 def test_a_run_s_lock_on_a_filesystem_of_your_own_is_none_and_says_so(tmp_path, caplog):

@@ -9,10 +9,10 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
 from podium.storage.backends.s3 import describe_s3_error
+from podium.storage.backends.s3_client import S3_SETTING_ENV, S3Settings, StorageError, s3_environment, s3_filesystem, s3_settings
+from podium.storage.backends.s3_transfer import S3Handler
 from podium.storage.locations import arrow_filesystem, normalize_location, uri_of
 from podium.storage.preflight import check_location
-from podium.storage.s3 import S3_SETTING_ENV, S3Settings, StorageError, s3_environment, s3_filesystem, s3_settings
-from podium.storage.transfer import S3Handler
 
 SECRET = "unit-test-secret-never-shown"
 

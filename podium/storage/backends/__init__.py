@@ -1,14 +1,16 @@
 """One backend per store, chosen by the location's URI scheme.
 
-`backend_for(location)` is the only place that looks at a scheme. Each backend is one module of this
-package (a `Backend` subclass, see `base`); adding a store is that module and its line in `REGISTRY`.
+`backend_for(location)` is the only place that looks at a scheme (and `uri_of` the only one that names a
+pyarrow filesystem's). Each backend is one module of this package (a `Backend` subclass, see `base`); adding
+a store is that module and its line in `REGISTRY`.
 A backend's module is imported when a location of its scheme is first used, so a local run never loads
 s3fs, gcsfs or adlfs. A scheme no backend claims goes to plain fsspec: it works wherever fsspec reaches,
 with no lease (a warning says so) and no copy inside the store.
 
 - `base`: the `Backend` every store implements, with plain fsspec defaults
 - `local`: local paths and file:// URIs
-- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight)
+- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight), with
+  `s3_client` (settings, the shared s3fs client, retries) and `s3_transfer` (one object in concurrent parts)
 - `gcs`: Google Cloud Storage (gcsfs; generation preconditions)
 - `azure`: Azure Blob Storage (adlfs; ETag conditions)
 - `userfs`: a filesystem of your own, a pyarrow filesystem built by your function (a `[storage]` table)
@@ -19,6 +21,8 @@ from __future__ import annotations
 import functools
 import importlib
 from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
 
 from podium.storage.backends.base import Backend
 
@@ -52,6 +56,21 @@ def _backend(target: str) -> Backend:
 def backend_for(uri: str) -> Backend:
     """The backend of the store `uri` (a path or a URI) lives in."""
     return _backend(REGISTRY.get(scheme_of(uri), "podium.storage.backends.base:Backend"))
+
+
+def uri_of(fs: pafs.FileSystem, path: str) -> str:
+    """A URI a user can read for a (pyarrow filesystem, path) pair Ray hands back: pyarrow's own S3 and GCS
+    filesystems, and an fsspec filesystem wrapped for Ray (PyFileSystem), by its protocol."""
+    if isinstance(fs, pafs.S3FileSystem):
+        return f"s3://{path}"
+    if isinstance(fs, pafs.GcsFileSystem):
+        return f"gs://{path}"
+    inner = getattr(fs.handler, "fs", None) if isinstance(fs, pafs.PyFileSystem) else None
+    if inner is not None:
+        protocol = inner.protocol if isinstance(inner.protocol, str) else inner.protocol[0]
+        if protocol not in ("file", "local"):
+            return f"{protocol}://{path}"
+    return path
 
 
 def worker_environment() -> dict[str, str]:

@@ -49,9 +49,6 @@ class Backend:
     conditional_writes: ClassVar[bool] = False
     # environment variables that say where the store is (never credentials), for processes started elsewhere
     setting_env: ClassVar[tuple[str, ...]] = ()
-    # True where what Ray Train persisted is named from the storage location, not from the pyarrow filesystem
-    # Ray hands back (which cannot say how another process would rebuild it: a filesystem of your own)
-    uris_from_location: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ locations
 

@@ -1,6 +1,6 @@
 """S3 and S3-compatible stores (AWS, MinIO, Ceph, moto) through s3fs, with what S3 does better than plain fsspec.
 
-- Ray Train's checkpoints move in concurrent parts (podium.storage.transfer: multipart uploads, ranged GETs).
+- Ray Train's checkpoints move in concurrent parts (podium.storage.backends.s3_transfer: multipart uploads, ranged GETs).
 - A copy inside one store is server-side (CopyObject, UploadPartCopy above 5 GiB), pinned to the hashed
   source's ETag, and verified by the store: its SHA-256 of the copy, or the copy's ETag equal to the source's.
 - Create-only writes and the lease's conditional writes: If-None-Match: * and If-Match on the ETag
@@ -8,7 +8,7 @@
 - URIs carry no credentials; the endpoint and the rest come from `S3Settings`, credentials from the AWS chain.
 - Preflight asks botocore directly, with short timeouts and no retries, and names what to fix.
 
-The client internals (s3fs's event loop, retries, error codes) stay in podium.storage.s3.
+The client internals (s3fs's event loop, retries, error codes) stay in podium.storage.backends.s3_client.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import fsspec
 import pyarrow.fs as pafs
 
 from podium.storage.backends.base import Backend, BinaryStream, Conflict
-from podium.storage.errors import StorageError
-from podium.storage.s3 import (
+from podium.storage.backends.s3_client import (
     CREDENTIALS_HINT,
     S3_SCHEMES,
     S3_SETTING_ENV,
@@ -38,7 +37,8 @@ from podium.storage.s3 import (
     s3_settings,
     split_object_path,
 )
-from podium.storage.transfer import MultipartWriter, S3Handler, get_range, open_range_reader
+from podium.storage.backends.s3_transfer import MultipartWriter, S3Handler, get_range, open_range_reader
+from podium.storage.errors import StorageError
 
 PARALLEL_PARTS = 8  # parts of one server-side multipart copy at once
 
@@ -235,12 +235,12 @@ class S3Backend(Backend):
         return uri.rstrip("/")
 
     def fsspec_filesystem(self, location: str) -> tuple[fsspec.AbstractFileSystem, str]:
-        """podium's shared s3fs filesystem (podium.storage.s3.s3_filesystem) and 'bucket/key'."""
+        """podium's shared s3fs filesystem (podium.storage.backends.s3_client.s3_filesystem) and 'bucket/key'."""
         bucket, key = split_s3(location)
         return s3_filesystem(), f"{bucket}/{key}".rstrip("/")
 
     def arrow_filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
-        """A pyarrow filesystem whose streams move one file in concurrent parts (podium.storage.transfer)."""
+        """A pyarrow filesystem whose streams move one file in concurrent parts (podium.storage.backends.s3_transfer)."""
         fs, path = self.fsspec_filesystem(location)
         s = s3_settings()
         return pafs.PyFileSystem(S3Handler(fs, part_size=s.part_size_mb * MiB, concurrency=s.concurrency)), path

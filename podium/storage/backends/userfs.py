@@ -44,7 +44,6 @@ class UserFilesystemBackend(Backend):
 
     name: ClassVar[str] = "userfs"
     schemes: ClassVar[tuple[str, ...]] = (USERFS_SCHEME,)
-    uris_from_location: ClassVar[bool] = True
 
     def normalize(self, uri: str) -> str:
         """userfs://package.module:function[;kwargs]/path, as podium.config writes it."""

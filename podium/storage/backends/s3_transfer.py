@@ -18,7 +18,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from podium.storage.s3 import MiB, s3_call, s3_call_async, s3_settings, s3_submit, split_object_path
+from podium.storage.backends.s3_client import MiB, s3_call, s3_call_async, s3_settings, s3_submit, split_object_path
 
 
 class MultipartWriter(io.RawIOBase):
