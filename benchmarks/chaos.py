@@ -17,8 +17,8 @@ a promoter):
   promoter           SIGKILL to podium's process group once training is done (promotion under way)
   prefect-server     SIGKILL to the Prefect server (it stays down for that attempt; the next one starts it)
   mlflow-server      the MLflow server killed, restarted 3 to 20 s later on the same port and database
-  s3-endpoint        the S3 store unreachable for 3 to 40 s: the relay in front of it refuses connections and
-                     cuts those open (checkpoints are persisted there; `--storage local` leaves this out)
+  store-endpoint     the object store unreachable for 3 to 40 s: the relay in front of it refuses connections
+                     and cuts those open (checkpoints are persisted there; `--storage local` leaves this out)
   disk-full          the serving location's filesystem (a tmpfs of its own) filled up while training runs,
                      so the promotion meets a full disk; the space is freed after that attempt, as an operator
                      would (needs root to mount the tmpfs; left out of the draw otherwise)
@@ -26,7 +26,9 @@ a promoter):
 Every run promotes its best checkpoint by default (`--always-promote`): the runs are alike, so podium's gate
 would let only the first one promote, and the promoter and full-disk faults would meet no copy
 (`--promotion gate` lets the gate decide). Storage is S3 by default: a moto server on loopback (the tests'
-S3 server) behind a relay, in bucket `soak`; serving and the dataset are local. Not drawn (covered by the
+S3 server) behind a relay, in bucket `soak`; `--storage gs` and `--storage az` put it on Google Cloud Storage
+(gcp-storage-emulator, generation preconditions honoured) or Azure Blob (Azurite), each behind the same relay;
+serving and the dataset are local. Not drawn (covered by the
 test suite, not here): the Ray head of a remote cluster.
 
 Invariants, after each run completes (exit code 0, or 4: done but not recorded in Prefect):
@@ -62,7 +64,7 @@ if __package__ in (None, ""):
 from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
 
 FAULTS = ["podium-kill", "podium-ctrl-c", "train-worker", "validation", "promoter", "prefect-server",
-          "mlflow-server", "s3-endpoint", "disk-full"]
+          "mlflow-server", "store-endpoint", "disk-full"]
 BUCKET = "soak"
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "integration"
 sys.path.insert(0, str(TESTS))  # the user code the soak's runs import (by path, in Ray's workers too)
@@ -148,11 +150,12 @@ class Attempt:
 
 
 class Stores:
-    """Where the soak's runs keep checkpoints (S3 through a relay, or local) and serve (a tmpfs of its own
-    when this process may mount one, so that it can be filled)."""
+    """Where the soak's runs keep checkpoints (an object store through a relay, or local) and serve (a tmpfs of
+    its own when this process may mount one, so that it can be filled)."""
 
     def __init__(self, home: Path, storage: str):
-        self.home, self.s3, self.relay, self.mounted = home, None, None, False
+        self.home, self.server, self.relay, self.mounted = home, None, None, False
+        self.store_env: dict[str, str] = {}
         self.serving_fs = home / "serving"
         self.serving_fs.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
@@ -164,22 +167,46 @@ class Stores:
         else:
             log("not root, so no tmpfs for serving: disk-full is left out of the draw")
         self.storage = str(home / "storage")
-        if storage == "s3":
-            from helpers.s3_server import Relay, start_s3_server
+        if storage == "local":
+            return
+        from helpers.s3_server import Relay
 
-            self.s3 = start_s3_server(home / "moto.log")
-            self.s3.create_bucket(BUCKET)
-            self.relay = Relay(int(self.s3.endpoint.rsplit(":", 1)[1]))
-            self.storage = f"s3://{BUCKET}/storage"
+        if storage == "s3":
+            from helpers.s3_server import start_s3_server
+
+            self.server = start_s3_server(home / "moto.log")
+            self.server.create_bucket(BUCKET)
+            self.relay = Relay(int(self.server.endpoint.rsplit(":", 1)[1]))
+            self.store_env = {**self.server.env(), "AWS_ENDPOINT_URL": self.relay.endpoint}
+        elif storage == "gs":
+            from helpers.object_stores import start_gcs_emulator
+
+            self.server = start_gcs_emulator(home / "gcs.log", BUCKET, preconditions=True)
+            self.relay = Relay(int(self.server.endpoint.rsplit(":", 1)[1]))
+            self.store_env = {**self.server.env(), "STORAGE_EMULATOR_HOST": self.relay.endpoint}
+            import fsspec
+
+            fsspec.config.conf.setdefault("gs", {})["token"] = "anon"  # fsspec read FSSPEC_GCS_TOKEN on import
+        else:
+            from azure.storage.blob import BlobServiceClient
+            from helpers.object_stores import start_azurite
+
+            self.server = start_azurite(home / "azurite.log")
+            direct = self.server.env()["AZURE_STORAGE_CONNECTION_STRING"]
+            BlobServiceClient.from_connection_string(direct).create_container(BUCKET)
+            port = self.server.endpoint.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+            self.relay = Relay(int(port))
+            self.store_env = {"AZURE_STORAGE_CONNECTION_STRING": direct.replace(
+                f"127.0.0.1:{port}", self.relay.endpoint.split("://", 1)[1])}
+        self.storage = f"{storage}://{BUCKET}/storage"
 
     def env(self) -> dict[str, str]:
         """What podium (and this process, for the invariants) needs to reach the store: through the relay."""
-        if self.s3 is None:
-            return {}
-        return {**self.s3.env(), "AWS_ENDPOINT_URL": self.relay.endpoint}
+        return dict(self.store_env)
 
     def faults(self) -> list[str]:
-        return [f for f in FAULTS if (f != "s3-endpoint" or self.relay is not None) and (f != "disk-full" or self.mounted)]
+        return [f for f in FAULTS if (f != "store-endpoint" or self.relay is not None)
+                and (f != "disk-full" or self.mounted)]
 
     def persisted(self, run_name: str) -> list[str]:
         """The checkpoint folders of a run in storage (local or S3, through podium's own filesystem)."""
@@ -194,8 +221,8 @@ class Stores:
     def close(self) -> None:
         if self.relay is not None:
             self.relay.down()
-        if self.s3 is not None:
-            self.s3.stop()
+        if self.server is not None:
+            self.server.stop()
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.serving_fs)], check=False)
 
@@ -243,12 +270,12 @@ def _inject(fault: str, attempt: Attempt, rng: random.Random, home: Path, mlflow
         time.sleep(down)
         mlflow.start()
         return f"MLflow server killed, back after {down:.0f} s"
-    if fault == "s3-endpoint":
+    if fault == "store-endpoint":
         down = rng.uniform(3.0, 40.0)
         stores.relay.down()
         time.sleep(down)
         stores.relay.up()
-        return f"S3 endpoint unreachable for {down:.0f} s"
+        return f"the store's endpoint unreachable for {down:.0f} s"
     if fault == "disk-full":
         leave = rng.choice([0, 8 * 1024])  # a promoted version of the demo model takes more than 8 KiB
         from helpers.servers import fill_filesystem
@@ -385,7 +412,7 @@ def summarize(args: argparse.Namespace, out: dict[str, Any], loads: list[str]) -
     return "\n\n".join([
         "## Chaos soak (`benchmarks/chaos.py`)",
         f"Command: `python benchmarks/chaos.py --runs {args.runs} --seed {args.seed} --epochs {args.epochs}"
-        f"{' --storage local' if args.storage == 'local' else ''}{' --promotion gate' if args.promotion == 'gate' else ''}"
+        f"{' --storage ' + args.storage if args.storage != 's3' else ''}{' --promotion gate' if args.promotion == 'gate' else ''}"
         f"{' --faults ' + args.faults if args.faults else ''}`. "
         f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {m['cpu']}, {m['cores']} cores, {m['memory']}; "
         f"{m['versions']}.",
@@ -403,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="seed of the faults and moments drawn (default: 1)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per run (default: 4)")
     p.add_argument("--baseline", type=int, default=2, help="fault-free runs first, for the cost (default: 2)")
-    p.add_argument("--storage", choices=["s3", "local"], default="s3",
-                   help="where checkpoints are persisted: S3 (moto on loopback, behind a relay; default) or local")
+    p.add_argument("--storage", choices=["s3", "gs", "az", "local"], default="s3",
+                   help="where checkpoints are persisted: S3 (moto; default), GCS (gcp-storage-emulator), Azure Blob "
+                        "(Azurite), each on loopback behind a relay, or local")
     p.add_argument("--promotion", choices=["always", "gate"], default="always",
                    help="always: every run promotes its best checkpoint (--always-promote), so that promotion, the "
                         "switch, the alias and the history are exercised by every run (the default); gate: podium's "
