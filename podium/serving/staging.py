@@ -1,11 +1,19 @@
-"""Staging a version: hash the checkpoint once, copy it (inside the store where it can), check the copy.
+"""Staging a version: copy a checkpoint into a new version folder, hash it, check the copy.
 
-Verification without moving the bytes twice: the manifest's sha256 of each file is computed
-once, by reading the source. The copy is then checked by the store itself: CopyObject is asked
-for a SHA-256 of the copy (x-amz-checksum-algorithm), compared with the manifest; where the
-store gives none, the copy's ETag must equal the source's (same bytes, same part layout:
-UploadPartCopy mirrors the source's parts) and the copy is pinned to the hashed source with
-CopySourceIfMatch. Only a copy that neither check covers is read back and hashed.
+Where the bytes pass through this process (on a local disk, and from one store to another), each
+file is read once: what is read is written to the copy and hashed at the
+same time, and that sha256 is the manifest's. The copy is then read back and hashed, and must give
+the same digest: two reads of the bytes, and the copy holds exactly what the manifest records.
+
+Where the store copies by itself (inside S3: CopyObject; inside GCS and Azure: their server-side
+copy), the manifest's sha256 is computed first, by reading the source, and the copy is checked by
+the store where it can: CopyObject is asked for a SHA-256 of the copy (x-amz-checksum-algorithm),
+compared with the manifest; where the store gives none, the copy's ETag must equal the source's
+(same bytes, same part layout: UploadPartCopy mirrors the source's parts) and the copy is pinned to
+the hashed source with CopySourceIfMatch. A copy that neither check covers is read back and hashed.
+
+A copy that fails half way (a source that vanished, a store error, a full disk) or that does not
+match leaves its version discarded (`discard_version`: a tombstone, no files), never half written.
 """
 
 from __future__ import annotations
@@ -14,9 +22,9 @@ import hashlib
 import logging
 import os
 import posixpath
-import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import fsspec
@@ -53,11 +61,41 @@ def _open_write(backend: Backend, fs: fsspec.AbstractFileSystem, path: str) -> B
     return backend.open_write(fs, path)
 
 
+def _chunks(f: BinaryStream, local: bool) -> Iterator[bytes | memoryview]:
+    """`f` front to back, CHUNK at a time. A file of this machine (`local`) is read into two buffers in turn (8 MiB
+    of new memory per chunk would cost its page faults, about as much as the read): a chunk is valid until the one
+    after next is read."""
+    if not local:
+        while chunk := f.read(CHUNK):
+            yield chunk
+        return
+    buffers = [bytearray(CHUNK), bytearray(CHUNK)]
+    views = [memoryview(b) for b in buffers]
+    turn = 0
+    while n := f.readinto(buffers[turn]):
+        yield views[turn][:n]
+        turn ^= 1
+
+
+def _hashed(chunks: Iterable[bytes | memoryview], h: Any) -> Iterator[bytes | memoryview]:
+    """The chunks, each fed to the hash `h` on a thread of its own while the caller uses it (writes it) and the next
+    is read: hashing releases the GIL. A chunk's hash is done before the one after next is read (`_chunks`'s turns)."""
+    with ThreadPoolExecutor(max_workers=1) as hasher:
+        hashing: Future[None] | None = None
+        for chunk in chunks:
+            if hashing is not None:
+                hashing.result()
+            hashing = hasher.submit(h.update, chunk)
+            yield chunk
+        if hashing is not None:
+            hashing.result()
+
+
 def _sha256(backend: Backend, fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None) -> str:
     h = hashlib.sha256()
     with _open_read(backend, fs, path, listed) as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+        for _ in _hashed(_chunks(f, backend.name == "local"), h):
+            pass
     return h.hexdigest()
 
 
@@ -89,24 +127,77 @@ def build_manifest(checkpoint_uri: str, info: dict[str, Any],
     objects = objects if objects is not None else list_objects(checkpoint_uri)
     names = sorted(objects)
     digests = parallel(lambda rel: _sha256(backend, fs, posixpath.join(root, rel), objects[rel]), names)
-    files = {rel: {"sha256": d, "size": objects[rel]["size"]} for rel, d in zip(names, digests)}
-    return {"format": "podium-serving/1", "source": checkpoint_uri, "files": files, **info}
+    return manifest_of(checkpoint_uri, {rel: {"sha256": d, "size": objects[rel]["size"]} for rel, d in zip(names, digests)},
+                       info)
+
+
+def manifest_of(source: str, files: dict[str, dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of the folder `source`: its `files` (relative path -> sha256 and size, in order), plus `info`."""
+    return {"format": "podium-serving/1", "source": source, "files": {rel: files[rel] for rel in sorted(files)}, **info}
+
+
+def copies_in_process(source: str, dest: str) -> bool:
+    """Whether a copy from `source` to `dest` streams the bytes through this process (a local disk, or two
+    different stores), rather than being made by the store itself (inside one S3, GCS or Azure store)."""
+    sfs, _ = fsspec_filesystem(source)
+    dfs, _ = fsspec_filesystem(dest)
+    return not (is_remote(dest) and _same_store(sfs, dfs))
+
+
+def _same_store(sfs: fsspec.AbstractFileSystem, dfs: fsspec.AbstractFileSystem) -> bool:
+    return type(sfs) is type(dfs) and getattr(sfs, "storage_options", None) == getattr(dfs, "storage_options", None)
+
+
+def _copy_hashing(sbackend: Backend, sfs: fsspec.AbstractFileSystem, src: str, dbackend: Backend,
+                  dfs: fsspec.AbstractFileSystem, dst: str, listed: dict[str, Any] | None) -> tuple[str, int]:
+    """Copy one file, its bytes read once: each chunk read is written and hashed (the hash overlapping the write and
+    the next read). Returns the sha256 (hex) and the size of what was copied."""
+    h, size = hashlib.sha256(), 0
+    with _open_read(sbackend, sfs, src, listed) as fin, _open_write(dbackend, dfs, dst) as fout:
+        for chunk in _hashed(_chunks(fin, sbackend.name == "local"), h):
+            fout.write(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def copy_hashing(source: str, dest: str, objects: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Copy the listed files (`list_objects`) from `source` to `dest` through this process, each read once and
+    hashed as it is copied; returns the manifest's files (sha256 and size of the bytes copied). Raises
+    ServingError if a file's size is not the listed one (it changed while it was copied)."""
+    sfs, sroot = fsspec_filesystem(source)
+    dfs, droot = fsspec_filesystem(dest)
+    sbackend, dbackend = backend_for(source), backend_for(dest)
+
+    def copy_one(rel: str) -> dict[str, Any]:
+        src, dst = posixpath.join(sroot, rel), posixpath.join(droot, rel)
+        if not is_remote(dest):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+        digest, size = _copy_hashing(sbackend, sfs, src, dbackend, dfs, dst, objects[rel])
+        if size != objects[rel]["size"]:
+            raise ServingError(f"{source}/{rel}: {size} bytes were copied, {objects[rel]['size']} listed: "
+                               "the checkpoint changed while it was copied")
+        return {"sha256": digest, "size": size}
+
+    names = sorted(objects)
+    return dict(zip(names, parallel(copy_one, names)))
 
 
 def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
                     etags: dict[str, str | None] | None = None) -> set[str]:
-    """Copy the manifest's `files` from `source` to `dest`; returns those the store itself verified.
+    """Copy the manifest's `files` from `source` to `dest` inside one store; returns those the store itself verified.
 
     Inside one store that can copy (S3) the copy is server-side (the backend's `copy_in_store`) and
     is verified there: the store's SHA-256 of the copy against the manifest, or the copy's ETag
-    against the source's (`etags`, listed when the manifest was hashed). Across stores the bytes
-    stream through, in parallel parts.
+    against the source's (`etags`, listed when the manifest was hashed). GCS and Azure copy with
+    their own server-side copy, checked by reading it back (`verify_files`). Copies through this
+    process are `copy_hashing`'s.
     """
     sfs, sroot = fsspec_filesystem(source)
     dfs, droot = fsspec_filesystem(dest)
-    sbackend, dbackend = backend_for(source), backend_for(dest)
-    server_side = sbackend is dbackend and sbackend.copies_in_store(sfs, dfs)
-    same = type(sfs) is type(dfs) and getattr(sfs, "storage_options", None) == getattr(dfs, "storage_options", None)
+    if copies_in_process(source, dest):
+        raise ServingError(f"{source} -> {dest}: not a copy inside one store (copy_hashing copies it)")
+    sbackend = backend_for(source)
+    server_side = sbackend is backend_for(dest) and sbackend.copies_in_store(sfs, dfs)
     etags = etags or {}
 
     def copy_one(rel: str) -> str | None:
@@ -122,14 +213,7 @@ def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
             if sbackend.same_copy(etags.get(rel), entry["size"], dfs.info(dst)):
                 return rel
             return None
-        if same and not is_remote(dest):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            sfs.copy(src, dst)
-        elif same:
-            sfs.copy(src, dst)
-        else:
-            with _open_read(sbackend, sfs, src) as fin, _open_write(dbackend, dfs, dst) as fout:
-                shutil.copyfileobj(fin, fout, CHUNK)
+        sfs.copy(src, dst)
         return None
 
     verified = {rel for rel in parallel(copy_one, sorted(files)) if rel}
@@ -165,27 +249,40 @@ def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: s
     `info` lands in the manifest (its `source` names the checkpoint, wherever the files came from).
     The version is not complete until `seal_version` writes its manifest; nothing
     that reads CURRENT sees it before `switch_current`. `mark` (podium.serving.staged) says who stages it,
-    written as soon as the number is claimed.
+    written as soon as the number is claimed. A copy that fails or does not match is discarded (a tombstone keeps
+    its number) before the error is raised; a full disk raises `ServingFull`.
     """
     serving = normalize_location(serving)
     objects = list_objects(files_uri)
-    manifest = build_manifest(files_uri, info, objects)
+    in_process = copies_in_process(files_uri, join(serving, "versions"))
+    # a store's own copy needs the hashes first (to check the copy against); a copy through this process makes them
+    manifest = manifest_of(files_uri, {}, info) if in_process else build_manifest(files_uri, info, objects)
     try:
         version, version_dir = claim_version(serving)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
         raise full_location_error(serving, "a new version", exc) from None
-    if mark is not None:
-        write_json(join(version_dir, STAGED), mark)
-    manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
-    target = join(version_dir, content_of(manifest))
     try:
-        verified = copy_checkpoint(files_uri, target, manifest["files"], {rel: o["etag"] for rel, o in objects.items()})
+        if mark is not None:
+            write_json(join(version_dir, STAGED), mark)
+        manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
+        target = join(version_dir, content_of(manifest))
+        if in_process:
+            manifest = {**manifest, "files": copy_hashing(files_uri, target, objects)}  # in the listing's order
+            verified: set[str] = set()
+        else:
+            etags = {rel: o["etag"] for rel, o in objects.items()}
+            verified = copy_checkpoint(files_uri, target, manifest["files"], etags)
+        verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
     except Exception as exc:
-        if not is_disk_full(exc):
-            raise
-        discard_version(version_dir, f"the disk filled up while it was copied ({exc})")
-        raise full_location_error(serving, version, exc) from None
-    verify_files(version_dir, manifest, [rel for rel in manifest["files"] if rel not in verified])
+        full = is_disk_full(exc)
+        why = f"the disk filled up while it was copied ({exc})" if full else f"its copy failed ({exc})"
+        try:
+            discard_version(version_dir, why)
+        except Exception:  # best effort: the version has no manifest, nothing serves it
+            logger.warning("could not discard %s after its copy failed", version_dir, exc_info=True)
+        if full:
+            raise full_location_error(serving, version, exc) from None
+        raise
     return PromotedVersion(version=version, uri=target, manifest=manifest)
