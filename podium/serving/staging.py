@@ -1,9 +1,12 @@
 """Staging a version: copy a checkpoint into a new version folder, hash it, check the copy.
 
 Where the bytes pass through this process (on a local disk, and from one store to another), each
-file is read once: what is read is written to the copy and hashed at the
-same time, and that sha256 is the manifest's. The copy is then read back and hashed, and must give
-the same digest: two reads of the bytes, and the copy holds exactly what the manifest records.
+file is read once: what is read is written to the copy and hashed at the same time, and that sha256
+is the manifest's. The copy is then read back: on a local disk each chunk as soon as it is written,
+compared with the bytes hashed; on a store, once uploaded, hashed again and compared with the
+manifest. Either way the copy holds exactly the bytes the manifest's sha256 was computed from, and
+the source is read once instead of twice (the sha256 of the bytes, not their reading, is most of
+a promotion's cost: one pass of it is several times a plain copy).
 
 Where the store copies by itself (inside S3: CopyObject; inside GCS and Azure: their server-side
 copy), the manifest's sha256 is computed first, by reading the source, and the copy is checked by
@@ -18,6 +21,7 @@ match leaves its version discarded (`discard_version`: a tombstone, no files), n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -61,15 +65,22 @@ def _open_write(backend: Backend, fs: fsspec.AbstractFileSystem, path: str) -> B
     return backend.open_write(fs, path)
 
 
-def _chunks(f: BinaryStream, local: bool) -> Iterator[bytes | memoryview]:
-    """`f` front to back, CHUNK at a time. A file of this machine (`local`) is read into two buffers in turn (8 MiB
-    of new memory per chunk would cost its page faults, about as much as the read): a chunk is valid until the one
-    after next is read."""
-    if not local:
+def _buffer_size(backend: Backend, size: int | None) -> int | None:
+    """The buffers `_chunks` reads a file of this machine into (the file's size, up to CHUNK); None for a store."""
+    if backend.name != "local":
+        return None
+    return CHUNK if size is None else min(CHUNK, max(size, 1 << 16))
+
+
+def _chunks(f: BinaryStream, buffer_size: int | None) -> Iterator[bytes | memoryview]:
+    """`f` front to back, CHUNK at a time. A file of this machine (`buffer_size`, from `_buffer_size`) is read into
+    two buffers in turn (new memory per chunk would cost its page faults, about as much as the read): a chunk is
+    valid until the one after next is read."""
+    if buffer_size is None:
         while chunk := f.read(CHUNK):
             yield chunk
         return
-    buffers = [bytearray(CHUNK), bytearray(CHUNK)]
+    buffers = [bytearray(buffer_size), bytearray(buffer_size)]
     views = [memoryview(b) for b in buffers]
     turn = 0
     while n := f.readinto(buffers[turn]):
@@ -91,12 +102,25 @@ def _hashed(chunks: Iterable[bytes | memoryview], h: Any) -> Iterator[bytes | me
             hashing.result()
 
 
-def _sha256(backend: Backend, fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None) -> str:
+def _sha256(backend: Backend, fs: fsspec.AbstractFileSystem, path: str, listed: dict[str, Any] | None = None,
+            size: int | None = None) -> str:
+    """The file's sha256 (hex); `size`: what it should be, to size the buffers by."""
     h = hashlib.sha256()
     with _open_read(backend, fs, path, listed) as f:
-        for _ in _hashed(_chunks(f, backend.name == "local"), h):
+        for _ in _hashed(_chunks(f, _buffer_size(backend, listed["size"] if listed else size)), h):
             pass
     return h.hexdigest()
+
+
+def _read_back(copy: BinaryStream, chunk: bytes | memoryview, into: bytearray, where: str) -> None:
+    """Read the next len(chunk) bytes of the copy (`into`, if it is that size) and require them equal to `chunk`."""
+    buffer = into if len(into) == len(chunk) else bytearray(len(chunk))
+    view, got = memoryview(buffer), 0
+    while got < len(buffer) and (n := copy.readinto(view[got:])):
+        got += n
+    if got != len(chunk) or buffer != chunk:  # bytearray == buffer: one memcmp
+        raise ServingError(f"{where}: the copy read back differs from the bytes written (at most {got} of "
+                           f"{len(chunk)} bytes read back, or different bytes)")
 
 
 def list_objects(uri: str) -> dict[str, dict[str, Any]]:
@@ -149,37 +173,51 @@ def _same_store(sfs: fsspec.AbstractFileSystem, dfs: fsspec.AbstractFileSystem) 
 
 
 def _copy_hashing(sbackend: Backend, sfs: fsspec.AbstractFileSystem, src: str, dbackend: Backend,
-                  dfs: fsspec.AbstractFileSystem, dst: str, listed: dict[str, Any] | None) -> tuple[str, int]:
+                  dfs: fsspec.AbstractFileSystem, dst: str, listed: dict[str, Any]) -> tuple[str, int, bool]:
     """Copy one file, its bytes read once: each chunk read is written and hashed (the hash overlapping the write and
-    the next read). Returns the sha256 (hex) and the size of what was copied."""
+    the next read). On this machine's disk each chunk is also read back from the copy once written and compared
+    with the bytes hashed (a memcmp instead of a second hash of the copy). Returns the sha256 (hex) and the size
+    of what was copied, and whether the copy was read back."""
     h, size = hashlib.sha256(), 0
-    with _open_read(sbackend, sfs, src, listed) as fin, _open_write(dbackend, dfs, dst) as fout:
-        for chunk in _hashed(_chunks(fin, sbackend.name == "local"), h):
+    read_back = dbackend.name == "local"
+    with (_open_read(sbackend, sfs, src, listed) as fin, _open_write(dbackend, dfs, dst) as fout,
+          open(dst, "rb", buffering=0) if read_back else contextlib.nullcontext() as back):
+        into = bytearray(min(CHUNK, max(int(listed["size"]), 1)))
+        for chunk in _hashed(_chunks(fin, _buffer_size(sbackend, int(listed["size"]))), h):
             fout.write(chunk)
+            if back is not None:
+                fout.flush()
+                _read_back(back, chunk, into, f"{dst} at byte {size}")
             size += len(chunk)
-    return h.hexdigest(), size
+        if back is not None and back.read(1):
+            raise ServingError(f"{dst}: the copy is longer than the {size} bytes written")
+    return h.hexdigest(), size, read_back
 
 
-def copy_hashing(source: str, dest: str, objects: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def copy_hashing(source: str, dest: str,
+                 objects: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], set[str]]:
     """Copy the listed files (`list_objects`) from `source` to `dest` through this process, each read once and
-    hashed as it is copied; returns the manifest's files (sha256 and size of the bytes copied). Raises
+    hashed as it is copied. Returns the manifest's files (sha256 and size of the bytes copied) and those already
+    checked (read back as they were written: on this machine's disk); the others are for `verify_files`. Raises
     ServingError if a file's size is not the listed one (it changed while it was copied)."""
     sfs, sroot = fsspec_filesystem(source)
     dfs, droot = fsspec_filesystem(dest)
     sbackend, dbackend = backend_for(source), backend_for(dest)
 
-    def copy_one(rel: str) -> dict[str, Any]:
+    def copy_one(rel: str) -> tuple[dict[str, Any], bool]:
         src, dst = posixpath.join(sroot, rel), posixpath.join(droot, rel)
         if not is_remote(dest):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-        digest, size = _copy_hashing(sbackend, sfs, src, dbackend, dfs, dst, objects[rel])
+        digest, size, checked = _copy_hashing(sbackend, sfs, src, dbackend, dfs, dst, objects[rel])
         if size != objects[rel]["size"]:
             raise ServingError(f"{source}/{rel}: {size} bytes were copied, {objects[rel]['size']} listed: "
                                "the checkpoint changed while it was copied")
-        return {"sha256": digest, "size": size}
+        return {"sha256": digest, "size": size}, checked
 
     names = sorted(objects)
-    return dict(zip(names, parallel(copy_one, names)))
+    copied = parallel(copy_one, names)
+    return ({rel: entry for rel, (entry, _) in zip(names, copied)},
+            {rel for rel, (_, checked) in zip(names, copied) if checked})
 
 
 def copy_checkpoint(source: str, dest: str, files: dict[str, dict[str, Any]],
@@ -234,7 +272,7 @@ def verify_files(version_dir: str, manifest: dict[str, Any], files: Iterable[str
         path = posixpath.join(root, safe_relpath(rel))
         if not fs.exists(path):
             raise ServingError(f"{version_dir}: {rel} is missing")
-        digest = _sha256(backend, fs, path)
+        digest = _sha256(backend, fs, path, size=int(entry["size"]))
         if digest != entry["sha256"]:
             raise ServingError(f"{version_dir}: {rel} has sha256 {digest[:12]}…, manifest says {entry['sha256'][:12]}…")
 
@@ -269,8 +307,8 @@ def stage_version(serving: str, files_uri: str, info: dict[str, Any], content: s
         manifest = {**manifest, "version": version, "created_at": time.time(), "content": content}
         target = join(version_dir, content_of(manifest))
         if in_process:
-            manifest = {**manifest, "files": copy_hashing(files_uri, target, objects)}  # in the listing's order
-            verified: set[str] = set()
+            files, verified = copy_hashing(files_uri, target, objects)
+            manifest = {**manifest, "files": files}
         else:
             etags = {rel: o["etag"] for rel, o in objects.items()}
             verified = copy_checkpoint(files_uri, target, manifest["files"], etags)

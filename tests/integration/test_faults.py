@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from helpers.servers import RayHead, fill_filesystem
+from helpers.servers import RayHead, fill_filesystem, small_tmpfs
 from mlflow.tracking import MlflowClient
 
 from podium.core.events import CheckpointEvent
@@ -434,15 +434,8 @@ def test_the_last_attempt_finishes_each_checkpoint_once_without_asking_a_verdict
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs: a filesystem that fills up for real (mounting it needs root)."""
-    mnt = tmp_path / "small-disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root: the disk-full test cannot run as this user")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with small_tmpfs(tmp_path / "small-disk") as mnt:
+        yield mnt
 
 
 def _validated_checkpoint(locations, dataset, run_name: str, score: float, pad_bytes: int = 0) -> None:

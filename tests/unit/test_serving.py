@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers.servers import small_tmpfs
 
 from podium.errors import ServingError
 from podium.serving.layout import (
@@ -216,15 +216,8 @@ def test_a_write_error_half_way_discards_the_version(serving, tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs: a filesystem that fills up for real (mounting it needs root)."""
-    mnt = tmp_path / "small-disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root: the disk-full test cannot run as this user")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with small_tmpfs(tmp_path / "small-disk") as mnt:
+        yield mnt
 
 
 def test_a_disk_that_fills_up_half_way_discards_the_version_and_says_so(small_disk, tmp_path):
