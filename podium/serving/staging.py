@@ -118,9 +118,10 @@ def _read_back(copy: BinaryStream, chunk: bytes | memoryview, into: bytearray, w
     view, got = memoryview(buffer), 0
     while got < len(buffer) and (n := copy.readinto(view[got:])):
         got += n
-    if got != len(chunk) or buffer != chunk:  # bytearray == buffer: one memcmp
-        raise ServingError(f"{where}: the copy read back differs from the bytes written (at most {got} of "
-                           f"{len(chunk)} bytes read back, or different bytes)")
+    if got != len(chunk):
+        raise ServingError(f"{where}: {got} of the {len(chunk)} bytes written could be read back from the copy")
+    if buffer != chunk:  # bytearray against a buffer: one memcmp
+        raise ServingError(f"{where}: the copy read back differs from the bytes written (and hashed)")
 
 
 def list_objects(uri: str) -> dict[str, dict[str, Any]]:
