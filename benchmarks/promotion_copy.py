@@ -7,8 +7,9 @@ plain copy of the same bytes, on local disk and on S3.
 
 For each layout (FILESxMB: that many files of random bytes, `__<rank>_0.distcp` and a `.metadata`, as
 `torch.distributed.checkpoint.save` writes them) podium's promotion copy,
-`podium.serving.staging.stage_version` (sha256 of the source read once, the files copied in parallel, the
-copy verified: hashed again on disk, by the store itself on S3, where the copy is server-side), is timed
+`podium.serving.staging.stage_version` (on disk: each file read once, hashed as it is copied and the copy read
+back and compared as it is written; on S3: the source hashed, the copy made and checked by the store itself,
+server-side; the files in parallel), is timed
 against a plain copy:
   local  `shutil.copytree` of the folder (no hashing at all)
   s3     s3fs's recursive `copy` (server-side CopyObject, no verification) and its recursive `get` (the bytes

@@ -29,13 +29,14 @@ Azure If-None-Match), its files are copied inside the store where it can (S3: Co
 UploadPartCopy above 5 GiB), its MANIFEST.json is one PUT, and CURRENT is one PUT, last. A promoter that dies
 anywhere leaves at most an unreferenced, manifest-less version behind.
 
-Verification without moving the bytes twice: the manifest's sha256 of each
-file is computed once, by reading the source. The copy is then checked by the
-store itself: CopyObject is asked for a SHA-256 of the copy (x-amz-checksum-
-algorithm), compared with the manifest; where the store gives none, the copy's
-ETag must equal the source's (same bytes, same part layout: UploadPartCopy
-mirrors the source's parts) and the copy is pinned to the hashed source with
-CopySourceIfMatch. Only a copy that neither check covers is read back and hashed.
+Verification (podium.serving.staging): the manifest's sha256 of each file comes from
+one read of the source. A copy through this process hashes the bytes as it copies them,
+then reads the copy back (compared chunk by chunk on a local disk, hashed on a store).
+Inside S3 the store checks its own copy: CopyObject is asked for a SHA-256 of the copy
+(x-amz-checksum-algorithm), compared with the manifest; where the store gives none, the
+copy's ETag must equal the source's (same bytes, same part layout: UploadPartCopy mirrors
+the source's parts) and the copy is pinned to the hashed source with CopySourceIfMatch. A
+store's copy that neither check covers is read back and hashed.
 """
 
 from __future__ import annotations

@@ -115,6 +115,25 @@ class MlflowServer:
         return self.log.read_text(errors="replace").count(f'"{method} {path} HTTP/1.1"')
 
 
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str = "4m") -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `folder` (made here): a filesystem that fills up for real. Skips the test where
+    it cannot be mounted (that needs root); unmounted after."""
+    import pytest
+
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root: the disk-full test cannot run as this user")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
 def fill_filesystem(folder: Path, leave_bytes: int) -> Path:
     """Fill the filesystem of `folder` until about `leave_bytes` are free; returns the filler file."""
     st = os.statvfs(folder)

@@ -56,7 +56,7 @@ import fsspec
 import pytest
 from azure.storage.blob import BlobServiceClient
 from helpers.object_stores import start_azurite, start_gcs_emulator
-from helpers.servers import RayHead, fill_filesystem
+from helpers.servers import RayHead, fill_filesystem, small_tmpfs
 from mlflow.tracking import MlflowClient
 
 from podium.core.events import CheckpointEvent
@@ -481,15 +481,8 @@ def test_a_run_killed_and_resumed_on_gcs_promotes_its_best_checkpoint_onto_azure
 @pytest.fixture
 def small_disk(tmp_path):
     """A 4 MiB tmpfs: a filesystem that fills up for real (mounting it needs root)."""
-    mnt = tmp_path / "small-disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root: the disk-full test cannot run as this user")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with small_tmpfs(tmp_path / "small-disk") as mnt:
+        yield mnt
 
 
 def _validated_checkpoint(locations, dataset, run_name: str, score: float, pad_bytes: int = 0) -> None:

@@ -591,6 +591,21 @@ def relayed(s3, monkeypatch):
     relay.down()
 
 
+def test_a_checkpoint_on_s3_is_staged_into_a_local_serving_location(s3, tmp_path):
+    """Across stores: each file read from S3 once, hashed as it is written to the local disk, read back as written."""
+    import hashlib
+
+    from podium.training.promoted import load_version_model
+
+    source = f"s3://{BUCKET}/{tmp_path.name}/ckpt"
+    _upload_checkpoint(tmp_path, source, seed=1)
+    version = stage_version(str(tmp_path / "serving"), source, {"step": 1})
+    copied = {p.name: p.read_bytes() for p in Path(version.uri).iterdir()}
+    assert {rel: (hashlib.sha256(b).hexdigest(), len(b)) for rel, b in copied.items()} == {
+        rel: (entry["sha256"], entry["size"]) for rel, entry in version.manifest["files"].items()}
+    assert torch.allclose(_outputs(load_version_model(version)), _reference_outputs(tmp_path, 1))
+
+
 def test_store_unreachable_for_seconds_is_ridden_out_and_nothing_is_lost(relayed, tmp_path):
     import threading
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shutil
@@ -12,10 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers.servers import small_tmpfs
 
 from podium.errors import ServingError
 from podium.serving.layout import (
     PromotedVersion,
+    ServingFull,
     read_current,
     read_history,
     read_lineage,
@@ -140,6 +143,69 @@ def test_verify_files_detects_a_missing_file(serving, saved_checkpoint):
     (Path(version.uri) / "model.pt").unlink()
     with pytest.raises(ServingError, match="model.pt is missing"):
         verify_files(str(version_dir(version)), version.manifest)
+
+
+# --- a copy that fails half way: its version is discarded, never left half written ---------------
+
+def _only_tombstones(serving: str) -> dict[str, list[str]]:
+    versions = Path(serving) / "versions"
+    return {v.name: sorted(p.name for p in v.iterdir()) for v in sorted(versions.iterdir())}
+
+
+def _big_checkpoint(folder: Path, mb: int) -> Path:
+    """A checkpoint folder with one sparse file of `mb` MiB (zeros, read like any other bytes) and a small one."""
+    folder.mkdir()
+    with open(folder / "weights.bin", "wb") as f:
+        f.truncate(mb << 20)
+    (folder / "podium.json").write_text("{}")
+    return folder
+
+
+def test_a_source_file_gone_when_it_is_copied_discards_the_version(serving, saved_checkpoint, tmp_path):
+    source = Path(shutil.copytree(saved_checkpoint.directory, tmp_path / "source"))
+    (source / "extra.pt").symlink_to(tmp_path / "removed.pt")  # listed, and gone when it is read
+    with pytest.raises(FileNotFoundError):
+        stage_version(serving, str(source), {"step": 1}, mark={"pid": 1})
+    tombstone = json.loads((Path(serving) / "versions" / "v000001" / "DISCARDED.json").read_text())
+    assert _only_tombstones(serving) == {"v000001": ["DISCARDED.json"]}, "no file of the partial copy is left"
+    assert tombstone["why"].startswith("its copy failed") and tombstone["staged_by"] == {"pid": 1}
+    assert stage_version(serving, saved_checkpoint.directory, {"step": 1}).version == "v000002"
+
+
+def test_a_write_error_half_way_discards_the_version(serving, tmp_path):
+    """A write that the kernel refuses half way (EFBIG: the file-size limit of this process), not a full disk."""
+    import resource
+    import signal
+
+    source = _big_checkpoint(tmp_path / "source", 24)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of ending the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12 << 20, hard))
+    try:
+        with pytest.raises(OSError) as failed:
+            stage_version(serving, str(source), {"step": 1})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert failed.value.errno == errno.EFBIG
+    assert _only_tombstones(serving) == {"v000001": ["DISCARDED.json"]}
+    assert "File too large" in json.loads((Path(serving) / "versions" / "v000001" / "DISCARDED.json").read_text())["why"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a filesystem that fills up for real (mounting it needs root)."""
+    with small_tmpfs(tmp_path / "small-disk") as mnt:
+        yield mnt
+
+
+def test_a_disk_that_fills_up_half_way_discards_the_version_and_says_so(small_disk, tmp_path):
+    serving = str(small_disk / "serving")
+    source = _big_checkpoint(tmp_path / "source", 8)
+    with pytest.raises(ServingFull, match=f"no space left at the serving location {serving} while writing v000001 "
+                                          r"\(No space left on device\): the partial v000001 was removed"):
+        stage_version(serving, str(source), {"step": 1})
+    assert _only_tombstones(serving) == {"v000001": ["DISCARDED.json"]}
 
 
 @pytest.mark.parametrize("entry", ["../x", "a/../../x", "..", ".", "", "/etc/passwd", "a\\..\\x"])
