@@ -21,6 +21,7 @@ class CheckpointStream:
     def __init__(self) -> None:
         self.queue: Any = raytrain.open_event_queue()
         self.sink = raytrain.RayQueueSink(self.queue)
+        self.reader: Any = raytrain.EventReader(self.queue)
         self.controller: object | None = None  # Ray Train's controller, once it has started (for a clean stop)
         self._held: list[CheckpointEvent | TrainingRestart] = []  # drained while stopping training, not yet followed
 
@@ -44,7 +45,7 @@ class CheckpointStream:
     def _drain(self, timeout: float) -> list[CheckpointEvent | TrainingRestart]:
         """The announcements that arrived within `timeout`; the controller's handle, when it comes, is kept."""
         events: list[CheckpointEvent | TrainingRestart] = []
-        for item in raytrain.drain(self.queue, timeout=timeout):
+        for item in self.reader.drain(timeout):
             if isinstance(item, TrainingStarted):
                 self.controller = item.controller
             else:
@@ -72,10 +73,10 @@ class CheckpointStream:
 
     def close(self) -> None:
         """Stop the queue actor (once; before Ray is released: a Ray call after that would start a new one)."""
-        queue, self.queue = self.queue, None
-        if queue is None:
+        reader, self.reader, self.queue = self.reader, None, None
+        if reader is None:
             return
         try:
-            queue.shutdown()
+            reader.close()
         except Exception:
             logger.debug("queue shutdown failed", exc_info=True)
