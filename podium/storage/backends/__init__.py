@@ -9,8 +9,10 @@ with no lease (a warning says so) and no copy inside the store.
 
 - `base`: the `Backend` every store implements, with plain fsspec defaults
 - `local`: local paths and file:// URIs
-- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight), with
-  `s3_client` (settings, the shared s3fs client, retries) and `s3_transfer` (one object in concurrent parts)
+- `s3`: S3 and S3-compatible stores (s3fs; server-side copies, conditional PUTs, botocore preflight)
+- `s3_client`: S3's settings, the s3fs client podium shares, retries and error codes (the only module that knows
+  s3fs's internals)
+- `s3_transfer`: one S3 object in concurrent parts (multipart upload, ranged GETs) under pyarrow's streams
 - `gcs`: Google Cloud Storage (gcsfs; generation preconditions)
 - `azure`: Azure Blob Storage (adlfs; ETag conditions)
 - `userfs`: a filesystem of your own, a pyarrow filesystem built by your function (a `[storage]` table)
