@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -124,7 +125,9 @@ def podium_config(workload: Workload, *, run_name: str, train: str, val: str, st
         "scaling": {"num_workers": 1, "cpus_per_worker": 1},
         "validation": {"fn": VALIDATE_FN, "kwargs": kwargs, "concurrency": concurrency, "num_cpus": 1,
                        "retries": 0, "timeout_s": 3600},
-        "promotion": {"verify": verify} if verify else {},  # default: podium's own
+        # each run serves from a serving location of its own, and podium gives one registry alias to one location
+        # (`champion` names the first location's): each location's alias is its run's name
+        "promotion": {"alias": re.sub(r"[^\w-]", "-", run_name), **({"verify": verify} if verify else {})},
     }
 
 
