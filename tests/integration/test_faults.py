@@ -63,6 +63,7 @@ from podium.core.events import CheckpointEvent
 from podium.serving.layout import read_current, read_history, read_pointer
 from podium.serving.staging import verify_files
 from podium.storage.fingerprint import dataset_digest
+from podium.storage.locations import fsspec_filesystem
 from podium.tracking.client import TAG_CHECKPOINT, TAG_METRICS, TAG_STATUS, TAG_STEP
 from podium.tracking.records import merge_validation, record_checkpoint
 from podium.tracking.runs import open_tracking_run
@@ -459,8 +460,6 @@ def test_a_run_killed_and_resumed_on_gcs_promotes_its_best_checkpoint_onto_azure
     """The chain's stores: every checkpoint of the finished run, through the raise, the kill, the stop and the lost
     cluster, is in Google Cloud Storage where its record says, and the champion, promoted from one of them, is
     served whole from Azure Blob (its files as the manifest says), CURRENT and the history naming it."""
-    from podium.storage.locations import fsspec_filesystem
-
     ended = chain.get("finish")
     result = json.loads(ended.out.strip().splitlines()[-1])
     storage, serving = chain.locations["storage"], chain.locations["serving"]
