@@ -55,6 +55,7 @@ from benchmarks.workload import (
     podium_config,
     update_markdown_section,
     validate_kwargs,
+    validation_cpu_s,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,9 +147,10 @@ class Runner:
             finally:
                 if key == "d1":
                     pr.stop_server(home)
-            return summarize_podium(key, run, c, 1)
+            return {**summarize_podium(key, run, c, 1), "val_total_s": validation_cpu_s(timing, cfg["serving"])}
         spec = variant_spec(key, tag, self.work, self.workload, self.train, self.val)
-        return summarize_bare(key, run_variant_process(key, tag, spec, self.work, env), spec)
+        return {**summarize_bare(key, run_variant_process(key, tag, spec, self.work, env), spec),
+                "val_total_s": validation_cpu_s(spec["timing_log"])}
 
     def start_warm_server(self) -> None:
         """The warm ways' Prefect server: started once before the first round (its start-up is not part of any
@@ -179,6 +181,8 @@ class Runner:
                 except Exception as exc:  # a failed run is a failed attempt, reported with the rest
                     error = f"run failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
                     (self.work / f"{tag}-error.txt").write_text(traceback.format_exc())  # the whole trace, kept
+            if summary is not None:
+                summary["machine_cpu_s"] = w.machine_cpu_s  # every process of the way, the whole machine's view
             reasons = check_attempt(summary, w, self.expectations(key, r), error)
             attempts.append({"reasons": reasons, "window": w.to_dict()})
             log(f"{tag}: {'measured' if not reasons else 'NOT a measurement: ' + '; '.join(reasons)} "
@@ -273,6 +277,11 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
               "Start-up and the time outside training ((a) against podium warm and cold; podium's own phases from "
               "the Prefect API and from the `startup` block of `podium run --json`):", "",
               report.startup_table(results), "",
+              "CPU over the whole machine (`/proc/stat`'s busy time during the way, less other processes' and this "
+              "harness's own): every process a way starts, Ray's and the servers' included. The validation "
+              "function's own seconds are taken out, and what is left is set against (f)'s for (d) and against "
+              "(a)'s for (d0) and (d1), round by round:", "",
+              report.cpu_table(results), "",
               "Goals:", "", report.goals_table(results), "", report.floor_line(results) or "", ""]
     return "\n".join(lines)
 

@@ -76,6 +76,16 @@ def uptime_ticks() -> float:
         return float(f.read().split()[0]) * TICK
 
 
+def machine_busy_ticks() -> int:
+    """Clock ticks every core of the machine spent busy since boot (/proc/stat: user, nice, system, irq,
+    softirq, steal; idle and iowait left out): what every process used, the short-lived and the kernel's
+    included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq + steal
+
+
 def load_average() -> tuple[float, float, float]:
     """1-, 5- and 15-minute load averages."""
     return os.getloadavg()
@@ -93,6 +103,9 @@ class Window:
     our_ticks: dict[str, int] = field(default_factory=dict)  # the benchmark's own processes, the same way
     violations: list[str] = field(default_factory=list)
     samples: int = 0
+    busy_start: int = 0  # machine_busy_ticks() at the start and at the end
+    busy_end: int = 0
+    harness_cpu_s: float = 0.0  # this process's own CPU meanwhile (the monitor's sampling, reading the records)
     pins: list[dict[str, Any]] = field(default_factory=list)
     pin_log: str | None = None
 
@@ -105,6 +118,13 @@ class Window:
     def foreign_cpu_s(self) -> float:
         """CPU seconds other processes used meanwhile."""
         return sum(self.foreign_ticks.values()) / TICK
+
+    @property
+    def machine_cpu_s(self) -> float:
+        """CPU seconds the whole machine used meanwhile, less what other processes used: the benchmark's
+        processes, every one (the podium process, its servers, Ray's processes, the short-lived ones) and
+        the kernel's work for them, but not this harness's own process."""
+        return max(0.0, (self.busy_end - self.busy_start) / TICK - self.foreign_cpu_s - self.harness_cpu_s)
 
     @property
     def foreign_cores(self) -> float:
@@ -122,9 +142,10 @@ class Window:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (summaries.json)."""
         return {"seconds": round(self.seconds, 1), "foreign_cores": round(self.foreign_cores, 3),
-                "top_foreign": self.top_foreign(), "top_ours": self.top_ours(),
+                "top_foreign": self.top_foreign(), "top_ours": self.top_ours(24),
                 "load_before": self.load_before, "load_after": self.load_after,
-                "violations": self.violations[:10], "samples": self.samples, "pins": self.pins}
+                "violations": self.violations[:10], "samples": self.samples, "pins": self.pins,
+                "machine_cpu_s": round(self.machine_cpu_s, 2)}
 
 
 class Monitor:
@@ -155,7 +176,8 @@ class Monitor:
     @contextlib.contextmanager
     def window(self, pin_log: str | None = None) -> Iterator[Window]:
         """Watch the machine (and, with a pin log, the pinning) for the duration of the block."""
-        w = Window(start=time.time(), load_before=load_average(), pin_log=pin_log)
+        w = Window(start=time.time(), load_before=load_average(), pin_log=pin_log, busy_start=machine_busy_ticks())
+        own0 = time.process_time()
         with self._lock:
             self._last = {}
             self._window_ticks = uptime_ticks()
@@ -169,7 +191,8 @@ class Monitor:
             with self._lock:
                 self._window = None
                 self._give_back(self._update_ours(scan()))  # a way that ended with its train worker still pinned
-            w.end, w.load_after = time.time(), load_average()
+            w.end, w.load_after, w.busy_end = time.time(), load_average(), machine_busy_ticks()
+            w.harness_cpu_s = time.process_time() - own0
             if pin_log:
                 w.pins = read_pins(pin_log)
 

@@ -15,7 +15,7 @@ LABELS = {"a": "(a) training only", "d": "(d) podium", "d0": "(d0) podium, cheap
 def bare_rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Per checkpoint of (a)-(c): uploaded, announced (podium's callback), validation start/end, metrics."""
     events = read_jsonl(spec["log"])
-    timings = {r["checkpoint"]: r for r in read_jsonl(spec["timing_log"])}
+    timings = {r["checkpoint"]: r for r in read_jsonl(spec["timing_log"]) if r["kind"] == "validation"}
     recorded = {r["checkpoint"]: r["t"] for r in events if r["kind"] == "recorded"}
     rows = []
     for e in events:
@@ -77,7 +77,8 @@ def summarize_bare(key: str, out: dict[str, Any], spec: dict[str, Any]) -> dict[
          "promoted": None, "best_step": out.get("best_step"), "rows": rows}
     s.update(latency_stats(rows, 1))
     if key == "f":  # no metrics are recorded (no latencies); its validations run back to back, counted here
-        runs = [r["end"] - r["start"] for r in read_jsonl(spec["timing_log"]) if r["end"] <= out["fit_end"]]
+        runs = [r["end"] - r["start"] for r in read_jsonl(spec["timing_log"])
+                if r["kind"] == "validation" and r["end"] <= out["fit_end"]]
         s.update({"val_p50": percentile(runs, 50), "val_p95": percentile(runs, 95), "validations": len(runs)})
     return s
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ValidationConf
 from ray.train.torch import TorchTrainer  # noqa: E402
 
 from benchmarks.instrument import ENV as RECORD_ENV  # noqa: E402
-from benchmarks.workload import FileSink, read_jsonl, validate_repeated  # noqa: E402
+from benchmarks.workload import FileSink, append_jsonl, read_jsonl, validate_repeated  # noqa: E402
 from podium.storage.locations import arrow_filesystem  # noqa: E402
 from podium.training import raytrain  # noqa: E402
 from podium.training.ingest import builtin_datasets, dataset_config, podium_data_context  # noqa: E402
@@ -89,7 +90,7 @@ def run(variant: str, spec: dict, own_ray: bool = True) -> dict:
         result = trainer.fit()
     fit_end = time.time()
     if load is not None:
-        load.kill()
+        load.terminate()  # it records the validation it was in, then exits (validation_load)
         load.wait()
     best_step, best_value = None, None
     if variant == "b":
@@ -125,7 +126,16 @@ def validation_load(spec: dict) -> None:
     from podium.imports import yield_to_ray_workers
 
     yield_to_ray_workers()
+    current = {"cpu0": time.thread_time()}
+
+    def stopped(*_: object) -> None:  # the validation under way when training ended: its CPU time so far
+        append_jsonl(spec["timing_log"], {"kind": "validation_stopped",
+                                          "cpu_s": time.thread_time() - current["cpu0"]})
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     while True:
+        current["cpu0"] = time.thread_time()
         persisted = [e for e in read_jsonl(spec["log"]) if e["kind"] == "persisted" and e.get("checkpoint_uri")]
         if not persisted:
             time.sleep(0.05)

@@ -141,6 +141,17 @@ def append_jsonl(path: str, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def validation_cpu_s(timing_log: str, serving: str | None = None) -> float:
+    """The validation function's own CPU seconds over every checkpoint's validation `timing_log` recorded, the
+    one stopped half-way at the end of (f) included (none: 0). Calls on a promoted copy (under `serving`)
+    are left out: that verification is podium's own work."""
+    if not os.path.exists(timing_log):
+        return 0.0
+    return sum(r.get("cpu_s", 0.0) for r in read_jsonl(timing_log)
+               if r.get("kind") in ("validation", "validation_stopped")
+               and not (serving and (r.get("path", "").startswith(serving) or "/versions/" in r.get("path", ""))))
+
+
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """Every record of a JSONL file (none if it does not exist)."""
     if not os.path.exists(path):
@@ -164,9 +175,10 @@ def validate_repeated(
     It stands in for a validation set `repeat` times larger (or test-time augmentation with
     `repeat` passes): the same load, the same model, `repeat` times the arithmetic. The result
     is the same as one pass, so podium's verification of the promoted copy still agrees.
-    Each call appends its start and end time to `timing_log`.
+    Each call appends its start and end time, and its own CPU time (this thread's: torch computes on it
+    alone), to `timing_log`.
     """
-    started = time.time()
+    started, cpu0 = time.time(), time.thread_time()
     torch.set_num_threads(torch_threads)
     with checkpoint.as_directory() as d:
         model, meta = load_model(d)
@@ -178,7 +190,8 @@ def validate_repeated(
     if timing_log:
         append_jsonl(timing_log, {"kind": "validation", "checkpoint": os.path.basename(checkpoint.path.rstrip("/")),
                                   "path": checkpoint.path, "step": step if step is not None else meta.step,
-                                  "start": started, "end": ended, "pid": os.getpid()})
+                                  "start": started, "end": ended, "cpu_s": time.thread_time() - cpu0,
+                                  "pid": os.getpid()})
     return {"val_loss": m["loss"], "val_accuracy": m["accuracy"]}
 
 
