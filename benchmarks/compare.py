@@ -27,6 +27,7 @@ the reasons. `--repeats N` runs N interleaved rounds of every way; every figure 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shlex
@@ -41,7 +42,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/compare.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import report
+from benchmarks import import_floor, report
 from benchmarks.guard import Expectations, Monitor, check_attempt
 from benchmarks.pinning import CoreSplit
 from benchmarks.summaries import LABELS, summarize_bare, summarize_podium
@@ -282,11 +283,22 @@ def render(args: argparse.Namespace, workload: Workload, results: report.Results
               "function's own seconds are taken out, and what is left is set against (f)'s for (d) and against "
               "(a)'s for (d0) and (d1), round by round:", "",
               report.cpu_table(results), "",
+              *([f"The floor under podium's own CPU, what a driver doing what podium's does must import beyond a bare "
+                 f"TorchTrainer driver (`benchmarks/import_floor.py`: Prefect, MLflow with its SQL store, "
+                 f"`torch.export`'s tracing, matplotlib): "
+                 f"{import_floor.describe(extras['import_floor'])}.", ""] if extras.get("import_floor") else []),
               "Goals:", "", report.goals_table(results), "", report.floor_line(results) or "", ""]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- main
+
+def compile_podium() -> None:
+    """podium's bytecode, as an installed podium (or one run once) has it: where the environment sets
+    PYTHONDONTWRITEBYTECODE, every process of a way would otherwise compile podium's modules anew."""
+    for folder in ("podium", "flows", "tasks", "training", "deployments", "benchmarks"):
+        compileall.compile_dir(str(REPO / folder), quiet=1)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print the table; write BENCHMARKS.md unless --smoke; with --check, exit 1 unless
@@ -324,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tmp.name)  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    compile_podium()
     split = CoreSplit(enabled=not args.no_pin)
     results: report.Results = {}
     try:
@@ -335,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.repeats} repeat(s)")
             runner = Runner(args, workload, work, train, val, split, monitor)
             runner.extras["cores"] = split.describe()
+            if not failed and "d" in wanted and not args.smoke:  # in the quiet window, before any way
+                runner.extras["import_floor"] = import_floor.measure(3)
+                log(f"imports beyond a bare driver's: {import_floor.describe(runner.extras['import_floor'])}")
             if not failed and any(k in wanted for k in ("d", "d0")):
                 runner.start_warm_server()
             try:

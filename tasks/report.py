@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import os
 import re
+import tempfile
 from typing import Any, cast
 from uuid import UUID
 
@@ -231,16 +233,26 @@ def publish_reports(run_name: str, tracking: TrackingRun, records: list[Checkpoi
         markdown=report, key=report_key, description=f"Promotion report of {run_name}"), key=report_key)
     winner, reference = chart_marks(records, metric, outcome)
     fig = metric_figure(records, metric, mode, f"{run_name}: {metric} per checkpoint", winner, reference)
-    chart, chart_key = chart_markdown(records, metric, mode, outcome, figure_png(fig) if fig else None), \
-        artifact_key(run_name, "chart")
+    png = figure_png(fig) if fig else None  # drawn once, for the Prefect artifact and the MLflow run alike
+    chart, chart_key = chart_markdown(records, metric, mode, outcome, png), artifact_key(run_name, "chart")
     prefect_api.call("the chart artifact", lambda: create_markdown_artifact(
         markdown=chart, key=chart_key, description=f"{metric} per checkpoint"), key=chart_key)
     line, description = outcome_texts(run_name, records, metric, outcome)
     with reaching_tracking(tracking.tracking_uri, "writing the promotion report and chart"):
         tracking.client().log_text(tracking.run_id, report, "podium/promotion_report.md")
-        if fig is not None:
-            tracking.client().log_figure(tracking.run_id, fig, f"podium/{metric}_per_checkpoint.png")
+        if png is not None:
+            log_png(tracking, png, f"podium/{metric}_per_checkpoint.png")
     tag_outcome(tracking, line, description, {TAG_REASON: outcome.reason[:MAX_TAG]})
+
+
+def log_png(tracking: TrackingRun, png: bytes, artifact_file: str) -> None:
+    """PNG bytes drawn already as an artifact of the MLflow run (what `log_figure` would draw again)."""
+    folder, name = os.path.split(artifact_file)
+    with tempfile.TemporaryDirectory(prefix="podium-chart-") as tmp:
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(png)
+        tracking.client().log_artifact(tracking.run_id, path, folder or None)
 
 
 class Progress:

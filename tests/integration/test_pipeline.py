@@ -73,7 +73,7 @@ def e2e(module_pipeline, dataset, tmp_path_factory, mlflow_template_db):
     return types.SimpleNamespace(first=first, locations=locations)
 
 
-def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dataset):
+def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dataset, tmp_path):
     """The first run, of 6 epochs on 2 workers, checked whole: records, validation overlapping training, the
     promoted best, what serves, the registry, Prefect's task runs, events and artifacts."""
     summary, locations = e2e.first, e2e.locations
@@ -127,6 +127,11 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     steps = [int(e.resource["podium.step"]) for e in events]
     assert sorted(steps) == sorted(r.step for r in records), "one event per checkpoint"
     assert {"e2e-checkpoints", "e2e-promotion", "e2e-chart", "e2e-progress"} <= artifact_keys("e2e")
+    # MLflow: the run holds the report and the same chart as a PNG, under the names the docs give
+    chart = client.download_artifacts(summary.tracking.run_id, "podium/val_loss_per_checkpoint.png", str(tmp_path))
+    with open(chart, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(chart) > 10_000
 
 
 def test_a_start_that_would_change_the_model_s_shape_is_refused_before_anything_trains(e2e, pipeline, dataset):

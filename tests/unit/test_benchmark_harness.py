@@ -75,13 +75,15 @@ def test_the_ways_validation_is_held_to_the_floor_ways_in_the_same_round():
 def test_goals_are_scored_at_the_median_of_paired_rounds():
     results = {"a": [measured(train_wall=10.0, process_wall=20.0), measured(train_wall=10.0, process_wall=20.0),
                      measured(train_wall=10.0, process_wall=20.0)],
-               "f": [measured(train_wall=10.0), measured(train_wall=10.0), measured(train_wall=10.0)],
+               "f": [measured(train_wall=10.0, machine_cpu_s=60.0, val_total_s=20.0),
+                     measured(train_wall=10.0, machine_cpu_s=58.0, val_total_s=20.0),
+                     measured(train_wall=10.0, machine_cpu_s=61.0, val_total_s=20.0)],
                "d": [measured(train_wall=10.2, val_p50=2.0, promoted=5.5, last_wait=1.0, excess_p95=0.3,
-                              driver_cpu_s=5.0, server_cpu_s=1.0),
+                              driver_cpu_s=5.0, server_cpu_s=1.0, machine_cpu_s=64.0, val_total_s=22.0),
                      measured(train_wall=11.0, val_p50=2.0, promoted=5.0, last_wait=1.0, excess_p95=0.4,
-                              driver_cpu_s=6.5, server_cpu_s=1.0),
+                              driver_cpu_s=6.5, server_cpu_s=1.0, machine_cpu_s=62.5, val_total_s=21.0),
                      measured(train_wall=10.25, val_p50=2.0, promoted=5.0, last_wait=1.0, excess_p95=1.5,
-                              driver_cpu_s=5.5, server_cpu_s=1.5)]}
+                              driver_cpu_s=5.5, server_cpu_s=1.5, machine_cpu_s=65.5, val_total_s=23.0)]}
     goals = {g: (m, v) for g, m, v in report.score_goals(results)}
     ratio = next(v for g, v in goals.items() if "the floor (f)" in g)
     assert ratio == ("1.02× (1.02–1.10×), median of 3", "met")  # one round over the limit: the median holds
@@ -90,11 +92,13 @@ def test_goals_are_scored_at_the_median_of_paired_rounds():
     assert next(v for g, _, v in report.score_goals(slower) if "the floor (f)" in g) == "missed"
     promotion = next(v for g, v in goals.items() if "promotion" in g)
     assert promotion[1] == "met" and promotion[0].startswith("2.0 (2.0–2.5)")
+    # podium's own CPU over the whole machine: (d) less its validation, less the same of (f), round by round
     own = next(v for g, v in goals.items() if "own CPU-s" in g)
-    assert own == ("7.0 (6.0–7.5) CPU-s, median of 3", "met")  # the podium process and its Prefect server
+    assert own == ("2.0 (1.5–3.5) CPU-s, median of 3", "met")
     assert report.all_good(results)
     assert "1.02× (1.02–1.10×)" in report.table(results)
-    unknown = {**results, "d": [measured(**{**o["summary"], "server_cpu_s": None}) for o in results["d"]]}
+    assert "2.0 (1.5–3.5) over f" in report.cpu_table(results)
+    unknown = {**results, "d": [measured(**{**o["summary"], "machine_cpu_s": None}) for o in results["d"]]}
     assert next(v for g, _, v in report.score_goals(unknown) if "own CPU-s" in g) == "not measured"
 
 
