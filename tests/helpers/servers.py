@@ -74,8 +74,11 @@ def model_server(model_uri: str, env: dict[str, str], log: Path, timeout_s: floa
 class MlflowServer:
     """`mlflow server` in a process group of its own, on a fixed port and SQLite file across restarts."""
 
-    def __init__(self, root: Path, template_db: Path | None = None):
+    def __init__(self, root: Path, template_db: Path | None = None, artifacts: str | None = None):
+        """`artifacts`: where the server keeps the artifacts it proxies (a folder under `root` unless given: a
+        URI of an object store, reached with the credentials this process's environment holds)."""
         root.mkdir(parents=True, exist_ok=True)
+        self.artifacts = artifacts or str(root / "artifacts")
         self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = root / "mlflow.db"
@@ -88,7 +91,7 @@ class MlflowServer:
         """Start (or restart) the server and wait until /health answers."""
         self.proc = subprocess.Popen(
             [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", str(self.root / "artifacts")],
+             "--backend-store-uri", f"sqlite:///{self.db}", "--artifacts-destination", self.artifacts],
             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         count_start("mlflow_server")

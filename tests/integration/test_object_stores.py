@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 
 import fsspec
+import mlflow.artifacts
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
-from helpers.object_stores import Emulator, start_azurite, start_gcs_emulator
+from helpers.object_stores import AZURE_ACCOUNT, Emulator, start_azurite, start_gcs_emulator
+from helpers.servers import MlflowServer
+from mlflow.tracking import MlflowClient
 from podium_nightly_code import FEATURES
 
 from podium.serving.layout import read_current, read_history
@@ -232,3 +235,47 @@ def test_two_podium_promotes_racing_to_one_serving_location_promote_once(store, 
     assert history["current"] == "v000001"
     fs, path = fsspec_filesystem(serving)
     assert backend_for(serving).read_versioned(fs, f"{path}/.promotion.lock") is None
+
+
+# --------------------------------------------------------------------------------------------
+# MLflow's artifact store on each store: the server proxies the served model's files there
+
+MLFLOW_ARTIFACTS = {"gs": f"gs://{BUCKET}/mlflow-artifacts",
+                    "az": f"wasbs://{BUCKET}@{AZURE_ACCOUNT}.blob.core.windows.net/mlflow-artifacts"}
+
+
+def test_a_promotion_logs_the_served_model_into_an_mlflow_artifact_store_on_the_store(store, mlflow_template_db,
+                                                                                      prefect_api, shared_ray, tmp_path):
+    """An MLflow server whose artifacts live on GCS or Azure (`--artifacts-destination`, its credentials from its
+    own environment, as the SDK reads them): a run made in it, `podium promote`d, leaves the served MLflow model
+    in that store, and the registry's alias loads it back from there through the server."""
+    scheme = store.split("://")[0]
+    server = MlflowServer(tmp_path / "mlflow", mlflow_template_db, artifacts=MLFLOW_ARTIFACTS[scheme])
+    server.start()
+    try:
+        env = nightly_home(tmp_path, mlflow_template_db, prefect_api, shared_ray.driver_env())
+        env = {**env, "MLFLOW_TRACKING_URI": server.url, **{k: os.environ[k] for k in STORE_ENV if k in os.environ}}
+        config = _run_config(tmp_path, f"{store}/{tmp_path.name}/serving", f"artifacts-{scheme}")
+        made = make_trained_run(config, server.url)
+        assert [r.status for r in made.records] == ["validated", "validated"], made.records
+        (tmp_path / "run.json").write_text(json.dumps(config))
+        promoted = json.loads(podium(["promote", "--json", "--config", str(tmp_path / "run.json")], env).stdout)
+        assert promoted["promoted"]["version"] == "v000001", promoted
+
+        # the served model's files are objects of the store, under the server's artifact root
+        fs, root = fsspec_filesystem(f"{store}/mlflow-artifacts")
+        names = [os.path.basename(p) for p in fs.find(root)]
+        assert "MLmodel" in names and "manifest.json" not in names, names  # the model, not the serving copy
+        # and come back from there: the version the alias serving systems follow names, downloaded through the server
+        client = MlflowClient(server.url, registry_uri=server.url)
+        version = client.get_model_version_by_alias(f"artifacts-{scheme}", "champion")
+        uri = client.get_model_version_download_uri(version.name, version.version)
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path / "dl"),
+                                                    tracking_uri=server.url)
+        assert (Path(local) / "MLmodel").is_file(), uri
+        # no credential of the store in the server's records of the run (the connection string holds the key)
+        secret = os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").partition("AccountKey=")[2].partition(";")[0]
+        run = client.get_run(made.tracking.run_id)
+        assert not secret or secret not in json.dumps({**run.data.params, **run.data.tags, **version.tags})
+    finally:
+        server.kill()
