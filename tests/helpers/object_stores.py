@@ -105,15 +105,16 @@ def install_azurite() -> None:
                        timeout=600, capture_output=True)
 
 
-def start_azurite(log_path: Path, timeout_s: float = 60.0) -> Emulator:
-    """Azurite's blob service, in memory, with a made-up account, on a free loopback port."""
+def start_azurite(log_path: Path, timeout_s: float = 60.0, key: str = AZURE_KEY) -> Emulator:
+    """Azurite's blob service, in memory, with a made-up account, on a free loopback port. The account's `key`
+    (base64) reaches Azurite in its environment (AZURITE_ACCOUNTS), never on its command line: a test that
+    treats it as a secret passes one of its own."""
     install_azurite()
     port = free_port()
     command = [str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"]
-    process = _start("Azurite", command, port, log_path, {"AZURITE_ACCOUNTS": f"{AZURE_ACCOUNT}:{AZURE_KEY}"},
-                     timeout_s)
+    process = _start("Azurite", command, port, log_path, {"AZURITE_ACCOUNTS": f"{AZURE_ACCOUNT}:{key}"}, timeout_s)
     endpoint = f"http://127.0.0.1:{port}/{AZURE_ACCOUNT}"
-    connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURE_ACCOUNT};AccountKey={AZURE_KEY};"
+    connection = (f"DefaultEndpointsProtocol=http;AccountName={AZURE_ACCOUNT};AccountKey={key};"
                   f"BlobEndpoint={endpoint};")
     return Emulator("azure", endpoint, process, {"AZURE_STORAGE_CONNECTION_STRING": connection})

@@ -19,14 +19,18 @@ from mlflow.tracking import MlflowClient
 from helpers.servers import model_server
 from podium import load_promoted_model
 from podium.serving.layout import read_current
+from podium.storage.locations import fsspec_filesystem
 
 
 def check_served_champion(tracking_uri: str, model: str, serving: str, val_data: str, logs: Path,
                           env: dict[str, str], monkeypatch, serve: bool = True) -> None:
     """The champion of `model`, loaded from `models:/<model>@champion` with MLflow (pyfunc, pytorch and, with
     `serve`, a real `mlflow models serve` process) and with podium's `load_promoted_model`, gives the same
-    classes on raw validation rows; the registry version names its run, schema and metrics."""
-    rows = pd.read_parquet(val_data).head(40)  # raw validation rows, the label column included
+    classes on raw validation rows; the registry version names its run, schema and metrics. `serving` and
+    `val_data` are local paths or store URIs (this process reaching the store)."""
+    fs, path = fsspec_filesystem(val_data)  # a local path or a store's URI, through podium's own settings
+    with fs.open(path, "rb") as f:
+        rows = pd.read_parquet(f).head(40)  # raw validation rows, the label column included
     current = read_current(serving)
     features = [f"f{i:02d}" for i in range(16)]
     champion = load_promoted_model(serving)

@@ -3,14 +3,18 @@
 - a `prefect server` keeping its state in PostgreSQL (a database made for this module),
 - an `mlflow server` on PostgreSQL (another database), artifacts on an S3 server (moto) it proxies,
 - a Ray cluster of two nodes: `ray start --head` plus `ray start --address` (two raylets on this
-  machine, 2 CPUs each), with storage both nodes share (a local folder is shared on one machine),
+  machine, 2 CPUs each) that share no folder podium uses: checkpoints (`storage`) are kept in Azure Blob
+  (Azurite) and the serving location and the train/val Parquet data in Google Cloud Storage
+  (gcp-storage-emulator), both on loopback; each node reads the stores' endpoints and the Azure account's
+  credentials from its own environment, given when it starts, as a real cluster's nodes would,
 - podium's deployments registered with `python -m podium.deployments deploy` on a process work pool, and
   a worker (`podium worker --ray-address ...`) that runs them on that cluster.
 
-Authentication is on in all three: Prefect's basic auth, MLflow's `basic-auth` app, Ray's token. The
-secrets are made for this module and reach servers and clients in environment variables only; the last
-tests check that each server refuses a client without them, and that no secret shows in a log, an
-MLflow or Prefect record, an artifact or a process's arguments.
+Authentication is on in all three servers: Prefect's basic auth, MLflow's `basic-auth` app, Ray's token;
+Azurite checks the Azure account's key. The secrets are made for this module and reach servers and
+clients in environment variables only; the last tests check that each server refuses a client without
+them, and that no secret (the Azure key included) shows in a log, an MLflow or Prefect record, an
+artifact or a process's arguments.
 
 Cost: about 3 to 5 minutes on 2 busy cores, most of it starting the servers (their schema
 migrations) and the flow-run processes the worker starts.
@@ -38,8 +42,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import fsspec
 import pytest
 import requests
+from azure.core.exceptions import HttpResponseError
+from azure.storage.blob import BlobServiceClient
+from helpers.object_stores import AZURE_ACCOUNT, Emulator, start_azurite, start_gcs_emulator
 from helpers.prefect_queries import checkpoint_events, flow_run_logs, task_runs
 from helpers.s3_server import S3Server
 from helpers.served_checks import check_served_champion
@@ -57,6 +65,7 @@ from podium.flows.validate_announced import RECORD_LOCK
 from podium.prefect_events import EVENT_PERSISTED
 from podium.serving.layout import read_current
 from podium.settings import count_start
+from podium.storage.locations import fsspec_filesystem, join
 from podium.tracking.client import TAG_CHECKPOINT
 from podium.tracking.records import list_records, merge_validation, record_checkpoint
 from podium.tracking.runs import find_tracking_run, open_tracking_run
@@ -67,6 +76,7 @@ PG_HOST, PG_PORT = "127.0.0.1", 5432
 POOL = "podium-test"
 BIN = Path(sys.executable).parent
 MLFLOW_USER = "podium"  # the MLflow auth app's admin, whom podium's clients sign in as
+BUCKET = CONTAINER = "podium-prod"  # the GCS bucket (serving, data) and the Azure container (storage)
 
 
 def _free_port() -> int:
@@ -142,6 +152,7 @@ class Credentials:
     mlflow_password: str = field(repr=False)  # of the MLflow auth app's admin, MLFLOW_USER
     mlflow_secret_key: str = field(repr=False)  # the MLflow auth app's CSRF key (MLFLOW_FLASK_SERVER_SECRET_KEY)
     ray_token: str = field(repr=False)
+    azure_key: str = field(repr=False)  # the Azure Blob account's key (base64), Azurite's and its clients'
 
     def client_env(self) -> dict[str, str]:
         """What podium's clients (the worker, its flow runs, `podium`, these tests) need for Prefect and MLflow."""
@@ -155,14 +166,16 @@ class Credentials:
                 "the MLflow password": self.mlflow_password,
                 "the MLflow Authorization header": _basic_auth(f"{MLFLOW_USER}:{self.mlflow_password}"),
                 "the MLflow server's secret key": self.mlflow_secret_key,
-                "the Ray token": self.ray_token}
+                "the Ray token": self.ray_token,
+                "the Azure account key": self.azure_key}
 
 
 @pytest.fixture(scope="module")
 def credentials():
     """The secrets; the client ones are set in this process's environment (its children inherit them)."""
     made = Credentials(prefect_auth=f"podium:{secrets.token_hex(16)}", mlflow_password=secrets.token_hex(16),
-                       mlflow_secret_key=secrets.token_hex(32), ray_token=secrets.token_hex(32))
+                       mlflow_secret_key=secrets.token_hex(32), ray_token=secrets.token_hex(32),
+                       azure_key=base64.b64encode(secrets.token_bytes(32)).decode())
     with pytest.MonkeyPatch.context() as mp:
         for name, value in made.client_env().items():
             mp.setenv(name, value)
@@ -210,6 +223,43 @@ def command_lines():
         yield sampler
     finally:
         sampler.stop()
+
+
+@dataclass
+class Stores:
+    """The object stores on loopback: checkpoints in Azure Blob, serving and data in Google Cloud Storage."""
+
+    gcs: Emulator
+    azure: Emulator
+    root: Path  # their logs
+
+    def env(self) -> dict[str, str]:
+        """What a process that reaches the stores reads from its environment (a Ray node, the worker, these
+        tests): the GCS emulator's endpoint, and the Azure account's connection string, its key included."""
+        return {**self.gcs.env(), **self.azure.env()}
+
+
+@pytest.fixture(scope="module")
+def stores(credentials, command_lines, tmp_path_factory):
+    """The GCS emulator (generation preconditions honoured, for the promotion lease) with its bucket, and
+    Azurite with an account whose key is this module's secret and a container. Their settings are not put in
+    this process's environment here: the servers started next get none; the Ray nodes get them explicitly,
+    the worker and these tests from `team`."""
+    root = tmp_path_factory.mktemp("stores")
+    gcs = start_gcs_emulator(root / "gcs.log", BUCKET, preconditions=True)
+    try:
+        azure = start_azurite(root / "azurite.log", key=credentials.azure_key)
+    except BaseException:
+        gcs.stop()
+        raise
+    made = Stores(gcs, azure, root)
+    try:
+        BlobServiceClient.from_connection_string(made.env()["AZURE_STORAGE_CONNECTION_STRING"]) \
+            .create_container(CONTAINER)
+        yield made
+    finally:
+        gcs.stop()
+        azure.stop()
 
 
 def start_prefect_server(root: Path, database: str, auth: str):
@@ -304,16 +354,18 @@ def _kill_ray_processes_under(temp: Path) -> None:
                 pass
 
 
-def start_ray_cluster(token: str):
+def start_ray_cluster(token: str, stores_env: dict[str, str]):
     """A head node and a second node, 2 CPUs each, in process groups and a temp dir of their own.
 
     Never `ray stop`: it would stop every Ray on this machine. Ray 2.60 enables token authentication
     on `ray start --head`; the cluster gets a token of its own. The nodes get no MLflow credentials
     (nothing podium runs on the cluster talks to MLflow), but Prefect's: the controller of a job with a
-    PrefectEventSink emits its events from a node."""
+    PrefectEventSink emits its events from a node. Each node gets `stores_env` (the stores' endpoints, the
+    Azure account's connection string) in its own environment when it starts: its Ray workers, which write
+    and read checkpoints and data, inherit it; podium hands them no credential."""
     temp = Path(tempfile.mkdtemp(prefix="podium-ray-", dir="/tmp"))  # Ray's socket paths must stay short
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-    proc_env = {**os.environ, **env}
+    proc_env = {**os.environ, **env, **stores_env}  # this process has no store settings of its own
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         proc_env.pop(name, None)
     port = _free_port()
@@ -378,10 +430,11 @@ class Stack:
     ray: RayCluster
     root: Path
     artifacts: S3Server  # where the MLflow server keeps its artifacts
+    stores: Stores  # where the team keeps checkpoints, data and the serving location
 
 
 @pytest.fixture(scope="module")
-def stack(databases, credentials, command_lines, tmp_path_factory):
+def stack(databases, credentials, command_lines, stores, tmp_path_factory):
     """The three servers, authentication on, started side by side (their start-up is mostly waiting),
     stopped at the end."""
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
@@ -391,7 +444,7 @@ def stack(databases, credentials, command_lines, tmp_path_factory):
                                                         credentials.prefect_auth),
                 "mlflow": lambda: start_mlflow_server(root, databases["mlflow"], databases["mlflow_auth"],
                                                       credentials),
-                "ray": lambda: start_ray_cluster(credentials.ray_token)}
+                "ray": lambda: start_ray_cluster(credentials.ray_token, stores.env())}
     with ThreadPoolExecutor(len(starters)) as pool:
         futures = {name: pool.submit(start) for name, start in starters.items()}
     started, stops, errors = {}, [], []
@@ -408,7 +461,7 @@ def stack(databases, credentials, command_lines, tmp_path_factory):
         # this process's Prefect settings were read when prefect was imported, before the credentials were made
         with temporary_settings(updates={PREFECT_API_URL: started["prefect"],
                                          PREFECT_API_AUTH_STRING: credentials.prefect_auth}):
-            yield Stack(started["prefect"], mlflow_url, started["ray"], root, artifacts)
+            yield Stack(started["prefect"], mlflow_url, started["ray"], root, artifacts, stores)
     finally:
         with ThreadPoolExecutor(len(starters)) as pool:
             list(pool.map(lambda stop: stop(), stops))
@@ -419,45 +472,51 @@ def stack(databases, credentials, command_lines, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def team(stack):
-    """What a team's operator sets up: shared folders, data, a config file, the deployments, a worker."""
+    """What a team's operator sets up: data, a config file, the deployments, a worker. The data and the serving
+    location are in GCS, checkpoints in Azure Blob: no folder is shared between the nodes or with the worker.
+    The stores' settings and credentials are in the environment of the worker (its flow runs inherit them)
+    and of this process (the tests read the stores) while the module runs."""
     from podium.training.data import make_classification_data
 
-    shared = stack.root / "shared"  # every node reaches it: one machine
-    train, val = make_classification_data(str(shared / "data"), train_rows=2000, val_rows=500)
-    config = {
-        "run_name": "nightly",
-        "storage": str(shared / "storage"),
-        "serving": str(shared / "serving"),
-        "data": {"train": train, "val": val},
-        "training": {"epochs": 2},
-        # 1.5 CPUs per training worker: the two workers cannot share a 2-CPU node, so one runs on each;
-        # Ray Data's read tasks then fit in the half CPU left on a node
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1.5, "data_cpus": 0.5},
-        "validation": {"concurrency": 2, "num_cpus": 0.5},
-    }
-    config_file = stack.root / "podium.json"
-    config_file.write_text(json.dumps(config))
-    now = datetime.now(timezone.utc)
-    cron = f"{now.minute} {(now.hour + 12) % 24} * * *"  # half a day away: no scheduled run during the test
-    env = {**os.environ, "PREFECT_API_URL": stack.prefect, "MLFLOW_TRACKING_URI": stack.mlflow,
-           "PODIUM_HOME": str(stack.root / "podium-home")}
-    env.pop("RAY_ADDRESS", None)
-    deploy = subprocess.run([sys.executable, "-m", "podium.deployments", "deploy", "--pool", POOL, "--config",
-                             str(config_file), "--cron", cron, "--timezone", "UTC"],
-                            env=env, capture_output=True, text=True, timeout=600)
-    assert deploy.returncode == 0, f"deploy failed:\n{deploy.stdout}\n{deploy.stderr[-4000:]}"
-    assert f"export PREFECT_API_URL={stack.prefect}" in deploy.stdout, deploy.stdout  # says which server
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in stack.stores.env().items():
+            mp.setenv(name, value)
+        mp.setitem(fsspec.config.conf, "gs", {"token": "anon"})  # fsspec read FSSPEC_GCS_TOKEN when imported
+        train, val = make_classification_data(f"gs://{BUCKET}/data", train_rows=2000, val_rows=500)
+        config = {
+            "run_name": "nightly",
+            "storage": f"az://{CONTAINER}/storage",
+            "serving": f"gs://{BUCKET}/serving",
+            "data": {"train": train, "val": val},
+            "training": {"epochs": 2},
+            # 1.5 CPUs per training worker: the two workers cannot share a 2-CPU node, so one runs on each;
+            # Ray Data's read tasks then fit in the half CPU left on a node
+            "scaling": {"num_workers": 2, "cpus_per_worker": 1.5, "data_cpus": 0.5},
+            "validation": {"concurrency": 2, "num_cpus": 0.5},
+        }
+        config_file = stack.root / "podium.json"
+        config_file.write_text(json.dumps(config))
+        now = datetime.now(timezone.utc)
+        cron = f"{now.minute} {(now.hour + 12) % 24} * * *"  # half a day away: no scheduled run during the test
+        env = {**os.environ, "PREFECT_API_URL": stack.prefect, "MLFLOW_TRACKING_URI": stack.mlflow,
+               "PODIUM_HOME": str(stack.root / "podium-home")}
+        env.pop("RAY_ADDRESS", None)
+        deploy = subprocess.run([sys.executable, "-m", "podium.deployments", "deploy", "--pool", POOL, "--config",
+                                 str(config_file), "--cron", cron, "--timezone", "UTC"],
+                                env=env, capture_output=True, text=True, timeout=600)
+        assert deploy.returncode == 0, f"deploy failed:\n{deploy.stdout}\n{deploy.stderr[-4000:]}"
+        assert f"export PREFECT_API_URL={stack.prefect}" in deploy.stdout, deploy.stdout  # says which server
 
-    log = stack.root / "worker.log"
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "podium.cli", "worker", "--pool", POOL, "--ray-address", stack.ray.address,
-         "--limit", "4"],
-        env={**env, **stack.ray.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        yield {"config": config, "cron": cron, "worker_log": log, "home": Path(env["PODIUM_HOME"])}
-    finally:
-        _stop_group(worker.pid)
+        log = stack.root / "worker.log"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "podium.cli", "worker", "--pool", POOL, "--ray-address", stack.ray.address,
+             "--limit", "4"],
+            env={**env, **stack.ray.env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"},
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            yield {"config": config, "cron": cron, "worker_log": log, "home": Path(env["PODIUM_HOME"])}
+        finally:
+            _stop_group(worker.pid)
 
 
 def _wait_flow_run(flow_run_id, worker_log: Path, timeout_s: float = 480):
@@ -516,7 +575,7 @@ def test_sixteen_concurrent_validators_lose_no_metric(stack):
     MLflow server on PostgreSQL: every record, metric value and status is there afterwards."""
     tracking = open_tracking_run(stack.mlflow, "concurrency", "sixteen", {"validation": {"concurrency": 16}})
     events = [CheckpointEvent(run_name="sixteen", step=step, metrics={"loss": 1.0 / (step + 1)},
-                              checkpoint_uri=f"/shared/storage/sixteen/checkpoint_{step:08d}",
+                              checkpoint_uri=f"az://{CONTAINER}/storage/sixteen/checkpoint_{step:08d}",
                               checkpoint_name=f"checkpoint_{step:08d}") for step in range(16)]
     start = threading.Barrier(len(events))
 
@@ -555,13 +614,19 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     tracking = find_tracking_run(stack.mlflow, "podium", run_name)
     records = list_records(tracking)
     assert [r.status for r in records] == ["validated", "validated"]
-    storage = Path(team["config"]["storage"]) / run_name
-    for r in records:  # checkpoints on the shared storage, written by the workers, validated from there
-        assert Path(r.uri).parent == storage and (Path(r.uri) / "model.pt").is_file()
+    storage, serving = join(team["config"]["storage"], run_name), team["config"]["serving"]
+    for r in records:  # checkpoints in Azure Blob, written by the workers on both nodes, validated from there
+        assert r.uri.rsplit("/", 1)[0] == storage, r.uri
+        fs, path = fsspec_filesystem(r.uri)
+        assert fs.isfile(f"{path}/model.pt"), r.uri
         assert {"val_loss", "val_accuracy"} <= set(r.metrics)
-    current = read_current(team["config"]["serving"])
+    current = read_current(serving)
     best = min(records, key=lambda r: (r.metrics["val_loss"], -r.step))  # ties: the later step
     assert current.version == "v000001" and current.manifest["step"] == best.step
+    # promoted from Azure Blob into GCS: the manifest names the checkpoint, the served copy is in the bucket
+    assert current.manifest["source"] == best.uri and current.uri.startswith(f"{serving}/versions/"), current.uri
+    fs, path = fsspec_filesystem(current.uri)
+    assert fs.ls(path, detail=False), f"{current.uri}: nothing there"
     # its final state says what it did; the project's log file has podium's lines, as for `podium run`
     assert ran.state.message.startswith(f"promoted step {best.step} (val_loss=") and "as v000001" in ran.state.message
     log_file = (team["home"] / "logs" / "podium.log").read_text(errors="replace")
@@ -575,7 +640,7 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     # the version is the champion checkpoint's LoggedModel (its artifacts, on S3 behind the server, are the
     # served MLflow model); the serving copy is named by a tag
     assert champion.source == f"models:/{best.model_id}" and champion.tags["podium.served_uri"] == current.uri
-    check_served_champion(stack.mlflow, "podium", team["config"]["serving"], team["config"]["data"]["val"],
+    check_served_champion(stack.mlflow, "podium", serving, team["config"]["data"]["val"],
                           stack.root, {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, monkeypatch)
     validations = [r for r in task_runs(ran.name, expect_at_least=2) if r.name.startswith("validate-step-")]
     assert sorted(r.name for r in validations) == sorted(f"validate-step-{r.step}" for r in records)
@@ -588,12 +653,14 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
         assert client.read_flow_run(again.id).name == f"{run_name}-promote"
     messages = "\n".join(flow_run_logs(again.id, until=("already the champion",)))
     assert "promotion:" in messages and "already the champion" in messages, messages[-3000:]
-    assert read_current(team["config"]["serving"]).version == "v000001"
+    assert read_current(serving).version == "v000001"
 
 
 EXTERNAL_JOB = """
 # A training job of its own, outside any podium flow: plain Ray Train with podium's announcer and
-# a Prefect event sink, as in docs/operations.md.
+# a Prefect event sink, as in docs/operations.md. Its checkpoints go to the team's storage on Azure Blob
+# through the filesystem podium gives Ray Train (RunConfig's storage_filesystem, as in Ray Train's
+# persistent-storage guide); the announcer names them as the location is spelled (az://...).
 import json, sys
 import ray
 from ray.train import RunConfig, ScalingConfig
@@ -602,6 +669,7 @@ from ray.train.torch import TorchTrainer
 from podium.prefect_events import PrefectEventSink
 from podium.tasks.plan import plan_run
 from podium.config import PipelineConfig
+from podium.storage.locations import arrow_filesystem
 from podium.training.ingest import builtin_datasets, dataset_config
 from podium.training.loop import train_loop_per_worker
 from podium.training.raytrain import CheckpointAnnouncer
@@ -609,12 +677,14 @@ from podium.training.raytrain import CheckpointAnnouncer
 config = PipelineConfig.model_validate(json.loads(sys.argv[1]))
 ray.init()  # RAY_ADDRESS
 loop_config = plan_run(config).loop_config
+fs, path = arrow_filesystem(config.storage)
 trainer = TorchTrainer(
     train_loop_per_worker,
     train_loop_config=loop_config,
     scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1.5}),
-    run_config=RunConfig(name=config.run_name, storage_path=config.storage,
-                         callbacks=[CheckpointAnnouncer(config.run_name, [PrefectEventSink()])]),
+    run_config=RunConfig(name=config.run_name, storage_path=path, storage_filesystem=fs,
+                         callbacks=[CheckpointAnnouncer(config.run_name, [PrefectEventSink()],
+                                                        storage=config.storage)]),
     # the built-in loop reads its shard from Ray Data, here in the half CPU a node has left
     datasets=builtin_datasets(loop_config, data_cpus=0.5),
     dataset_config=dataset_config(data_cpus=0.5),
@@ -631,6 +701,11 @@ def test_checkpoints_of_an_outside_job_each_trigger_one_validation_run(stack, te
     events = checkpoint_events("outside-job", expect=2)
     assert len(events) == 2
     by_step = {int(e.resource["podium.step"]): e for e in events}
+    for event in events:  # persisted in Azure Blob by the job's workers, named as the team's storage is spelled
+        uri = event.payload["checkpoint_uri"]
+        assert uri == join(config["storage"], "outside-job", event.payload["checkpoint_name"]), uri
+        fs, path = fsspec_filesystem(uri)
+        assert fs.ls(path, detail=False), f"{uri}: nothing there"
 
     # the trigger made exactly one flow run per event, with the event's checkpoint as typed parameters
     validate_id = _deployment(f"validate-announced-checkpoint/{VALIDATE}").id
@@ -709,12 +784,24 @@ def test_each_server_refuses_a_client_without_its_credentials(stack, credentials
         assert driver.returncode != 0 and "connected" not in out, out + err[-3000:]
     assert "connected" in _ray_driver(RAY_CONNECT, {**env, **stack.ray.env})
 
+    # Azurite: a client signing with another key for the account is refused (403), one with the module's let in
+    endpoint = stack.stores.azure.endpoint
+    for key, refused in ((base64.b64encode(secrets.token_bytes(32)).decode(), True), (credentials.azure_key, False)):
+        blobs = BlobServiceClient(endpoint, credential={"account_name": AZURE_ACCOUNT, "account_key": key})
+        if refused:
+            with pytest.raises(HttpResponseError) as refusal:
+                list(blobs.list_containers())
+            assert refusal.value.status_code == 403 and refusal.value.error_code == "AuthorizationFailure"
+        else:
+            assert CONTAINER in [c.name for c in blobs.list_containers()]
+
 
 def test_no_secret_in_logs_records_artifacts_or_process_arguments(stack, team, credentials, command_lines):
     """After the pipeline's runs above: no secret (nor an Authorization header made of one) in any file this
-    module's servers, worker, flow runs (their output is in the worker's log), `mlflow models serve` and Ray
-    nodes wrote, in MLflow's runs, models and artifacts, in Prefect's flow runs, deployments, artifacts and
-    logs, or in any process's arguments."""
+    module's servers, worker, flow runs (their output is in the worker's log), `mlflow models serve`, Ray
+    nodes and the store emulators wrote, in the stores' objects (checkpoints, data, served copies), in
+    MLflow's runs, models and artifacts, in Prefect's flow runs, deployments, artifacts and logs, or in any
+    process's arguments."""
     findable = credentials.findable()
     leaks: dict[str, list[str]] = {}
 
@@ -725,10 +812,10 @@ def test_no_secret_in_logs_records_artifacts_or_process_arguments(stack, team, c
                 where = where.replace(value, "***")
             leaks[where] = found
 
-    files = [p for base in (stack.root, stack.ray.temp) for p in base.rglob("*") if p.is_file()]
+    files = [p for base in (stack.root, stack.ray.temp, stack.stores.root) for p in base.rglob("*") if p.is_file()]
     written = {p.name for p in files}
-    assert {"server.log", "mlflow-server.log", "worker.log", "serve-podium.log", "raylet.out", "gcs_server.out"} \
-        <= written, sorted(written)
+    assert {"server.log", "mlflow-server.log", "worker.log", "serve-podium.log", "raylet.out", "gcs_server.out",
+            "azurite.log", "gcs.log"} <= written, sorted(written)
     for path in files:
         try:
             check(str(path), path.read_bytes().decode("latin-1"))
@@ -752,6 +839,12 @@ def test_no_secret_in_logs_records_artifacts_or_process_arguments(stack, team, c
     s3 = stack.artifacts.client()
     for key in keys:
         check(f"MLflow artifact {key}", s3.get_object(Bucket="mlflow-artifacts", Key=key)["Body"].read().decode("latin-1"))
+    for store in (f"az://{CONTAINER}", f"gs://{BUCKET}"):  # checkpoints; data, served copies, CURRENT, history
+        fs, path = fsspec_filesystem(store)
+        objects = fs.find(path)
+        assert objects, store
+        for key in objects:
+            check(f"{store} object {key}", fs.cat_file(key).decode("latin-1"))
 
     with get_client(sync_client=True) as prefect:
         flow_runs = prefect.read_flow_runs(limit=200)
