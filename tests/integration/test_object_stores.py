@@ -23,7 +23,7 @@ from helpers.commands import podium
 from helpers.object_stores import AZURE_ACCOUNT, Emulator, start_azurite, start_gcs_emulator
 from helpers.servers import MlflowServer
 from mlflow.tracking import MlflowClient
-from podium_nightly_code import FEATURES
+from podium_nightly_code import FEATURES, write_data
 
 from podium.serving.layout import read_current, read_history
 from podium.storage.backends import backend_for
@@ -279,3 +279,25 @@ def test_a_promotion_logs_the_served_model_into_an_mlflow_artifact_store_on_the_
         assert not secret or secret not in json.dumps({**run.data.params, **run.data.tags, **version.tags})
     finally:
         server.kill()
+
+
+def test_parquet_data_on_the_store_is_inspected_digested_and_read_as_a_local_copy_is(store, tmp_path):
+    """The data checks a run makes before it starts (schema, rows, classes, the digest its lineage records) and the
+    served model's input example, on a dataset of two Parquet files in the store, give what they give on the same
+    files on local disk."""
+    from podium.tasks.plan import inspect_once
+    from podium.training.data import open_dataset
+
+    local = tmp_path / "val"
+    for i in range(2):
+        write_data(str(local / f"part-{i}.parquet"), 300, 0.1, seed=i)
+    remote = f"{store}/{tmp_path.name}/val"
+    fs, path = fsspec_filesystem(remote)
+    fs.put(str(local) + "/", path, recursive=True)
+    on_store, store_digest = inspect_once(remote, "label", list(FEATURES))
+    on_disk, disk_digest = inspect_once(str(local), "label", list(FEATURES))
+    assert (on_store.num_rows, on_store.num_classes, on_store.feature_columns) == \
+        (on_disk.num_rows, on_disk.num_classes, on_disk.feature_columns) == (600, 2, list(FEATURES))
+    assert store_digest is not None and disk_digest is not None
+    assert (store_digest.files, store_digest.rows, store_digest.row_groups) == (2, 600, disk_digest.row_groups)
+    assert open_dataset(remote).head(5).equals(open_dataset(str(local)).head(5))
