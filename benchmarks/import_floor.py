@@ -28,12 +28,14 @@ GROUPS = [
                                       "matplotlib.backends.backend_agg"]),
 ]
 
+BARE = "bare driver (ray.train.torch, torch)"
+
 CHILD = r"""
 import importlib, json, sys, time
-groups = json.loads(sys.argv[1])
+bare, groups = sys.argv[1], json.loads(sys.argv[2])
 t = time.process_time()
 import ray.train.torch
-out = {"bare driver (ray.train.torch, torch)": time.process_time() - t}
+out = {bare: time.process_time() - t}
 for name, modules in groups:
     t = time.process_time()
     for m in modules:
@@ -47,7 +49,7 @@ def measure(repeats: int = 3) -> dict[str, list[float]]:
     """CPU seconds of each group's imports (and of the bare driver's), one value per fresh interpreter."""
     runs: dict[str, list[float]] = {}
     for _ in range(repeats):
-        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(GROUPS)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", CHILD, BARE, json.dumps(GROUPS)], capture_output=True, text=True,
                               timeout=300, check=True)
         for name, s in json.loads(done.stdout.strip().splitlines()[-1]).items():
             runs.setdefault(name, []).append(s)
@@ -63,10 +65,9 @@ def floor_s(runs: dict[str, list[float]]) -> list[float]:
 def describe(runs: dict[str, list[float]]) -> str:
     """One line: the floor's median (range) and each group's median."""
     total = floor_s(runs)
-    bare = [v for name, v in runs.items() if name not in dict(GROUPS)]
-    parts = ", ".join(f"{name} {statistics.median(v):.2f}" for name, v in runs.items() if name in dict(GROUPS))
+    parts = ", ".join(f"{name} {statistics.median(runs[name]):.2f}" for name, _ in GROUPS)
     return (f"{statistics.median(total):.1f} CPU-s ({min(total):.1f}–{max(total):.1f}, {len(total)} fresh "
-            f"interpreters) beyond the bare driver's own {statistics.median(bare[0]):.2f}: {parts}")
+            f"interpreters) beyond the bare driver's own {statistics.median(runs[BARE]):.2f}: {parts}")
 
 
 def main() -> None:

@@ -290,7 +290,7 @@ def _prefect_settled(prefect: dict[str, Any]) -> bool:
 
 def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, Any]:
     """Everything compare.py and scale.py need about one finished podium run."""
-    from benchmarks.workload import read_jsonl
+    from benchmarks.workload import is_verification, read_jsonl
 
     s = run["summary"]
     name = s["run_name"]
@@ -309,7 +309,7 @@ def collect(run: dict[str, Any], api: str, timing_log: str | None) -> dict[str, 
     timings = {}
     verify = []
     for r in read_jsonl(timing_log) if timing_log else []:
-        if r["path"].startswith(serving) or "/versions/" in r["path"]:
+        if is_verification(r, serving):
             verify.append(r)
         else:
             timings[int(r["step"])] = r

@@ -141,15 +141,19 @@ def append_jsonl(path: str, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def is_verification(record: dict[str, Any], serving: str) -> bool:
+    """A timing record of a validation call on a promoted copy (podium's verification), not on a checkpoint."""
+    path = record.get("path", "")
+    return path.startswith(serving) or "/versions/" in path
+
+
 def validation_cpu_s(timing_log: str, serving: str | None = None) -> float:
     """The validation function's own CPU seconds over every checkpoint's validation `timing_log` recorded, the
     one stopped half-way at the end of (f) included (none: 0). Calls on a promoted copy (under `serving`)
     are left out: that verification is podium's own work."""
-    if not os.path.exists(timing_log):
-        return 0.0
     return sum(r.get("cpu_s", 0.0) for r in read_jsonl(timing_log)
                if r.get("kind") in ("validation", "validation_stopped")
-               and not (serving and (r.get("path", "").startswith(serving) or "/versions/" in r.get("path", ""))))
+               and not (serving and is_verification(r, serving)))
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

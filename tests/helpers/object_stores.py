@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import fsspec
+import pytest
+
 from helpers.s3_server import free_port, stop_process
 
 HERE = Path(__file__).resolve().parent
@@ -40,6 +43,14 @@ class Emulator:
     def env(self) -> dict[str, str]:
         """Environment variables that point gcsfs / adlfs at this server."""
         return dict(self.variables)
+
+    def point_here(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point this process at the emulator (its environment, and fsspec's GCS settings, which fsspec read
+        from FSSPEC_GCS_TOKEN when it was imported) until `monkeypatch` is undone."""
+        for name, value in self.env().items():
+            monkeypatch.setenv(name, value)
+        if self.name == "gcs":
+            monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
 
     def stop(self) -> None:
         """Stop the process."""

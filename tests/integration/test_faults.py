@@ -52,7 +52,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import fsspec
 import pytest
 from azure.storage.blob import BlobServiceClient
 from helpers.object_stores import start_azurite, start_gcs_emulator
@@ -332,11 +331,9 @@ def chain(prefect_api, dataset, tmp_path_factory, mlflow_template_db) -> Iterato
     gcs = start_gcs_emulator(root / "gcs.log", BUCKET, preconditions=True)
     azure = start_azurite(root / "azurite.log")
     with pytest.MonkeyPatch.context() as patch:  # this process reads the stores too (the serving history)
-        stores = {**gcs.env(), **azure.env()}
-        for name, value in stores.items():
-            patch.setenv(name, value)
-        patch.setitem(fsspec.config.conf, "gs", {"token": "anon"})  # fsspec read FSSPEC_GCS_TOKEN on import
-        BlobServiceClient.from_connection_string(stores["AZURE_STORAGE_CONNECTION_STRING"]).create_container(BUCKET)
+        gcs.point_here(patch)
+        azure.point_here(patch)
+        BlobServiceClient.from_connection_string(azure.env()["AZURE_STORAGE_CONNECTION_STRING"]).create_container(BUCKET)
         locations = {"storage": f"gs://{BUCKET}/storage", "serving": f"az://{BUCKET}/serving",
                      "tracking_uri": f"sqlite:///{root / 'mlflow.db'}"}
         chain = Chain(root, locations, prefect_api, dataset)

@@ -15,12 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import fsspec
 import mlflow.artifacts
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
-from helpers.object_stores import AZURE_ACCOUNT, Emulator, start_azurite, start_gcs_emulator
+from helpers.object_stores import AZURE_ACCOUNT, start_azurite, start_gcs_emulator
 from helpers.servers import MlflowServer
 from mlflow.tracking import MlflowClient
 from podium_nightly_code import FEATURES, write_data
@@ -38,14 +37,6 @@ BUCKET = "podium-test"
 # what points a `podium` process at the emulators
 STORE_ENV = ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
              "AZURE_STORAGE_CONNECTION_STRING")
-
-
-def _serve(server: Emulator, monkeypatch: pytest.MonkeyPatch) -> Emulator:
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    # fsspec reads FSSPEC_GCS_TOKEN when it is imported; this process imported it already
-    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +57,9 @@ def azure_server(tmp_path_factory):
 def store(request, monkeypatch) -> str:
     """The root URI of a bucket (GCS) or container (Azure) on its emulator, this process pointed at it."""
     if request.param == "gs":
-        _serve(request.getfixturevalue("gcs_server"), monkeypatch)
+        request.getfixturevalue("gcs_server").point_here(monkeypatch)
     else:
-        _serve(request.getfixturevalue("azure_server"), monkeypatch)
+        request.getfixturevalue("azure_server").point_here(monkeypatch)
         fs, _ = fsspec_filesystem(f"az://{BUCKET}")
         if not fs.exists(BUCKET):
             fs.mkdir(BUCKET)
@@ -162,7 +153,8 @@ def test_create_only_writes_refuse_an_existing_object(store, tmp_path):
 
 
 def test_a_store_that_ignores_conditional_writes_gets_no_lease(tmp_path, monkeypatch):
-    server = _serve(start_gcs_emulator(tmp_path / "gcs.log", BUCKET, preconditions=False), monkeypatch)
+    server = start_gcs_emulator(tmp_path / "gcs.log", BUCKET, preconditions=False)
+    server.point_here(monkeypatch)
     try:
         serving = f"gs://{BUCKET}/{tmp_path.name}/serving"
         with pytest.raises(StorageError, match="ignores conditional writes .* two promoters could both switch"):
@@ -177,7 +169,7 @@ def test_a_store_that_ignores_conditional_writes_gets_no_lease(tmp_path, monkeyp
 def test_workers_get_the_store_settings_and_no_credentials(monkeypatch, azure_server):
     from podium.storage.backends import worker_environment
 
-    _serve(azure_server, monkeypatch)
+    azure_server.point_here(monkeypatch)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "podiumtest")
     env = worker_environment()

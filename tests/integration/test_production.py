@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import fsspec
 import pytest
 import requests
 from azure.core.exceptions import HttpResponseError
@@ -479,9 +478,8 @@ def team(stack):
     from podium.training.data import make_classification_data
 
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in stack.stores.env().items():
-            mp.setenv(name, value)
-        mp.setitem(fsspec.config.conf, "gs", {"token": "anon"})  # fsspec read FSSPEC_GCS_TOKEN when imported
+        stack.stores.gcs.point_here(mp)
+        stack.stores.azure.point_here(mp)
         train, val = make_classification_data(f"gs://{BUCKET}/data", train_rows=2000, val_rows=500)
         config = {
             "run_name": "nightly",
