@@ -392,6 +392,12 @@ class PromotionConfig(_Strict):
         "loader, it is handed to it as model_class=: the LightningModule for podium.training.loaders:lightning, "
         "the torch module for podium.training.loaders:sharded.")
 
+    allow_files: bool = Field(
+        False, description="Let a version served as files (a checkpoint podium builds no MLflow model from: neither "
+        "model_class nor model_loader, nor podium's format) replace a champion that loads as an MLflow model. Without "
+        "it such a promotion is refused, so that models:/<model>@<alias> keeps loading; see Promotion policy, "
+        "A version served as files.")
+
     @field_validator("model_loader", "model_class")
     @classmethod
     def _check_loader(cls, v: str | None) -> str | None:

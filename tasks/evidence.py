@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import posixpath
 import time
 from typing import Any
 
@@ -37,12 +38,15 @@ from podium.core.promotion import (
     select_best,
 )
 from podium.core.records import Champion, CheckpointRecord
+from podium.core.served import is_served_as_files
 from podium.serving import layout
 from podium.storage.fingerprint import DatasetDigest
+from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
 from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_rescore
+from podium.training.promoted import CHECKPOINT_META
 
 logger = logging.getLogger(__name__)
 progress = logging.getLogger("podium.progress")
@@ -55,7 +59,7 @@ def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
                   thresholds={k: t.model_dump() for k, t in p.thresholds.items()},
                   guards={k: g.model_dump() for k, g in p.guards.items()}, confidence=p.confidence,
                   confidence_without_rows=p.confidence_without_rows, approval=approval,
-                  shadow=p.rollout == "shadow")
+                  shadow=p.rollout == "shadow", allow_files=p.allow_files, alias=p.alias)
 
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
@@ -73,7 +77,11 @@ def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[Chec
     data = plan.data.get("val")
     evidence = Evidence(best, why, champion_of(current), dict((current.manifest.get("metrics") or {}) if current else {}),
                         champion_digest(current) if current else None, data.uri if data else None,
-                        data.digest if data else None)
+                        data.digest if data else None,
+                        # the loadable gate: asked only where it can refuse (a champion that loads)
+                        candidate_files=(served_as_files(p, best) if best is not None and current is not None
+                                         and not is_served_as_files(current.manifest.get("served_as")) else None),
+                        champion_files=is_served_as_files(current.manifest.get("served_as")) if current else None)
     while (wanted := missing_evidence(evidence, policy)) is not None:
         assert evidence.best is not None and data is not None
         evidence = measure(plan, tracking, evidence, wanted, current, data)
@@ -100,6 +108,20 @@ def measure(plan: RunPlan, tracking: TrackingRun, evidence: Evidence, wanted: st
     mine, why = per_row_values(plan, best.uri, best.step)
     theirs, why_theirs = per_row_values(plan, *served) if mine is not None else (None, "")
     return dataclasses.replace(evidence, rows=RowValues(mine, theirs, why, why_theirs))
+
+
+def served_as_files(p: PromotionConfig, best: CheckpointRecord) -> bool | None:
+    """Whether the promotion of `best` would serve its files (podium.tasks.package builds no MLflow model of it): no
+    promotion.model_class or model_loader, and a checkpoint not in podium's format (no podium.json). None: its
+    folder cannot be read now (the gate has nothing to say; the promotion itself will)."""
+    if p.model_loader or p.model_class:
+        return False
+    try:
+        fs, root = fsspec_filesystem(best.uri)
+        return not fs.exists(posixpath.join(root, CHECKPOINT_META))
+    except Exception as exc:  # any store's error: the promotion's own copy says what is wrong with it
+        logger.info("could not tell whether %s is in podium's format (%s)", best.uri, exc)
+        return None
 
 
 def read_champion(serving: str) -> Champion | None:

@@ -146,6 +146,9 @@ OPTIONS: list[tuple[str, str, Callable[[str], Any] | None, str]] = [
      "'package.module:Class', the model's class: alone, for a loop that saves its module's state_dict() (model.pt, "
      "or the one .pt/.pth file), podium loads it into Class() and serves an MLflow model; with --model-loader, "
      "handed to it (the LightningModule for podium.training.loaders:lightning)."),
+    ("--allow-files", "promotion.allow_files", None,
+     "Let a checkpoint served as files (no --model-class or --model-loader for its format) replace a champion that "
+     "loads as an MLflow model; without it that promotion is refused."),
     ("--approval", "promotion.approval", str,
      "'required': a candidate that passes the gate waits for `podium approve` / `podium reject` or the Prefect "
      "UI's form; 'none': promote unattended."),

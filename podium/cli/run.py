@@ -22,6 +22,7 @@ from typing import Any
 from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
+from podium.cli.recorded import promote_settings
 from podium.errors import (
     EXIT_NOT_RECORDED,
     AliasTaken,
@@ -267,6 +268,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
+    if which == "promote":  # the run's own recorded settings, under the command's (podium.cli.recorded)
+        config = promote_settings(args, config, settings)
     created = _missing_local_folders(config.storage, config.serving)  # the plan creates them: a refusal removes them
     try:
         plan = _plan(config, settings, clock)
@@ -385,6 +388,8 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
         out["wall_time_s"] = round(elapsed, 1)
         out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         out["startup"] = clock.to_dict()
+        if getattr(args, "run_settings", None) is not None:  # `podium promote`: whose settings it used
+            out["settings"] = args.run_settings
         if not_recorded:
             out["prefect_not_recorded"] = not_recorded
         print(json.dumps(out))

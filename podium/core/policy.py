@@ -26,7 +26,9 @@ from podium.core.numbers import finite, format_number, format_signed
 if TYPE_CHECKING:
     import numpy as np
 
-THRESHOLD, GUARD, CONFIDENCE = "threshold", "guard", "confidence"
+THRESHOLD, GUARD, CONFIDENCE, LOADABLE = "threshold", "guard", "confidence", "loadable"
+# where the docs say how to make a checkpoint loadable (the refusal of the loadable gate names it)
+LOADABLE_DOCS = "docs/promotion-policy.md#a-version-served-as-files"
 WithoutRows = Literal["refuse", "point"]  # promotion.confidence_without_rows
 GUARD_RULES = ("max_increase", "max_decrease", "max_relative_increase", "max_relative_decrease")
 RESAMPLES = 2000  # paired bootstrap resamples: the interval's bounds move by about 0.1 % of its width between seeds
@@ -64,6 +66,8 @@ class Check:
                 text += f", change {format_signed(self.candidate - self.champion)}"
                 if "relative" in self.rule:
                     text += f" (relative {format_signed((self.candidate - self.champion) / abs(self.champion))})"
+        elif self.kind == LOADABLE:
+            return self.note
         elif self.interval:
             text = (f"confidence {self.level:g} on {self.metric}: gain {interval_text(self.interval)} over {self.rows} "
                     f"paired rows, lower bound > min_delta {limit}")
@@ -199,6 +203,31 @@ def check_confidence(metric: str, mode: Literal["min", "max"], level: float, min
     low, high = bootstrap_interval(gain, level)
     return Check(CONFIDENCE, metric, "lower bound > min_delta", min_delta, low > min_delta, float(mine.mean()),
                  float(theirs.mean()), interval=(low, high), level=level, rows=len(mine))
+
+
+def check_loadable(step: int, candidate_as_files: bool | None, champion: str | None, champion_as_files: bool | None,
+                   allow_files: bool, alias: str = "champion") -> Check | None:
+    """The loadable gate: a candidate that would be served as files (`candidate_as_files`: its checkpoint is not in
+    podium's format and neither promotion.model_class nor promotion.model_loader is set) never takes the alias from
+    a `champion` that loads as an MLflow model (`champion_as_files` False), unless `allow_files`
+    (promotion.allow_files, --allow-files): `models:/<model>@<alias>` would stop loading for everyone who loads it.
+
+    None where the gate has nothing to say: a candidate that loads, no champion, a champion served as files too, or
+    either side not known. Otherwise a Check that fails (the refusal, in one sentence, with the way out) or, allowed,
+    holds and says so. `promotion.always` does not pass it: forcing a better number is not asking for files."""
+    if candidate_as_files is not True or champion is None or champion_as_files is not False:
+        return None
+    files = (f"step {step} would be served as files (its checkpoint is not in podium's format, and neither "
+             "promotion.model_class nor promotion.model_loader is set)")
+    if allow_files:
+        return Check(LOADABLE, "", "an MLflow model", 0.0, True,
+                     note=f"{files}; it replaces champion {champion}, which loads as an MLflow model, as "
+                          f"promotion.allow_files (--allow-files) asks: @{alias} no longer loads with mlflow.pyfunc")
+    return Check(LOADABLE, "", "an MLflow model", 0.0, False,
+                 note=f"not promoted: {files}, and champion {champion} loads as an MLflow model, which @{alias} would "
+                      "stop doing; name the model's class (--model-class package.module:Class) or a loader "
+                      f"(--model-loader package.module:function) to get a loadable model ({LOADABLE_DOCS}), or "
+                      "--allow-files (promotion.allow_files) to promote the files anyway")
 
 
 def check_to_dict(check: Check) -> dict[str, Any]:

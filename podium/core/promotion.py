@@ -30,6 +30,9 @@ policy"), unless it is forced (`always`: reported, not blocking). A promotion wi
 awaits a person's decision instead. A side whose re-score failed under `rescore = 'stored'` is compared by
 its stored number, saying so; the comparison (`podium.core.comparison`) ends every reason when the current
 validation data is known.
+
+Last, the loadable gate (`gate_files`): a candidate that would be served as files never replaces a champion that
+loads as an MLflow model, forced or not, unless `allow_files` says so.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from podium.core.policy import (
     WithoutRows,
     check_confidence,
     check_guards,
+    check_loadable,
     check_thresholds,
     check_to_dict,
 )
@@ -102,6 +106,8 @@ class Policy:
     confidence_without_rows: WithoutRows = "refuse"
     approval: bool = False  # promotion.approval = "required"
     shadow: bool = False  # promotion.rollout = "shadow": a candidate that replaces a champion is shadowed first
+    allow_files: bool = False  # promotion.allow_files: files may replace a champion that loads (check_loadable)
+    alias: str = "champion"  # the alias the champion holds, for the loadable gate's words
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,10 @@ class Evidence:
     candidate_again: Remeasured | None = None
     champion_again: Remeasured | None = None
     rows: RowValues | None = None
+    # the loadable gate (podium.core.policy.check_loadable): whether the best checkpoint would be served as files,
+    # and whether the champion is (None: not known, or nothing to say)
+    candidate_files: bool | None = None
+    champion_files: bool | None = None
 
 
 def ranking(metric: str, mode: Mode) -> Callable[[CheckpointRecord], tuple[float, int]]:
@@ -218,7 +228,29 @@ def missing_evidence(evidence: Evidence, policy: Policy) -> str | None:
 
 
 def decide_promotion(evidence: Evidence, policy: Policy) -> Decision:
-    """The promotion decision on `evidence` under `policy`: the table of this module, first match wins."""
+    """The promotion decision on `evidence` under `policy`: the table of this module, first match wins; then the
+    loadable gate (`gate_files`)."""
+    return gate_files(_decide(evidence, policy), evidence, policy)
+
+
+def gate_files(decision: Decision, e: Evidence, p: Policy) -> Decision:
+    """A promotion of a candidate that would be served as files over a champion that loads as an MLflow model is
+    refused, unless `p.allow_files` (podium.core.policy.check_loadable); `always` does not pass it. A refusal is a
+    decision like a policy's (nothing staged), its sentence first in the reason."""
+    if not decision.promote or decision.candidate is None:
+        return decision
+    check = check_loadable(decision.candidate.step, e.candidate_files, e.champion.version if e.champion else None,
+                           e.champion_files, p.allow_files, p.alias)
+    if check is None:
+        return decision
+    if check.passed is False:
+        return dataclasses.replace(decision, action=REFUSE, reason=f"{check.note}; {decision.reason}",
+                                   checks=(*decision.checks, check))
+    return dataclasses.replace(decision, reason=f"{decision.reason}; {check.note}", checks=(*decision.checks, check))
+
+
+def _decide(evidence: Evidence, policy: Policy) -> Decision:
+    """The table of this module on `evidence`, first match wins."""
     e, p = evidence, policy
     if e.best is None or e.data is None:  # nothing to promote; or validation data not known: no comparison
         decision = compare_with_champion(e.best, e.champion, p.metric, p.mode, p.min_delta, p.always, e.why_best)

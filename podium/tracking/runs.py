@@ -199,3 +199,12 @@ def models_with_runs(tracking_uri: str) -> list[str]:
 def run_tags(tr: TrackingRun) -> dict[str, str]:
     """The MLflow run's tags (its outcome among them)."""
     return dict(tr.client().get_run(tr.run_id).data.tags)
+
+
+@tracking_call("reading the run's recorded settings")
+def recorded_params(tr: TrackingRun) -> dict[str, str]:
+    """The run's configuration as recorded when it opened: its params (`flatten_params`), with the values a resume
+    changed (tags `podium.config.<key>`, see `open_tracking_run`) laid over them. Empty for a run not made by podium."""
+    data = tr.client().get_run(tr.run_id).data
+    changed = {k.removeprefix(TAG_CONFIG_PREFIX): v for k, v in data.tags.items() if k.startswith(TAG_CONFIG_PREFIX)}
+    return {**data.params, **changed}
