@@ -51,7 +51,7 @@ from podium.core.policy import (
     WithoutRows,
     check_confidence,
     check_guards,
-    check_loadable,
+    check_served_as_model,
     check_thresholds,
     check_to_dict,
 )
@@ -106,7 +106,7 @@ class Policy:
     confidence_without_rows: WithoutRows = "refuse"
     approval: bool = False  # promotion.approval = "required"
     shadow: bool = False  # promotion.rollout = "shadow": a candidate that replaces a champion is shadowed first
-    allow_files: bool = False  # promotion.allow_files: files may replace a champion that loads (check_loadable)
+    allow_files: bool = False  # promotion.allow_files: files may replace a champion that loads (check_served_as_model)
     alias: str = "champion"  # the alias the champion holds, for the loadable gate's words
 
 
@@ -147,7 +147,7 @@ class Evidence:
     candidate_again: Remeasured | None = None
     champion_again: Remeasured | None = None
     rows: RowValues | None = None
-    # the loadable gate (podium.core.policy.check_loadable): whether the best checkpoint would be served as files,
+    # the loadable gate (podium.core.policy.check_served_as_model): whether the best checkpoint would be served as files,
     # and whether the champion is (None: not known, or nothing to say)
     candidate_files: bool | None = None
     champion_files: bool | None = None
@@ -235,11 +235,11 @@ def decide_promotion(evidence: Evidence, policy: Policy) -> Decision:
 
 def gate_files(decision: Decision, e: Evidence, p: Policy) -> Decision:
     """A promotion of a candidate that would be served as files over a champion that loads as an MLflow model is
-    refused, unless `p.allow_files` (podium.core.policy.check_loadable); `always` does not pass it. A refusal is a
+    refused, unless `p.allow_files` (podium.core.policy.check_served_as_model); `always` does not pass it. A refusal is a
     decision like a policy's (nothing staged), its sentence first in the reason."""
     if not decision.promote or decision.candidate is None:
         return decision
-    check = check_loadable(decision.candidate.step, e.candidate_files, e.champion.version if e.champion else None,
+    check = check_served_as_model(decision.candidate.step, e.candidate_files, e.champion.version if e.champion else None,
                            e.champion_files, p.allow_files, p.alias)
     if check is None:
         return decision
