@@ -118,6 +118,8 @@ def served_as_files(p: PromotionConfig, best: CheckpointRecord) -> bool | None:
         return False
     try:
         fs, root = fsspec_filesystem(best.uri)
+        if not fs.exists(root):
+            return None  # gone (deleted, another store): the promotion's copy says so
         return not fs.exists(posixpath.join(root, CHECKPOINT_META))
     except Exception as exc:  # any store's error: the promotion's own copy says what is wrong with it
         logger.info("could not tell whether %s is in podium's format (%s)", best.uri, exc)

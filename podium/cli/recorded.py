@@ -244,7 +244,10 @@ class RunSettings:
 
 def _used(config: PipelineConfig) -> dict[str, Any]:
     tree = config.model_dump(mode="json")
-    return {path: _get(tree, path) for path in SHOWN}
+    used = {path: _get(tree, path) for path in SHOWN}
+    for path in ("promotion.thresholds", "promotion.guards"):  # each entry's bounds as given: no unset ones
+        used[path] = {k: {b: v for b, v in bounds.items() if v is not None} for k, bounds in used[path].items()}
+    return used
 
 
 def _said_by(args: argparse.Namespace, path: str) -> str:
