@@ -10,6 +10,8 @@ measures what the decision asks for (`podium.core.promotion.missing_evidence`), 
   the side's MLflow LoggedModel as an evaluation on that dataset. When the digests agree, nothing is validated
   again. A side that cannot be validated any more (its format or the validation function changed) is
   `promotion.rescore`'s decision: 'refuse', or compare with the 'stored' number, saying so.
+- The loadable gate: whether the best checkpoint would be served as files (`served_as_files`: no model class or
+  loader, not podium's format), asked only when the champion loads as an MLflow model.
 - Confidence: the candidate and the champion validated once more for per-row values (`per_row`, returned
   under `podium.core.events.PER_ROW_KEY`). Those values stay in this process: they are never Prefect
   parameters, MLflow metrics or tags; only the interval they give is recorded.

@@ -22,7 +22,7 @@ from prefect.artifacts import (
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
 from podium.core.numbers import format_number, format_signed
-from podium.core.policy import interval_text
+from podium.core.policy import LOADABLE, interval_text
 from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
 from podium.core.served import files_note
@@ -121,6 +121,8 @@ def outcome_texts(run_name: str, records: list[CheckpointRecord], metric: str,
         line = f"step {outcome.best_step} is the champion ({outcome.champion_before}), promoted earlier"
     elif outcome.reason.startswith(REFUSED_BY_POLICY):  # which checks refused it; the reason has their values
         line = "not promoted: " + outcome.reason.split(":", 1)[0]
+    elif any(c.get("kind") == LOADABLE and c.get("passed") is False for c in outcome.checks):  # the loadable gate
+        line = "not promoted: it would be served as files over a champion that loads as an MLflow model"
     else:
         line = "not promoted: " + outcome.reason.rsplit("; ", 1)[-1]
     rows = [f"| {r.step} | {r.status} | {_fmt(r.metrics.get(metric))} |"
