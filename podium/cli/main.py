@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_ray_address(run)
     run.set_defaults(func=lambda a: run_command.run_flow(a, "run"))
     promote = sub.add_parser("promote", help="Promote the best checkpoint of an existing run.",
-                             description="Promote the best validated checkpoint of an existing run.")
+                             description="Promote the best validated checkpoint of an existing run, with the "
+                                         "settings it ran with (its metric, mode, policy, model class or loader, as "
+                                         "MLflow recorded them); flags and --config override them, and the command "
+                                         "says which it used. Where it serves (--serving, --alias) and --always-promote "
+                                         "are this command's.")
     add_run_options(promote)
     add_ray_address(promote)
     promote.set_defaults(func=lambda a: run_command.run_flow(a, "promote"))
