@@ -205,8 +205,8 @@ def check_confidence(metric: str, mode: Literal["min", "max"], level: float, min
                  float(theirs.mean()), interval=(low, high), level=level, rows=len(mine))
 
 
-def check_served_as_model(step: int, candidate_as_files: bool | None, champion: str | None, champion_as_files: bool | None,
-                   allow_files: bool, alias: str = "champion") -> Check | None:
+def check_served_as_model(step: int, candidate_as_files: bool | None, champion: str | None,
+                          champion_as_files: bool | None, allow_files: bool, alias: str = "champion") -> Check | None:
     """The loadable gate: a candidate that would be served as files (`candidate_as_files`: its checkpoint is not in
     podium's format and neither promotion.model_class nor promotion.model_loader is set) never takes the alias from
     a `champion` that loads as an MLflow model (`champion_as_files` False), unless `allow_files`

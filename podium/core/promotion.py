@@ -147,8 +147,8 @@ class Evidence:
     candidate_again: Remeasured | None = None
     champion_again: Remeasured | None = None
     rows: RowValues | None = None
-    # the loadable gate (podium.core.policy.check_served_as_model): whether the best checkpoint would be served as files,
-    # and whether the champion is (None: not known, or nothing to say)
+    # the loadable gate (podium.core.policy.check_served_as_model): whether the best checkpoint would be served as
+    # files, and whether the champion is (None: not known, or nothing to say)
     candidate_files: bool | None = None
     champion_files: bool | None = None
 
@@ -235,12 +235,12 @@ def decide_promotion(evidence: Evidence, policy: Policy) -> Decision:
 
 def gate_files(decision: Decision, e: Evidence, p: Policy) -> Decision:
     """A promotion of a candidate that would be served as files over a champion that loads as an MLflow model is
-    refused, unless `p.allow_files` (podium.core.policy.check_served_as_model); `always` does not pass it. A refusal is a
-    decision like a policy's (nothing staged), its sentence first in the reason."""
+    refused, unless `p.allow_files` (podium.core.policy.check_served_as_model); `always` does not pass it. A refusal
+    is a decision like a policy's (nothing staged), its sentence first in the reason."""
     if not decision.promote or decision.candidate is None:
         return decision
-    check = check_served_as_model(decision.candidate.step, e.candidate_files, e.champion.version if e.champion else None,
-                           e.champion_files, p.allow_files, p.alias)
+    check = check_served_as_model(decision.candidate.step, e.candidate_files,
+                                  e.champion.version if e.champion else None, e.champion_files, p.allow_files, p.alias)
     if check is None:
         return decision
     if check.passed is False:
