@@ -8,7 +8,7 @@ import uuid
 
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Conflict
-from podium.storage.errors import ConditionalWritesIgnored
+from podium.storage.errors import ConditionalWritesIgnored, StorageError
 from podium.storage.locations import fsspec_filesystem, is_remote, normalize_location
 
 _HONOURED: set[str] = set()  # the folders whose store was seen to refuse a second create, in this process
@@ -48,17 +48,27 @@ def check_conditional_writes(folder: str) -> None:
         return
     backend = backend_for(folder)
     fs, probe = fsspec_filesystem(posixpath.join(folder, f".podium-lease-probe-{uuid.uuid4().hex}"))
-    first = backend.create_versioned(fs, probe, b"probe")
+    failed: Exception | None = None
     try:
+        first = backend.create_versioned(fs, probe, b"probe")
         second = backend.create_versioned(fs, probe, b"probe")
     except Conflict:
         _HONOURED.add(folder)
         return
+    except StorageError:
+        raise
+    except Exception as exc:  # a store that has no conditional writes at all may answer 501, or 400
+        failed = exc
     finally:
         with contextlib.suppress(Exception):  # a leftover probe is a few bytes that nothing reads
             fs.rm_file(probe)
+    expected = ("expected a store that refuses a create-only write of an object that exists (GCS: "
+                "ifGenerationMatch=0; S3 and Azure Blob: If-None-Match: *)")
+    if failed is not None:
+        raise ConditionalWritesIgnored(
+            folder, f"this {backend.name} store did not take a create-only write of a probe object "
+                    f"({type(failed).__name__}: {failed}), so no promotion lock can be taken on it; {expected}")
     raise ConditionalWritesIgnored(
         folder, f"this {backend.name} store ignores conditional writes (a second create-only write of one object "
                 f"succeeded: versions {first} then {second}), so no promotion lock can be taken on it and two "
-                "promoters could both switch CURRENT; expected a store that refuses a create-only write of an "
-                "object that exists (GCS: ifGenerationMatch=0; S3 and Azure Blob: If-None-Match: *)")
+                f"promoters could both switch CURRENT; {expected}")
