@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -102,9 +103,9 @@ def careless_store(tmp_path_factory):
 
 
 def test_each_known_failure_is_one_sentence_with_its_exit_code_and_leaves_nothing_running(
-        prefect_api, dataset, careless_store, tmp_path, monkeypatch):
+        prefect_api, dataset, careless_store, mlflow_template_db, tmp_path, monkeypatch):
     base = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL")}
-    base.update({"PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    base["PREFECT_API_URL"] = prefect_api
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--epochs", "1", "--num-workers", "1"]
 
     def local(name: str) -> list[str]:
@@ -142,7 +143,10 @@ def test_each_known_failure_is_one_sentence_with_its_exit_code_and_leaves_nothin
     marks = {name: uuid.uuid4().hex for name in kinds}
     procs = {}
     for name, kind in kinds.items():
-        env = {**base, "PODIUM_HOME": str(tmp_path / name / "home"), **kind.env}
+        (tmp_path / name).mkdir()
+        shutil.copy(mlflow_template_db, tmp_path / name / "mlflow.db")  # a store of its own: they run side by side
+        env = {**base, "PODIUM_HOME": str(tmp_path / name / "home"),
+               "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / name / 'mlflow.db'}", **kind.env}
         procs[name] = _start(kind.args, env, marks[name])
     ended = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
 
