@@ -8,6 +8,8 @@ from Python catches them here. Each message is one sentence that names what was 
 - `ConfigError`: invalid configuration or input, found before anything runs (a bad path, column, import path)
 - `RunInProgress`: another process runs a run of the same name
 - `ServiceError`: a server podium needs (Prefect) is unreachable or would not start
+- `RayStartFailed`: a local Ray of podium's own did not start, twice (a loaded machine: Ray's start-up waits passed)
+- `RayClusterUnreachable`: the Ray cluster at RAY_ADDRESS did not answer
 - `TrackingUnavailable`: the MLflow tracking server did not answer through all of MLflow's retries
 - `ServingError`: the serving location is missing, inconsistent, or a copy failed verification
 - `HistoryError`: a rollback the serving history does not allow
@@ -47,6 +49,15 @@ class RunInProgress(PodiumError, RuntimeError):
 
 class ServiceError(PodiumError, RuntimeError):
     """A server podium needs is unreachable or would not start."""
+
+
+class RayStartFailed(ServiceError):
+    """A local Ray of podium's own did not start, on its first attempt nor on a second one (what the first left
+    was stopped before it): on a loaded machine, Ray's start-up waits can pass before its processes answer."""
+
+
+class RayClusterUnreachable(ServiceError):
+    """The Ray cluster named by RAY_ADDRESS (or --ray-address) did not answer: nothing was started on it."""
 
 
 class TrackingUnavailable(PodiumError, RuntimeError):

@@ -14,16 +14,24 @@ import importlib.util
 import logging
 import math
 import os
+import socket
 import threading
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray._private import worker as ray_worker
+from ray._private.node import Node
+from ray._private.services import canonicalize_bootstrap_address
 
+from podium.errors import RayClusterUnreachable, RayStartFailed
 from podium.imports import resolve_callable
 from podium.storage.backends import worker_environment
+
+logger = logging.getLogger(__name__)
 
 # Ray Train's controller polls workers every 2 s by default; a report (and so a
 # checkpoint announcement) waits for the next poll. podium polls more often
@@ -42,6 +50,20 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 # worker or a Ray Data task, and a validation never runs in a process that held Ray Data's blocks (its
 # memory is its own, and data reads never share its process's CPU time).
 VALIDATION_RUNTIME_ENV: dict[str, Any] = {"env_vars": {"PODIUM_WORKER_POOL": "validation"}}
+
+# A local Ray's start has two waits (ray 2.60, ray._private.node.Node): for the GCS to write its port and answer
+# (RAY_gcs_server_port_wait_time_s, 30 s by default), then a fixed 30 s for the raylet to register with it ("The
+# current node timed out during startup"). On a loaded machine (a first run after boot, other servers starting
+# beside it) either can pass, and a second start succeeds. podium starts once more after stopping what the first
+# left, the GCS wait widened to GCS_WAIT_RETRY_S unless the user set it; then says what to do.
+GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+GCS_WAIT_RETRY_S = 90
+START_ATTEMPTS = 2
+# How long a cluster named by RAY_ADDRESS may refuse connections before podium says it does not answer: Ray's own
+# window for a driver joining (RAY_gcs_server_port_wait_time_s where set, else about RAY_NUM_REDIS_GET_RETRIES
+# one-second tries), which ray.init would otherwise spend on each of many slow attempts (minutes)
+DEFAULT_JOIN_WAIT_S = 20.0
+WHAT_TO_DO_DOC = "docs/when-things-go-wrong.md#ray-does-not-start"
 
 # Third-party packages that `ray.init` and the first task submission import lazily (ray 2.60; measured by
 # tests/integration/test_startup.py). `start_early` imports them in the calling thread first: a package
@@ -103,6 +125,8 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     On a small machine the logical CPU count may exceed the cores: training and
     validation then share cores, which is the user's stated resource split.
     User code named by `import_paths` is made importable on the workers.
+    Raises RayClusterUnreachable for a RAY_ADDRESS that does not answer, RayStartFailed for a local Ray that
+    did not start (it is tried twice), each naming what to do.
     """
     os.environ.setdefault(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)
     await_release()  # a Ray being shut down (release_ray) is not one to use: start anew once it is gone
@@ -117,8 +141,15 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
         runtime_env: dict[str, Any] = {"env_vars": {POLL_INTERVAL_ENV: os.environ[POLL_INTERVAL_ENV], **worker_environment()}}
         if py_modules:
             runtime_env["py_modules"] = sorted(set(py_modules))
-        ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
-        return
+        address = os.environ["RAY_ADDRESS"]
+        _check_cluster_answers(address)
+        try:
+            ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
+        except ConnectionError as exc:  # answered the probe, then went away: said as a cluster that does not answer
+            failure = f"{type(exc).__name__}: {_first_line(exc)}"
+        else:
+            return
+        raise RayClusterUnreachable(_unreachable_message(address, failure))
     cpus = max(os.cpu_count() or 1, math.ceil(num_cpus or 0))
     # A Ray of podium's own is this process's child, and its workers inherit the raylet's environment: the
     # poll interval (set above) and the user's code roots reach them from there, not through a job
@@ -126,11 +157,134 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
     # a job that sets one can never use them, and starts a new process for each of its first tasks and
     # actors (Ray Train's controller, its workers, podium's queue) while training waits on them.
     with _start_environment(roots):
-        # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
-        # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused
-        # anyway with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=False)
+        _start_local_ray(cpus)
+
+
+def _start_local_ray(cpus: int) -> None:
+    """`ray.init` of a local Ray, tried START_ATTEMPTS times (see GCS_WAIT_ENV): what a failed attempt left
+    running is stopped before the next. Raises RayStartFailed, saying what to do, once every attempt failed."""
+    failures: list[str] = []
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            with _gcs_wait(widened=attempt > 1):
+                # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
+                # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused
+                # anyway with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False)
+            return
+        except Exception as exc:  # Ray raises a bare Exception, RuntimeError or TimeoutError for a start that failed
+            logger.warning("Ray's local start failed (attempt %d of %d)", attempt, START_ATTEMPTS, exc_info=True)
+            failures.append(f"{_first_line(exc)}{_logs_of(exc)}")
+            stopped = _stop_failed_start(exc)
+            if attempt < START_ATTEMPTS:
+                logger.warning("stopped what that start left (%s); starting Ray again", ", ".join(stopped) or "nothing")
+    # raised here, not in the handler: no exception of Ray's as its context (podium.outages reads a chain of
+    # timeouts as a server that stopped answering)
+    raise RayStartFailed(
+        f"Ray did not start on this machine ({START_ATTEMPTS} attempts; the last: {failures[-1]}): on a loaded "
+        "machine Ray's processes can miss its start-up waits; run the same command again once the machine is "
+        "quieter, or start Ray yourself (`ray start --head`) and set RAY_ADDRESS (or --ray-address) to its "
+        f"address ({WHAT_TO_DO_DOC})")
+
+
+@contextlib.contextmanager
+def _gcs_wait(widened: bool) -> Iterator[None]:
+    """While the block runs: Ray's GCS wait widened to GCS_WAIT_RETRY_S (a retry), unless the user set it."""
+    if not widened or os.environ.get(GCS_WAIT_ENV):
+        yield
+        return
+    os.environ[GCS_WAIT_ENV] = str(GCS_WAIT_RETRY_S)
+    try:
+        yield
+    finally:
+        os.environ.pop(GCS_WAIT_ENV, None)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (Ray's can hold pages of its processes' logs)."""
+    text = str(exc).strip().splitlines()
+    return text[0].rstrip(".") if text else type(exc).__name__
+
+
+def _failed_node(exc: BaseException) -> Any:
+    """The `ray._private.node.Node` whose start raised `exc`, found in its traceback: ray.init keeps no reference
+    to a node whose constructor raised, and that node holds the processes it started (`all_processes`)."""
+    tb: types.TracebackType | None = exc.__traceback__
+    found = None
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if isinstance(candidate, Node):
+            found = candidate
+        tb = tb.tb_next
+    return found
+
+
+def _logs_of(exc: BaseException) -> str:
+    """"; Ray's logs: <folder>" of the failed start, where it got as far as making one."""
+    logs = getattr(_failed_node(exc), "_logs_dir", None)
+    return f"; Ray's logs: {logs}" if logs else ""
+
+
+def _stop_failed_start(exc: BaseException) -> list[str]:
+    """Stop the processes a failed `ray.init` left (its GCS, raylet, log monitor...); returns what was stopped.
+
+    They would otherwise run on beside the next attempt, competing with it for the CPU it lacked, until this
+    process exits (they share its fate)."""
+    if ray.is_initialized() or ray_worker._global_node is not None:  # failed after the node started
+        ray.shutdown()
+        return ["the connected node"]
+    node = _failed_node(exc)
+    if node is None:
+        return []
+    stopped = [f"{kind} (pid {info.process.pid})" for kind, infos in node.all_processes.items() for info in infos
+               if info.process.poll() is None]
+    try:
+        node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+    except Exception:  # a process that would not go: the next attempt starts anyway, and this process's exit ends it
+        logger.warning("could not stop every process of the failed Ray start", exc_info=True)
+    return stopped
+
+
+def _join_wait_s() -> float:
+    """How long a cluster named by RAY_ADDRESS may refuse connections (see DEFAULT_JOIN_WAIT_S)."""
+    try:
+        return max(1.0, float(os.environ.get(GCS_WAIT_ENV, DEFAULT_JOIN_WAIT_S)))
+    except ValueError:
+        return DEFAULT_JOIN_WAIT_S
+
+
+def _check_cluster_answers(address: str) -> None:
+    """Raise RayClusterUnreachable unless the GCS at `address` (host:port, as `ray start` prints it) accepts a
+    connection within `_join_wait_s()`. Other forms (ray://, auto) are left to Ray."""
+    if "://" in address:  # Ray Client (ray://): its own connection, with its own errors
+        return
+    try:
+        canonical = canonicalize_bootstrap_address(address)
+    except Exception:  # not host:port, or an `auto` that finds no cluster: ray.init says so in its own terms
+        return
+    if not canonical:
+        return
+    host, _, port = canonical.rpartition(":")
+    wait_s = _join_wait_s()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, wait_s)):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                failure = f"{exc.strerror or type(exc).__name__} for {wait_s:.0f} s"
+                break
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    raise RayClusterUnreachable(_unreachable_message(address, failure))
+
+
+def _unreachable_message(address: str, failure: str) -> str:
+    """What to tell someone whose RAY_ADDRESS does not answer."""
+    return (f"RAY_ADDRESS = {address!r}: the Ray cluster there does not answer ({failure}): start it "
+            "(`ray start --head` prints its address), point RAY_ADDRESS (or --ray-address) at one that runs, or "
+            f"unset it for a local Ray of podium's own ({WHAT_TO_DO_DOC})")
 
 
 @contextlib.contextmanager
@@ -255,8 +409,12 @@ class EarlyStart(threading.Thread):
         threading.Event().wait()
 
     def wait(self) -> None:
-        """Until Ray is up and the warm-up submitted (or that failed)."""
+        """Until Ray is up and the warm-up submitted (or that failed). Ray that did not start, or a cluster that
+        does not answer, is raised here (RayStartFailed, RayClusterUnreachable): the command ends before its
+        flow run starts. Any other error is handed to connect-ray, as before."""
         self._done.wait()
+        if _started is not None and isinstance(_started.error, (RayStartFailed, RayClusterUnreachable)):
+            raise _started.error
 
 
 def start_early(num_cpus: float, import_paths: list[str], warm_up: WarmUp) -> EarlyStart:

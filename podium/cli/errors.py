@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from podium.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
+from podium.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE, RayClusterUnreachable, RayStartFailed
+from podium.storage.errors import ConditionalWritesIgnored
 
 
 class CliError(Exception):
@@ -38,3 +39,21 @@ def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:
             "in storage.\n"
             f"  Once the server answers again, run the same `podium {command}` (same --run-name): it resumes, "
             "and checkpoints that already have a verdict are not validated again.")
+
+
+def known_failure(exc: BaseException) -> CliError | None:
+    """The command's error for a failure podium knows wherever it was first met (one sentence, its documented exit
+    code), or None for any other exception: a command maps what it can say better itself, and `podium.cli.main`
+    maps the rest of these.
+
+    - Ray did not start on this machine, twice (RayStartFailed): exit 3, as a server that did not answer; the same
+      command runs again.
+    - The cluster at RAY_ADDRESS does not answer (RayClusterUnreachable): refused, exit 2; nothing ran.
+    - A store that ignores conditional writes (ConditionalWritesIgnored), where a command met it past its preflight
+      (a rollback, an approval): refused, exit 2.
+    """
+    if isinstance(exc, RayStartFailed):
+        return ServerUnreachable(str(exc))
+    if isinstance(exc, (RayClusterUnreachable, ConditionalWritesIgnored)):
+        return Refused(str(exc))
+    return None

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from podium.cli.errors import CliError
+from podium.cli.errors import CliError, known_failure
 from podium.cli.options import (
     Parser,
     add_ray_address,
@@ -156,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"podium: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:
+        failure = known_failure(exc)  # a failure podium knows, met where its command did not map it (in a flow)
+        if failure is None:
+            raise
+        print(f"podium: {failure}", file=sys.stderr)
+        return failure.exit_code
     except KeyboardInterrupt:  # Ctrl-C before a run started (or after it ended): nothing to stop cleanly
         print("podium: interrupted", file=sys.stderr)
         return 130

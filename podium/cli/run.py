@@ -28,6 +28,7 @@ from podium.errors import (
     AliasTaken,
     ConfigError,
     NoCheckpointReported,
+    RayClusterUnreachable,
     RunInProgress,
     ServiceError,
     ServingError,
@@ -222,7 +223,10 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
 
         # (torch.export's tracing, which promotion needs, loads while training runs: flows.pipeline)
         clock.record("import_torch", began)
-        servers.ray.wait()
+        try:
+            servers.ray.wait()
+        except RayClusterUnreachable as exc:  # refused: the Prefect server this command started is stopped again
+            raise Refused(str(exc)) from None
         clock.record("ray", servers.ray.started, servers.ray.ended)
     try:
         api_url = servers.prefect.result()

@@ -19,3 +19,8 @@ class StorageError(OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.location, self.reason)
+
+
+class ConditionalWritesIgnored(StorageError):
+    """A store that accepted a create-only write of an object that exists: no lease, no claim can be built on it
+    (podium.storage.preflight.check_conditional_writes)."""

@@ -36,43 +36,14 @@ from typing import Any
 
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Conflict
-from podium.storage.errors import StorageError
 from podium.storage.locations import fsspec_filesystem, is_remote, normalize_location
+from podium.storage.preflight import check_conditional_writes
 
 logger = logging.getLogger(__name__)
 
 
 class LeaseError(RuntimeError):
     """The lease could not be taken in time, or was lost while held."""
-
-
-_HONOURED: set[str] = set()  # the folders whose store was seen to refuse a second create, in this process
-
-
-def check_conditional_writes(uri: str) -> None:
-    """Prove that the store under `uri`'s folder refuses a second create-only write, once per folder and process.
-
-    A store that accepted it (an emulator that ignores GCS's ifGenerationMatch, an S3 gateway that drops
-    If-None-Match) would let two promoters both take the lease: StorageError instead, before anything is done.
-    """
-    folder = posixpath.dirname(uri.rstrip("/"))
-    if folder in _HONOURED:
-        return
-    backend = backend_for(uri)
-    fs, probe = fsspec_filesystem(posixpath.join(folder, f".podium-lease-probe-{uuid.uuid4().hex}"))
-    token = backend.create_versioned(fs, probe, b"probe")
-    try:
-        second = backend.create_versioned(fs, probe, b"probe")
-    except Conflict:
-        _HONOURED.add(folder)
-        return
-    finally:
-        with contextlib.suppress(Exception):  # a leftover probe is a few bytes that nothing reads
-            fs.rm_file(probe)
-    raise StorageError(folder, f"this {backend.name} store ignores conditional writes (a second create-only "
-                               f"write of one object succeeded: versions {token} then {second}), so no lease can "
-                               "be taken on it and two promoters could both switch CURRENT; use a store that "
-                               "honours them")
 
 
 class ObjectLease:
@@ -115,7 +86,7 @@ class ObjectLease:
 
     def acquire(self, timeout_s: float = 600.0) -> ObjectLease:
         """Take the lease, waiting up to `timeout_s` for its holder to release it or let it expire."""
-        check_conditional_writes(self.uri)
+        check_conditional_writes(posixpath.dirname(self.uri.rstrip("/")))  # no lease on a store that ignores them
         deadline = time.monotonic() + timeout_s
         acquired_at = time.time()
         holder: dict[str, Any] = {}
