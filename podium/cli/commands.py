@@ -220,7 +220,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     try:
         registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
         if read_pointer(serving) is None:  # before any server starts
-            raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+            raise ServingError(nothing_promoted(serving, args, settings, "nothing to roll back"))
     except ServingError as exc:
         raise CliError(str(exc)) from None
     from podium.cli.run import quiet_command
@@ -279,12 +279,45 @@ def location_names(serving: str, registered_model: str | None, alias: str | None
     return location.registered_model, location.alias
 
 
+def location_exists(serving: str) -> bool:
+    """Whether the serving location is there at all (a folder, or objects under its prefix); True when the store
+    cannot tell (a read of it then says what is wrong)."""
+    from podium.storage.locations import fsspec_filesystem, normalize_location
+
+    try:
+        fs, root = fsspec_filesystem(normalize_location(serving))
+        return bool(fs.exists(root))
+    except (OSError, ValueError, ImportError):
+        return True
+
+
+def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSettings, then: str = "") -> str:
+    """The sentence for a serving location where nothing was promoted, read by `history`, `lineage` or `rollback`:
+    where podium looked (the location, and for a model's default one, podium's home and where that came from) and
+    how to point it at another (the project folder, PODIUM_HOME, --model, --serving); `then`: what that means for
+    the command ("nothing to roll back")."""
+    what = (f"nothing has been promoted to {serving!r}" + ("" if location_exists(serving) else " (no such location)")
+            + (f", {then}" if then else ""))
+    if getattr(args, "serving", None):
+        return f"{what}: give --serving the serving location a `podium run` promoted to (its summary names it)"
+    home = settings.home_dir
+    origin = "PODIUM_HOME" if os.environ.get("PODIUM_HOME") else "PODIUM_HOME is not set: ./.podium of this folder"
+    models = home / "serving"
+    others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
+    hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
+    return (f"{what}, the serving location of model {getattr(args, 'model', None)!r} in podium's home {home} "
+            f"({origin}){hint}. Run podium from the project folder, set PODIUM_HOME to its .podium folder, or give "
+            "--serving LOCATION")
+
+
 def cmd_history(args: argparse.Namespace) -> int:
-    """The champions of a serving location: every switch, when, why and what started it (read-only)."""
+    """The champions of a serving location: every switch, when, why and what started it (read-only). A location
+    that does not exist is refused (exit 2, saying where podium looked); one that exists with nothing promoted yet
+    says so (exit 0)."""
     settings = PodiumSettings()
     from podium.cli.output import print_history
     from podium.config import default_serving
-    from podium.serving.history import lineage_of, parse_switch
+    from podium.serving.history import current_switch, lineage_of, parse_switch
     from podium.serving.layout import read_history, read_pointer
 
     serving = args.serving or default_serving(settings, getattr(args, "model", None))
@@ -292,11 +325,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         history, pointer = read_history(serving), read_pointer(serving)
     except ServingError as exc:
         raise CliError(str(exc)) from None
-    lineage = lineage_of(parse_switch(doc) for doc in history)
+    if not history and pointer is None and not location_exists(serving):
+        raise CliError(nothing_promoted(serving, args, settings))
+    switches = [parse_switch(doc) for doc in history]
+    lineage = lineage_of(switches)
     current = (pointer or {}).get("version")
     if args.json:
-        print(json.dumps({"serving": serving, "current": current, "withdrawn": sorted(lineage.withdrawn),
-                          "switches": history}))
+        # current_switch: the index in `switches` of the switch that made `current` the version served
+        print(json.dumps({"serving": serving, "current": current, "current_switch": current_switch(switches, current),
+                          "withdrawn": sorted(lineage.withdrawn), "switches": history}))
         return 0
     print_history(serving, history, current, set(lineage.withdrawn))
     return 0

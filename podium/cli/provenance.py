@@ -117,6 +117,7 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
+    from podium.cli.commands import nothing_promoted
     from podium.config import default_serving
     from podium.serving.layout import VERSION_RE, read_pointer, read_version
 
@@ -126,6 +127,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     try:
         if VERSION_RE.match(what):
             version = read_version(serving, what)
+            if version is None and read_pointer(serving) is None:
+                raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
             if version is None:
                 raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
             current = (read_pointer(serving) or {}).get("version") == what
@@ -137,7 +140,14 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         if not DIGEST_RE.match(what):
             raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
                            "(8 to 64 hexadecimal characters)")
-        report = digest_report(settings.resolved_tracking_uri(), serving, what)
+        from podium.tracking.client import store_exists
+
+        tracking_uri = settings.resolved_tracking_uri()
+        if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
+            raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
+                           f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
+                           "folder, or MLFLOW_TRACKING_URI to read another store)")
+        report = digest_report(tracking_uri, serving, what)
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
     except (ServingError, HistoryError) as exc:
