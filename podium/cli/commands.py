@@ -296,18 +296,19 @@ def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSet
     where podium looked (the location, and for a model's default one, podium's home and where that came from) and
     how to point it at another (the project folder, PODIUM_HOME, --model, --serving); `then`: what that means for
     the command ("nothing to roll back")."""
-    what = (f"nothing has been promoted to {serving!r}" + ("" if location_exists(serving) else " (no such location)")
-            + (f", {then}" if then else ""))
+    missing = "" if location_exists(serving) else "no such location; "
+    then = f", {then}" if then else ""
     if getattr(args, "serving", None):
-        return f"{what}: give --serving the serving location a `podium run` promoted to (its summary names it)"
+        return (f"nothing has been promoted to {serving!r}{f' ({missing[:-2]})' if missing else ''}{then}: give "
+                "--serving the serving location a `podium run` promoted to (its summary names it)")
     home = settings.home_dir
     origin = "PODIUM_HOME" if os.environ.get("PODIUM_HOME") else "PODIUM_HOME is not set: ./.podium of this folder"
     models = home / "serving"
     others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
     hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
-    return (f"{what}, the serving location of model {getattr(args, 'model', None)!r} in podium's home {home} "
-            f"({origin}){hint}. Run podium from the project folder, set PODIUM_HOME to its .podium folder, or give "
-            "--serving LOCATION")
+    return (f"nothing has been promoted to {serving!r} ({missing}the serving location of model "
+            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the project folder, set "
+            "PODIUM_HOME to its .podium folder, or give --serving LOCATION")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
