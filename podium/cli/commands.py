@@ -23,7 +23,9 @@ from podium.settings import PodiumSettings, current_user
 
 def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, Any]:
     """(config, TrackingRun) of the run a read command is about: the one named (--run-name or the
-    config file), else the experiment's latest. Read-only: a store that is not there is not created."""
+    config file), else the experiment's latest. Without a model named (--model, --experiment or the config file)
+    in a store whose runs are all of one other model, that model, said on stderr; with several, the refusal lists
+    them. Read-only: a store that is not there is not created."""
     config = config_from_args(args, settings)
     from podium.tracking.client import store_exists
     from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs
@@ -37,6 +39,13 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
             latest = latest_run_name(tracking_uri, config.experiment)
             if latest is None:
                 others = [m for m in models_with_runs(tracking_uri) if m != config.experiment]
+                named = args.config or getattr(args, "model", None) or getattr(args, "experiment", None)
+                if len(others) == 1 and not named:
+                    # no model named, and one model has runs here: that is the one meant
+                    print(f"podium: no --model given; the only model with runs in {tracking_uri} is {others[0]!r}: "
+                          f"showing it (--model {others[0]})", file=sys.stderr)
+                    args.model = others[0]
+                    return _find_run(args, settings)
                 hint = (f"; runs of other models are here: {', '.join(others)} (--model NAME)" if others else "")
                 raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
             config = config.model_copy(update={"run_name": latest})
@@ -307,8 +316,8 @@ def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSet
     others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
     hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
     return (f"nothing has been promoted to {serving!r} ({missing}the serving location of model "
-            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the project folder, set "
-            "PODIUM_HOME to its .podium folder, or give --serving LOCATION")
+            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the "
+            "project folder, set PODIUM_HOME to its .podium folder, or give --serving LOCATION")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
