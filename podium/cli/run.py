@@ -10,6 +10,7 @@ servers' start, and `podium --help` or a bad flag answers before any of them loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -182,16 +183,22 @@ def _plan(config: Any, settings: PodiumSettings, clock: StartupClock) -> Any:
     """The run's plan (podium.tasks.plan.plan_run, which a deployment's run calls in its flow), made before any server
     or Ray starts: a bad path, column, import path or metric name is refused here (Refused: one sentence, exit 2),
     with nothing started or left behind. The flow takes the plan and does not plan again. The demo data is made
-    first where the run asks for it."""
-    began = time.monotonic()
-    _maybe_make_demo_data(config, settings)
-    clock.record("demo_data", began)
+    where the run asks for it once the settings passed the plan's checks that read no data; a refusal after it (of
+    the data itself) removes what it wrote."""
     began = time.monotonic()
     from podium.tasks.plan import plan_run
 
+    written: list[Path] = []
+
+    def demo_data() -> None:
+        start = time.monotonic()
+        written.extend(_maybe_make_demo_data(config, settings))
+        clock.record("demo_data", start)
+
     try:
-        plan = plan_run(config)
+        plan = plan_run(config, before_data=demo_data)
     except ConfigError as exc:
+        _remove_written(written)
         raise Refused(str(exc)) from None
     clock.record("plan", began)
     return plan
@@ -245,12 +252,25 @@ def _check_serving_location(config: Any, tracking_uri: str) -> None:
         raise ServerUnreachable(str(exc)) from None
 
 
-def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
+def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> list[Path]:
+    """Write the demo data where the run reads it and it is missing; what did not exist before, parents first."""
     default = settings.home_dir / "data"
-    if config.data.train.startswith(str(default)) and not Path(config.data.train).exists():
-        from podium.training.data import make_classification_data
+    if not (config.data.train.startswith(str(default)) and not Path(config.data.train).exists()):
+        return []
+    from podium.training.data import make_classification_data
 
-        make_classification_data(str(default))
+    new = [p for p in (settings.home_dir, default) if not p.exists()]
+    before = set(default.iterdir()) if default.is_dir() else set()
+    make_classification_data(str(default))
+    return new + sorted(set(default.iterdir()) - before)
+
+
+def _remove_written(paths: list[Path]) -> None:
+    """A refused command leaves nothing it wrote: `paths` (files and the folders made for them) removed, children
+    first; a folder something else wrote into meanwhile stays."""
+    for path in reversed(paths):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
 
 
 def run_flow(args: argparse.Namespace, which: str) -> int:
