@@ -179,16 +179,14 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
     return servers
 
 
-def _plan(config: Any, settings: PodiumSettings, clock: StartupClock) -> Any:
+def _plan(config: Any, settings: PodiumSettings, clock: StartupClock, written: list[Path]) -> Any:
     """The run's plan (podium.tasks.plan.plan_run, which a deployment's run calls in its flow), made before any server
     or Ray starts: a bad path, column, import path or metric name is refused here (Refused: one sentence, exit 2),
     with nothing started or left behind. The flow takes the plan and does not plan again. The demo data is made
     where the run asks for it once the settings passed the plan's checks that read no data; a refusal after it (of
-    the data itself) removes what it wrote."""
+    the data itself) removes what it wrote. `written` gets what it wrote, for a later refusal to remove."""
     began = time.monotonic()
     from podium.tasks.plan import plan_run
-
-    written: list[Path] = []
 
     def demo_data() -> None:
         start = time.monotonic()
@@ -288,8 +286,9 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
     created = _missing_local_folders(config.storage, config.serving)  # the plan creates them: a refusal removes them
+    written: list[Path] = []  # the demo data, where the plan wrote it: a refusal removes it
     try:
-        plan = _plan(config, settings, clock)
+        plan = _plan(config, settings, clock, written)
     except Refused:
         _remove_if_empty(created)
         raise
@@ -305,6 +304,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     except Refused:
         _stop_what_a_refusal_started(settings, servers)
         _remove_if_empty(created)
+        _remove_written(written)
         raise
 
 
