@@ -220,6 +220,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     flow `rollback` (this home's server, started if needed, or PREFECT_API_URL's), so that the Prefect UI shows it
     beside the runs that promoted."""
     settings = PodiumSettings()
+    from podium.cli.provenance import nothing_promoted
     from podium.config import MODEL_NAME_RE, default_serving
     from podium.serving.layout import read_pointer
 
@@ -288,44 +289,13 @@ def location_names(serving: str, registered_model: str | None, alias: str | None
     return location.registered_model, location.alias
 
 
-def location_exists(serving: str) -> bool:
-    """Whether the serving location is there at all (a folder, or objects under its prefix); True when the store
-    cannot tell (a read of it then says what is wrong)."""
-    from podium.storage.locations import fsspec_filesystem, normalize_location
-
-    try:
-        fs, root = fsspec_filesystem(normalize_location(serving))
-        return bool(fs.exists(root))
-    except (OSError, ValueError, ImportError):
-        return True
-
-
-def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSettings, then: str = "") -> str:
-    """The sentence for a serving location where nothing was promoted, read by `history`, `lineage` or `rollback`:
-    where podium looked (the location, and for a model's default one, podium's home and where that came from) and
-    how to point it at another (the project folder, PODIUM_HOME, --model, --serving); `then`: what that means for
-    the command ("nothing to roll back")."""
-    missing = "" if location_exists(serving) else "no such location; "
-    then = f", {then}" if then else ""
-    if getattr(args, "serving", None):
-        return (f"nothing has been promoted to {serving!r}{f' ({missing[:-2]})' if missing else ''}{then}: give "
-                "--serving the serving location a `podium run` promoted to (its summary names it)")
-    home = settings.home_dir
-    origin = "PODIUM_HOME" if os.environ.get("PODIUM_HOME") else "PODIUM_HOME is not set: ./.podium of this folder"
-    models = home / "serving"
-    others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
-    hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
-    return (f"nothing has been promoted to {serving!r} ({missing}the serving location of model "
-            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the "
-            "project folder, set PODIUM_HOME to its .podium folder, or give --serving LOCATION")
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     """The champions of a serving location: every switch, when, why and what started it (read-only). A location
     that does not exist is refused (exit 2, saying where podium looked); one that exists with nothing promoted yet
     says so (exit 0)."""
     settings = PodiumSettings()
     from podium.cli.output import print_history
+    from podium.cli.provenance import location_exists, nothing_promoted
     from podium.config import default_serving
     from podium.serving.history import current_switch, lineage_of, parse_switch
     from podium.serving.layout import read_history, read_pointer

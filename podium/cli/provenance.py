@@ -1,4 +1,5 @@
-"""`podium lineage` and what `podium status` says about data and origins: lineage, both ways.
+"""`podium lineage` and what `podium status` says about data and origins: lineage, both ways; and what the
+commands that read a serving location say where nothing was promoted there (`nothing_promoted`).
 
 - From a serving version (`podium lineage v000002`): its checkpoint, MLflow run and LoggedModel, the
   Prefect flow run, deployment and schedule, the code version, the datasets (by digest), and the numbers
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from typing import Any
@@ -117,7 +119,6 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
-    from podium.cli.commands import nothing_promoted
     from podium.config import default_serving
     from podium.serving.layout import VERSION_RE, read_pointer, read_version
 
@@ -154,6 +155,38 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     print(json.dumps(report) if args.json else "\n".join(digest_lines(report)))
     return 0
+
+
+def location_exists(serving: str) -> bool:
+    """Whether the serving location is there at all (a folder, or objects under its prefix); True when the store
+    cannot tell (a read of it then says what is wrong)."""
+    from podium.storage.locations import fsspec_filesystem, normalize_location
+
+    try:
+        fs, root = fsspec_filesystem(normalize_location(serving))
+        return bool(fs.exists(root))
+    except (OSError, ValueError, ImportError):
+        return True
+
+
+def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSettings, then: str = "") -> str:
+    """The sentence for a serving location where nothing was promoted, read by `history`, `lineage` or `rollback`:
+    where podium looked (the location, and for a model's default one, podium's home and where that came from) and
+    how to point it at another (the project folder, PODIUM_HOME, --model, --serving); `then`: what that means for
+    the command ("nothing to roll back")."""
+    missing = "" if location_exists(serving) else "no such location; "
+    then = f", {then}" if then else ""
+    if getattr(args, "serving", None):
+        return (f"nothing has been promoted to {serving!r}{f' ({missing[:-2]})' if missing else ''}{then}: give "
+                "--serving the serving location a `podium run` promoted to (its summary names it)")
+    home = settings.home_dir
+    origin = "PODIUM_HOME" if os.environ.get("PODIUM_HOME") else "PODIUM_HOME is not set: ./.podium of this folder"
+    models = home / "serving"
+    others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
+    hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
+    return (f"nothing has been promoted to {serving!r} ({missing}the serving location of model "
+            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the "
+            "project folder, set PODIUM_HOME to its .podium folder, or give --serving LOCATION")
 
 
 def status_report(tracking: Any, serving: str, tags: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
