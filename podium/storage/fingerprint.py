@@ -14,25 +14,31 @@
    two versions.
 3. a file whose listing has no hash of its bytes (a local file; a blob uploaded in blocks, a filesystem of your
    own) is read once, front to back, for a sha256 of its bytes (`CONTENT_CHUNK` at a time, all files at once). A
-   process keeps it by (path, size, modification time): the second digest of the same files reads none.
+   process keeps it by (path, size, modification time), and a local file's is kept for later commands by (real
+   path, size, modification time in ns, inode) under `content_cache_dir()`, as make and rsync trust a file
+   unchanged: the next digest of the same files reads none of their bytes.
 
 No data page is decoded (the content hash reads bytes, it does not parse them). The digest is the first 32 hex
 characters of a sha256 over, per file in path order: the path relative to the dataset, its size, the hash of its
 bytes and the sha256 of its footer bytes. So it is a function of the bytes and their relative names: the same data
 written again, copied elsewhere or to another store kind gives the same digest (a rewrite with the same bytes is
 not new data to the same-data gate), and a change of any byte gives another. What it costs on local disk: one read
-of every file (hashing runs at several hundred MB/s a core; the plan's scan of the float columns for NaN reads
-the same bytes right after, from the page cache); see BENCHMARKS.md's digest section.
+of every file new or rewritten since the last digest (sha256 runs at several hundred MB/s a core); files digested
+before cost a stat. See BENCHMARKS.md's digest section.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import posixpath
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -107,9 +113,40 @@ def _listed_hash(info: dict[str, Any]) -> str | None:
 _CONTENT_HASHES: dict[tuple[str, int, str], str] = {}
 
 
+def content_cache_dir() -> Path:
+    """Where the sha256 of local files' bytes are kept between commands: `$XDG_CACHE_HOME/podium/content-hashes`
+    (default `~/.cache/podium/content-hashes`), one small file per (path, size, mtime, inode)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "podium" / "content-hashes"
+
+
+def _local_stamp(path: str) -> str | None:
+    """What a local file's bytes are trusted unchanged by, as make and rsync trust it: its real path, size,
+    modification time in ns, inode and device; None if it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.path.realpath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
+
+
+def _cached(stamp: str) -> Path:
+    return content_cache_dir() / hashlib.sha256(stamp.encode()).hexdigest()[:40]
+
+
+def _keep(stamp: str, value: str) -> None:
+    """Keep a local file's hash for later commands (atomically; a cache that cannot be written is skipped)."""
+    entry = _cached(stamp)
+    with contextlib.suppress(OSError):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        partial = entry.with_name(f".{entry.name}.{os.getpid()}.{threading.get_ident()}")
+        partial.write_text(value)
+        os.replace(partial, entry)
+
+
 def _content_hash(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]) -> tuple[str, int]:
     """(the file's content identity, bytes read for it): its listed hash, else the sha256 of its bytes, read
-    front to back unless this process read the same file (same path, size and modification time) before."""
+    front to back unless this process (any file) or an earlier command (a local file: `content_cache_dir`) hashed
+    the same file, unchanged since (same path, size and modification time), before."""
     listed = _listed_hash(info)
     if listed is not None:
         return listed, 0
@@ -118,13 +155,26 @@ def _content_hash(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]
     key = (path, int(info["size"]), stamp)
     if key in _CONTENT_HASHES:
         return _CONTENT_HASHES[key], 0
+    local = _local_stamp(path) if "file" in _protocols(fs) else None
+    if local is not None:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            kept = _cached(local).read_text()
+            if kept.startswith("sha256:"):
+                _CONTENT_HASHES[key] = kept
+                return kept, 0
     digest, read = hashlib.sha256(), 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(CONTENT_CHUNK):
             digest.update(chunk)  # hashlib releases the GIL on large buffers: the files hash side by side
             read += len(chunk)
-    _CONTENT_HASHES[key] = f"sha256:{digest.hexdigest()}"
-    return _CONTENT_HASHES[key], read
+    _CONTENT_HASHES[key] = value = f"sha256:{digest.hexdigest()}"
+    if local is not None and _local_stamp(path) == local:  # unchanged while it was read: kept for later commands
+        _keep(local, value)
+    return value, read
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def _skipped(rel: str) -> bool:

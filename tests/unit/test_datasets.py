@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from podium.storage import fingerprint
 from podium.storage.fingerprint import TAIL_READ, DatasetError, _listed_hash, dataset_digest
 
 
@@ -16,6 +17,12 @@ def write(path, rows: int = 1000, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     pq.write_table(pa.table({"x": rng.random(rows), "label": rng.integers(0, 3, rows)}), str(path), row_group_size=400)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def content_cache(tmp_path_factory, monkeypatch):
+    """This test's own cache of local files' hashes (podium.storage.fingerprint.content_cache_dir)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture
@@ -104,6 +111,19 @@ def test_the_same_bytes_written_again_or_elsewhere_are_the_same_dataset(folder, 
     for i in range(3):
         (elsewhere / f"part-{i}.parquet").write_bytes((folder / f"part-{i}.parquet").read_bytes())
     assert dataset_digest(str(elsewhere)).digest == before.digest
+
+
+def test_a_later_command_reads_no_byte_of_files_digested_before(folder, monkeypatch):
+    first = dataset_digest(str(folder))
+    monkeypatch.setattr(fingerprint, "_CONTENT_HASHES", {})  # a new process
+    later = dataset_digest(str(folder))
+    assert later.digest == first.digest and later.bytes_hashed == 0, "kept by path, size, mtime and inode"
+    assert len(list(fingerprint.content_cache_dir().iterdir())) == 3
+    path = folder / "part-1.parquet"
+    path.write_bytes(path.read_bytes())  # written again: a new mtime, read again
+    monkeypatch.setattr(fingerprint, "_CONTENT_HASHES", {})
+    again = dataset_digest(str(folder))
+    assert again.digest == first.digest and again.bytes_hashed == path.stat().st_size
 
 
 def test_a_change_the_footer_does_not_show_changes_the_digest(tmp_path):
