@@ -47,7 +47,7 @@ _INSPECTED: dict[tuple[str, str, tuple[str, ...] | None], tuple[DatasetDigest, D
 
 
 def inspect_once(uri: str, label_column: str, feature_columns: list[str] | None) -> tuple[DatasetInfo, DatasetDigest | None]:
-    """`inspect_dataset`, unless this process inspected the same files (same digest: listing and footers)
+    """`inspect_dataset`, unless this process inspected the same files (same digest: the same bytes)
     before; with the data's digest, or None where it has none.
 
     The digest is taken before the scan, so files rewritten during it do not match what is kept. A location
@@ -341,7 +341,7 @@ def confidence_errors(cfg: PipelineConfig, fn: Callable[..., Any]) -> list[str]:
 
 def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str],
                   known: dict[str, DatasetDigest] | None = None) -> dict[str, DatasetDigest]:
-    """The digests of data.train and data.val (their listings and Parquet footers, no rows), for the
+    """The digests of data.train and data.val (their files' bytes and Parquet footers, no row decoded), for the
     same-data gate and lineage; those in `known` (by role) were just taken. Data podium reads itself must
     be Parquet (`errors` says why not); data only your own loop reads may be anything: without a digest,
     promotion compares the numbers as stored."""
