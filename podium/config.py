@@ -578,7 +578,9 @@ def load_config(path: str | None, overrides: dict[str, Any], settings: PodiumSet
 
     The demo data fills `data` only where a built-in needs it: a run of your own loop and
     validation function has no data unless you give it."""
-    data = merge(load_config_file(path) if path else {}, overrides)
+    given = load_config_file(path) if path else {}
+    data = merge(given, overrides)
+    check_shadow_rollout(given, data)
     data.setdefault("storage", settings.default_location("storage"))
     data.setdefault("serving", default_serving(settings, data.get("model")))
     data["data"] = dict(data.get("data") or {}) if isinstance(data.get("data", {}), dict) else data["data"]
@@ -592,6 +594,24 @@ def load_config(path: str | None, overrides: dict[str, Any], settings: PodiumSet
         if not (own_loop and own_fn):
             data["data"].setdefault("val", str(settings.home_dir / "data" / "val.parquet"))
     return build_config(data)
+
+
+def _promotion(data: dict[str, Any]) -> dict[str, Any]:
+    promotion = data.get("promotion")
+    return promotion if isinstance(promotion, dict) else {}
+
+
+def check_shadow_rollout(given: dict[str, Any], data: dict[str, Any]) -> None:
+    """Refuse shadow limits that would have no effect: a `promotion.shadow` table (or a --shadow-* flag) where
+    nothing asks for a shadow rollout, a mistake a run would otherwise ignore without a word. A config file that
+    asks for it (`rollout = "shadow"`, with its limits) and a `--rollout direct` for one run is not one: the flag
+    overrides the file on purpose. `given`: the config file; `data`: the file with the flags laid over it."""
+    shadow, rollout = _promotion(data).get("shadow"), _promotion(data).get("rollout", field_default("promotion.rollout"))
+    if shadow is None or rollout == "shadow" or _promotion(given).get("rollout") == "shadow":
+        return
+    raise ConfigError(f"invalid configuration:\n  promotion.shadow = {{...}}: the shadow stage's limits have no effect "
+                      f"with promotion.rollout = {rollout!r}: expected promotion.rollout = \"shadow\" (--rollout "
+                      "shadow) to shadow candidates, or no promotion.shadow")
 
 
 def parse_assignment(text: str, field: str) -> tuple[str, Any]:

@@ -19,8 +19,10 @@ from podium.config import (
     BUILTIN_LOOP_SETTINGS,
     BUILTIN_VALIDATE,
     LOOP_CONFIG_PODIUM_KEY,
+    USERFS_SCHEME,
     PipelineConfig,
     field_default,
+    parse_userfs_location,
 )
 from podium.core.policy import unknown_policy_metrics
 from podium.core.redaction import redact_uri
@@ -45,7 +47,7 @@ _INSPECTED: dict[tuple[str, str, tuple[str, ...] | None], tuple[DatasetDigest, D
 
 
 def inspect_once(uri: str, label_column: str, feature_columns: list[str] | None) -> tuple[DatasetInfo, DatasetDigest | None]:
-    """`inspect_dataset`, unless this process inspected the same files (same digest: listing and footers)
+    """`inspect_dataset`, unless this process inspected the same files (same digest: the same bytes)
     before; with the data's digest, or None where it has none.
 
     The digest is taken before the scan, so files rewritten during it do not match what is kept. A location
@@ -143,9 +145,13 @@ def model_class_errors(cfg: PipelineConfig, functions: dict[str, Callable[..., A
     return []
 
 
-def plan_run(config: PipelineConfig) -> RunPlan:
+def plan_run(config: PipelineConfig, before_data: Callable[[], None] | None = None) -> RunPlan:
     """Check data, import paths, the validation function's arguments and locations; raise ConfigError
-    naming the field before any training."""
+    naming the field before any training.
+
+    The checks that read no data come first (empty fields, import paths, the storage filesystem's, the model class,
+    the loop's settings, the metrics the built-ins report); `before_data` is called once they pass, before the data
+    is read: `podium run` writes the demo data there, so that a refusal of the settings writes nothing."""
     cfg = config
     train_loop = cfg.training.train_loop or BUILTIN_LOOP
     builtin_loop, builtin_fn = train_loop == BUILTIN_LOOP, cfg.validation.fn == BUILTIN_VALIDATE
@@ -163,6 +169,9 @@ def plan_run(config: PipelineConfig) -> RunPlan:
         imports.append(("promotion.model_loader", cfg.promotion.model_loader))
     if cfg.promotion.model_class:
         imports.append(("promotion.model_class", cfg.promotion.model_class))
+    if cfg.storage.lower().startswith(f"{USERFS_SCHEME}://"):  # a filesystem of your own: importable before all else
+        with contextlib.suppress(ValueError):  # a malformed location: said by the storage check
+            imports.append(("storage.filesystem", parse_userfs_location(cfg.storage)[0]))
     for field, path in imports:
         if path in (BUILTIN_LOOP, BUILTIN_VALIDATE):
             continue  # podium's own, importable wherever podium is; importing them here would load torch
@@ -172,8 +181,14 @@ def plan_run(config: PipelineConfig) -> RunPlan:
             errors.append(str(exc))
     errors += model_class_errors(cfg, functions)
     errors += loop_config_errors(cfg, builtin_loop)
+    if builtin_loop and builtin_fn:  # a function of your own: checked on its first result (flows.validation)
+        p = cfg.promotion
+        errors += unknown_policy_metrics(p.metric, p.thresholds, p.guards, BUILTIN_METRICS,
+                                         f"the built-in loop and validation report {sorted(BUILTIN_METRICS)}")
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    if before_data is not None:
+        before_data()
 
     infos, digests = {}, {}
     for field, uri in (("data.train", cfg.data.train), ("data.val", cfg.data.val)):
@@ -201,10 +216,6 @@ def plan_run(config: PipelineConfig) -> RunPlan:
     if train_info is not None and train_info.num_rows < cfg.scaling.num_workers:  # Ray Train splits it equally
         errors.append(f"data.train = {cfg.data.train!r}: {train_info.num_rows} rows for scaling.num_workers = "
                       f"{cfg.scaling.num_workers}: expected at least one row per worker")
-    if builtin_loop and builtin_fn:  # a function of your own: checked on its first result (flows.validation)
-        p = cfg.promotion
-        errors += unknown_policy_metrics(p.metric, p.thresholds, p.guards, BUILTIN_METRICS,
-                                         f"the built-in loop and validation report {sorted(BUILTIN_METRICS)}")
     feature_columns = next((i.feature_columns for i in infos.values()), cfg.data.feature_columns)
     facts = validation_facts(cfg, feature_columns)
     if not builtin_fn:  # podium's own takes what podium gives it
@@ -330,7 +341,7 @@ def confidence_errors(cfg: PipelineConfig, fn: Callable[..., Any]) -> list[str]:
 
 def describe_data(cfg: PipelineConfig, needs: dict[str, bool], errors: list[str],
                   known: dict[str, DatasetDigest] | None = None) -> dict[str, DatasetDigest]:
-    """The digests of data.train and data.val (their listings and Parquet footers, no rows), for the
+    """The digests of data.train and data.val (their files' bytes and Parquet footers, no row decoded), for the
     same-data gate and lineage; those in `known` (by role) were just taken. Data podium reads itself must
     be Parquet (`errors` says why not); data only your own loop reads may be anything: without a digest,
     promotion compares the numbers as stored."""

@@ -23,7 +23,9 @@ from podium.settings import PodiumSettings, current_user
 
 def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, Any]:
     """(config, TrackingRun) of the run a read command is about: the one named (--run-name or the
-    config file), else the experiment's latest. Read-only: a store that is not there is not created."""
+    config file), else the experiment's latest. Without a model named (--model, --experiment or the config file)
+    in a store whose runs are all of one other model, that model, said on stderr; with several, the refusal lists
+    them. Read-only: a store that is not there is not created."""
     config = config_from_args(args, settings)
     from podium.tracking.client import store_exists
     from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs
@@ -37,6 +39,13 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
             latest = latest_run_name(tracking_uri, config.experiment)
             if latest is None:
                 others = [m for m in models_with_runs(tracking_uri) if m != config.experiment]
+                named = args.config or getattr(args, "model", None) or getattr(args, "experiment", None)
+                if len(others) == 1 and not named:
+                    # no model named, and one model has runs here: that is the one meant
+                    print(f"podium: no --model given; the only model with runs in {tracking_uri} is {others[0]!r}: "
+                          f"showing it (--model {others[0]})", file=sys.stderr)
+                    args.model = others[0]
+                    return _find_run(args, settings)
                 hint = (f"; runs of other models are here: {', '.join(others)} (--model NAME)" if others else "")
                 raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
             config = config.model_copy(update={"run_name": latest})
@@ -211,6 +220,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     flow `rollback` (this home's server, started if needed, or PREFECT_API_URL's), so that the Prefect UI shows it
     beside the runs that promoted."""
     settings = PodiumSettings()
+    from podium.cli.provenance import nothing_promoted
     from podium.config import MODEL_NAME_RE, default_serving
     from podium.serving.layout import read_pointer
 
@@ -220,7 +230,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     try:
         registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
         if read_pointer(serving) is None:  # before any server starts
-            raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+            raise ServingError(nothing_promoted(serving, args, settings, "nothing to roll back"))
     except ServingError as exc:
         raise CliError(str(exc)) from None
     from podium.cli.run import quiet_command
@@ -280,11 +290,14 @@ def location_names(serving: str, registered_model: str | None, alias: str | None
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """The champions of a serving location: every switch, when, why and what started it (read-only)."""
+    """The champions of a serving location: every switch, when, why and what started it (read-only). A location
+    that does not exist is refused (exit 2, saying where podium looked); one that exists with nothing promoted yet
+    says so (exit 0)."""
     settings = PodiumSettings()
     from podium.cli.output import print_history
+    from podium.cli.provenance import location_exists, nothing_promoted
     from podium.config import default_serving
-    from podium.serving.history import lineage_of, parse_switch
+    from podium.serving.history import current_switch, lineage_of, parse_switch
     from podium.serving.layout import read_history, read_pointer
 
     serving = args.serving or default_serving(settings, getattr(args, "model", None))
@@ -292,11 +305,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         history, pointer = read_history(serving), read_pointer(serving)
     except ServingError as exc:
         raise CliError(str(exc)) from None
-    lineage = lineage_of(parse_switch(doc) for doc in history)
+    if not history and pointer is None and not location_exists(serving):
+        raise CliError(nothing_promoted(serving, args, settings))
+    switches = [parse_switch(doc) for doc in history]
+    lineage = lineage_of(switches)
     current = (pointer or {}).get("version")
     if args.json:
-        print(json.dumps({"serving": serving, "current": current, "withdrawn": sorted(lineage.withdrawn),
-                          "switches": history}))
+        # current_switch: the index in `switches` of the switch that made `current` the version served
+        print(json.dumps({"serving": serving, "current": current, "current_switch": current_switch(switches, current),
+                          "withdrawn": sorted(lineage.withdrawn), "switches": history}))
         return 0
     print_history(serving, history, current, set(lineage.withdrawn))
     return 0

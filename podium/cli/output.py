@@ -10,7 +10,7 @@ from podium.core.approval import VIA_SHADOW, Approval
 from podium.core.numbers import format_number
 from podium.core.served import files_note
 from podium.services import ui_url
-from podium.serving.history import parse_switch
+from podium.serving.history import current_switch, parse_switch
 
 
 def champion_json(config: Any) -> dict[str, Any] | None:
@@ -187,14 +187,15 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"serving {serving}: nothing has been promoted")
         return
     print(f"serving {serving}: {len(switches)} switch(es), current {current}{served_note(serving, current)}")
-    for s in switches:
+    parsed = [parse_switch(s) for s in switches]
+    made_current = current_switch(parsed, current)  # one line is current: the switch that put it in place
+    for index, (s, switch) in enumerate(zip(switches, parsed)):
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(s.get("switched_at") or 0)))
-        switch = parse_switch(s)
         version, value = switch.version, s.get("value")
         what = f"run {s.get('run_name')} step {s.get('step')}" + (
             f", {s.get('metric')}={format_number(value)}" if isinstance(value, (int, float)) else "") + (
             f"; withdrew {switch.withdrawn}" if switch.withdrawn else "")
-        marks = [m for m, on in (("current", version == current), ("withdrawn", version in withdrawn)) if on]
+        marks = [m for m, on in (("current", index == made_current), ("withdrawn", version in withdrawn)) if on]
         print(f"  {when}  {switch.action:<8} {version}  {what}" + (f"  [{', '.join(marks)}]" if marks else ""))
         print(f"      why: {s.get('reason') or 'not recorded'}")
         print(f"      by:  {_started_by(dict(switch.origin))}")

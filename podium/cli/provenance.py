@@ -1,4 +1,5 @@
-"""`podium lineage` and what `podium status` says about data and origins: lineage, both ways.
+"""`podium lineage` and what `podium status` says about data and origins: lineage, both ways; and what the
+commands that read a serving location say where nothing was promoted there (`nothing_promoted`).
 
 - From a serving version (`podium lineage v000002`): its checkpoint, MLflow run and LoggedModel, the
   Prefect flow run, deployment and schedule, the code version, the datasets (by digest), and the numbers
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 from typing import Any
@@ -126,6 +128,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     try:
         if VERSION_RE.match(what):
             version = read_version(serving, what)
+            if version is None and read_pointer(serving) is None:
+                raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
             if version is None:
                 raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
             current = (read_pointer(serving) or {}).get("version") == what
@@ -137,13 +141,52 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         if not DIGEST_RE.match(what):
             raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
                            "(8 to 64 hexadecimal characters)")
-        report = digest_report(settings.resolved_tracking_uri(), serving, what)
+        from podium.tracking.client import store_exists
+
+        tracking_uri = settings.resolved_tracking_uri()
+        if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
+            raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
+                           f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
+                           "folder, or MLFLOW_TRACKING_URI to read another store)")
+        report = digest_report(tracking_uri, serving, what)
     except TrackingUnavailable as exc:
         raise ServerUnreachable(str(exc)) from None
     except (ServingError, HistoryError) as exc:
         raise CliError(str(exc)) from None
     print(json.dumps(report) if args.json else "\n".join(digest_lines(report)))
     return 0
+
+
+def location_exists(serving: str) -> bool:
+    """Whether the serving location is there at all (a folder, or objects under its prefix); True when the store
+    cannot tell (a read of it then says what is wrong)."""
+    from podium.storage.locations import fsspec_filesystem, normalize_location
+
+    try:
+        fs, root = fsspec_filesystem(normalize_location(serving))
+        return bool(fs.exists(root))
+    except (OSError, ValueError, ImportError):
+        return True
+
+
+def nothing_promoted(serving: str, args: argparse.Namespace, settings: PodiumSettings, then: str = "") -> str:
+    """The sentence for a serving location where nothing was promoted, read by `history`, `lineage` or `rollback`:
+    where podium looked (the location, and for a model's default one, podium's home and where that came from) and
+    how to point it at another (the project folder, PODIUM_HOME, --model, --serving); `then`: what that means for
+    the command ("nothing to roll back")."""
+    missing = "" if location_exists(serving) else "no such location; "
+    then = f", {then}" if then else ""
+    if getattr(args, "serving", None):
+        return (f"nothing has been promoted to {serving!r}{f' ({missing[:-2]})' if missing else ''}{then}: give "
+                "--serving the serving location a `podium run` promoted to (its summary names it)")
+    home = settings.home_dir
+    origin = "PODIUM_HOME" if os.environ.get("PODIUM_HOME") else "PODIUM_HOME is not set: ./.podium of this folder"
+    models = home / "serving"
+    others = sorted(p.name for p in models.iterdir() if (p / "CURRENT").is_file()) if models.is_dir() else []
+    hint = f"; this home serves model(s) {', '.join(others)} (--model NAME)" if others else ""
+    return (f"nothing has been promoted to {serving!r} ({missing}the serving location of model "
+            f"{getattr(args, 'model', None)!r} in podium's home {home}, {origin}){then}{hint}. Run podium from the "
+            "project folder, set PODIUM_HOME to its .podium folder, or give --serving LOCATION")
 
 
 def status_report(tracking: Any, serving: str, tags: dict[str, str]) -> tuple[list[str], dict[str, Any]]:

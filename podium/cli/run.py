@@ -10,6 +10,7 @@ servers' start, and `podium --help` or a bad flag answers before any of them loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -180,20 +181,24 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
     return servers
 
 
-def _plan(config: Any, settings: PodiumSettings, clock: StartupClock) -> Any:
+def _plan(config: Any, settings: PodiumSettings, clock: StartupClock, written: list[Path]) -> Any:
     """The run's plan (podium.tasks.plan.plan_run, which a deployment's run calls in its flow), made before any server
     or Ray starts: a bad path, column, import path or metric name is refused here (Refused: one sentence, exit 2),
     with nothing started or left behind. The flow takes the plan and does not plan again. The demo data is made
-    first where the run asks for it."""
-    began = time.monotonic()
-    _maybe_make_demo_data(config, settings)
-    clock.record("demo_data", began)
+    where the run asks for it once the settings passed the plan's checks that read no data; a refusal after it (of
+    the data itself) removes what it wrote. `written` gets what it wrote, for a later refusal to remove."""
     began = time.monotonic()
     from podium.tasks.plan import plan_run
 
+    def demo_data() -> None:
+        start = time.monotonic()
+        written.extend(_maybe_make_demo_data(config, settings))
+        clock.record("demo_data", start)
+
     try:
-        plan = plan_run(config)
+        plan = plan_run(config, before_data=demo_data)
     except ConfigError as exc:
+        _remove_written(written)
         raise Refused(str(exc)) from None
     clock.record("plan", began)
     return plan
@@ -250,12 +255,25 @@ def _check_serving_location(config: Any, tracking_uri: str) -> None:
         raise ServerUnreachable(str(exc)) from None
 
 
-def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> None:
+def _maybe_make_demo_data(config: Any, settings: PodiumSettings) -> list[Path]:
+    """Write the demo data where the run reads it and it is missing; what did not exist before, parents first."""
     default = settings.home_dir / "data"
-    if config.data.train.startswith(str(default)) and not Path(config.data.train).exists():
-        from podium.training.data import make_classification_data
+    if not (config.data.train.startswith(str(default)) and not Path(config.data.train).exists()):
+        return []
+    from podium.training.data import make_classification_data
 
-        make_classification_data(str(default))
+    new = [p for p in (settings.home_dir, default) if not p.exists()]
+    before = set(default.iterdir()) if default.is_dir() else set()
+    make_classification_data(str(default))
+    return new + sorted(set(default.iterdir()) - before)
+
+
+def _remove_written(paths: list[Path]) -> None:
+    """A refused command leaves nothing it wrote: `paths` (files and the folders made for them) removed, children
+    first; a folder something else wrote into meanwhile stays."""
+    for path in reversed(paths):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
 
 
 def run_flow(args: argparse.Namespace, which: str) -> int:
@@ -275,8 +293,9 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     if which == "promote":  # the run's own recorded settings, under the command's (podium.cli.recorded)
         config = promote_settings(args, config, settings)
     created = _missing_local_folders(config.storage, config.serving)  # the plan creates them: a refusal removes them
+    written: list[Path] = []  # the demo data, where the plan wrote it: a refusal removes it
     try:
-        plan = _plan(config, settings, clock)
+        plan = _plan(config, settings, clock, written)
     except Refused:
         _remove_if_empty(created)
         raise
@@ -292,6 +311,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     except Refused:
         _stop_what_a_refusal_started(settings, servers)
         _remove_if_empty(created)
+        _remove_written(written)
         raise
 
 

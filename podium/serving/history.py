@@ -8,7 +8,7 @@ further each time, skipping withdrawn ones; the CURRENT pointer's `previous` fie
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,16 @@ def lineage_of(switches: Iterable[Switch]) -> Lineage:
             withdrawn[s.withdrawn] = s
         withdrawn.pop(s.version, None)
     return Lineage(tuple(champions), withdrawn)
+
+
+def current_switch(switches: Sequence[Switch], current: str | None) -> int | None:
+    """The index of the switch that made `current` the version served: the last one to it (a version promoted,
+    left by a rollback and rolled back to appears several times; only the switch that put it in place last is
+    current). None when nothing is current or no switch to it was recorded."""
+    for index in range(len(switches) - 1, -1, -1):
+        if switches[index].version == current:
+            return index
+    return None
 
 
 def rollback_target(lineage: Lineage, current: str, to: str | None = None,

@@ -180,9 +180,14 @@ def test_rollback_and_history_of_a_missing_serving_location_create_nothing(tmp_p
     missing = tmp_path / "nowhere"
     assert main(["rollback", "--serving", str(missing)]) == 2
     assert f"nothing has been promoted to {str(missing)!r}" in capsys.readouterr().err
+    # a location that does not exist is a wrong folder or a typo, not an empty history: refused, exit 2
+    assert main(["history", "--serving", str(missing)]) == 2
+    assert f"nothing has been promoted to {str(missing)!r} (no such location)" in capsys.readouterr().err
+    assert not missing.exists()
+    missing.mkdir()  # one that exists, with nothing promoted yet: says so, exit 0
     assert main(["history", "--serving", str(missing)]) == 0
     assert "nothing has been promoted" in capsys.readouterr().out
-    assert not missing.exists()
+    assert list(missing.iterdir()) == []
 
 
 def test_a_truncated_pointer_is_a_sentence_not_a_traceback(tmp_path, monkeypatch, capsys):
@@ -215,6 +220,8 @@ def test_history_says_when_why_and_what_started_each_switch(tmp_path, saved_chec
     out = capsys.readouterr().out
     assert "3 switch(es), current v000001" in out
     assert re.search(r"UTC  promote  v000002  run r1 step 9, val_loss=0.2500  \[withdrawn\]", out)
+    # v000001 appears twice: promoted, then rolled back to; only the rollback made it current
+    assert re.search(r"UTC  promote  v000001  run r1 step 7, val_loss=0.2500\n", out), out
     assert re.search(r"UTC  rollback v000001  run r1 step 7, val_loss=0.2500; withdrew v000002  \[current\]", out)
     assert "why: rollback from v000002: bad answers" in out
     assert "by:  flow run r1-run (train-validate-promote), ana@gpu1 pid 7" in out
@@ -222,6 +229,7 @@ def test_history_says_when_why_and_what_started_each_switch(tmp_path, saved_chec
     assert main(["history", "--serving", serving, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["current"], doc["withdrawn"], len(doc["switches"])) == ("v000001", ["v000002"], 3)
+    assert doc["current_switch"] == 2
 def test_a_loops_config_from_a_file_and_key_value_flags(tmp_path):
     (tmp_path / "loop.toml").write_text('num_epochs = 3\nname = "a"\n[nested]\nx = 1\n')
     (tmp_path / "run.json").write_text(json.dumps({"training": {"train_loop_config": {"num_epochs": 9, "lr": 0.5}}}))

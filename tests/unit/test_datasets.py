@@ -1,4 +1,4 @@
-"""The dataset digest: from file identities and Parquet footers, never the rows."""
+"""The dataset digest: from the bytes of the files and their Parquet footers, never decoding a row."""
 
 from __future__ import annotations
 
@@ -9,13 +9,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from podium.storage.fingerprint import TAIL_READ, DatasetError, dataset_digest
+from podium.storage import fingerprint
+from podium.storage.fingerprint import TAIL_READ, DatasetError, _listed_hash, dataset_digest
 
 
 def write(path, rows: int = 1000, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     pq.write_table(pa.table({"x": rng.random(rows), "label": rng.integers(0, 3, rows)}), str(path), row_group_size=400)
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def content_cache(tmp_path_factory, monkeypatch):
+    """This test's own cache of local files' hashes (podium.storage.fingerprint.content_cache_dir)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture
@@ -60,6 +67,7 @@ def test_data_pages_are_never_decoded(tmp_path):
         f.write(os.urandom(os.path.getsize(path) - footer - 4))
     d = dataset_digest(path)
     assert d.rows == 20000 and d.files == 1 and d.bytes_read == TAIL_READ < os.path.getsize(path)
+    assert d.bytes_hashed == os.path.getsize(path), "a local file's bytes are hashed, not parsed"
     with pytest.raises(OSError):  # pyarrow's errors reading the corrupt pages
         pq.read_table(path)
 
@@ -83,3 +91,62 @@ def test_what_is_not_a_parquet_dataset_is_named(tmp_path):
     (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
     with pytest.raises(DatasetError, match="notes.csv is not a readable Parquet file"):
         dataset_digest(str(tmp_path))
+
+
+def test_the_same_bytes_written_again_or_elsewhere_are_the_same_dataset(folder, tmp_path_factory):
+    """The digest is a function of the bytes and their relative names, not of when they were written: data written
+    again byte for byte is not new data to the same-data gate."""
+    before = dataset_digest(str(folder))
+    assert before.bytes_hashed == before.size_bytes
+    assert dataset_digest(str(folder)).bytes_hashed == 0, "this process hashed these files already"
+    for i in range(3):  # rewritten, byte for byte: a new modification time (and inode)
+        path = folder / f"part-{i}.parquet"
+        data = path.read_bytes()
+        path.unlink()
+        path.write_bytes(data)
+        os.utime(path, ns=(10**18 + i, 10**18 + i))
+    again = dataset_digest(str(folder))
+    assert again.digest == before.digest and again.bytes_hashed == before.size_bytes  # read again, same answer
+    elsewhere = tmp_path_factory.mktemp("copy")
+    for i in range(3):
+        (elsewhere / f"part-{i}.parquet").write_bytes((folder / f"part-{i}.parquet").read_bytes())
+    assert dataset_digest(str(elsewhere)).digest == before.digest
+
+
+def test_a_later_command_reads_no_byte_of_files_digested_before(folder, monkeypatch):
+    first = dataset_digest(str(folder))
+    monkeypatch.setattr(fingerprint, "_CONTENT_HASHES", {})  # a new process
+    later = dataset_digest(str(folder))
+    assert later.digest == first.digest and later.bytes_hashed == 0, "kept by path, size, mtime and inode"
+    assert len(list(fingerprint.content_cache_dir().iterdir())) == 3
+    path = folder / "part-1.parquet"
+    path.write_bytes(path.read_bytes())  # written again: a new mtime, read again
+    monkeypatch.setattr(fingerprint, "_CONTENT_HASHES", {})
+    again = dataset_digest(str(folder))
+    assert again.digest == first.digest and again.bytes_hashed == path.stat().st_size
+
+
+def test_a_change_the_footer_does_not_show_changes_the_digest(tmp_path):
+    """Same size, same footer (row counts, statistics), other bytes in a data page: other data."""
+    path = write(tmp_path / "data.parquet", rows=5000)
+    before = dataset_digest(path)
+    data = bytearray(open(path, "rb").read())
+    data[100] ^= 0xFF  # inside the first data page
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(os.stat(path).st_mtime_ns + 10**9,) * 2)
+    after = dataset_digest(path)
+    assert (after.rows, after.size_bytes) == (before.rows, before.size_bytes) and after.digest != before.digest
+
+
+def test_a_hash_the_store_lists_spares_reading_the_bytes():
+    class ContentSettings:  # Azure's, as adlfs lists it
+        content_md5 = bytearray(b"\x01\x02")
+
+    assert _listed_hash({"ETag": '"9b2cf535f27731c974343645a3985328"', "size": 3}) == '"9b2cf535f27731c974343645a3985328"'
+    assert _listed_hash({"etag": "CKih16GjycICEAE=", "md5Hash": "m7LVNfJ3Mcl0NDZFo5hTKA=="}) == "m7LVNfJ3Mcl0NDZFo5hTKA=="
+    assert _listed_hash({"etag": "CKih16GjycICEAE=", "crc32c": "yZRlqg=="}) == "yZRlqg=="  # a composed GCS object
+    assert _listed_hash({"etag": "0x8DBF0", "content_settings": ContentSettings()}) == "md5:0102"
+    # an Azure blob written in blocks has no Content-MD5, and its etag changes on every write: no hash listed
+    assert _listed_hash({"etag": "0x8DBF0", "content_settings": {"content_md5": None}}) is None
+    assert _listed_hash({"mtime": 1.5, "size": 3}) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from podium.errors import HistoryError
-from podium.serving.history import Lineage, lineage_of, parse_switch, rollback_target
+from podium.serving.history import Lineage, current_switch, lineage_of, parse_switch, rollback_target
 
 
 def promote(version: str) -> dict:
@@ -87,3 +87,12 @@ def test_records_of_older_podium_are_read_by_their_reason():
     assert (switch.action, switch.withdrawn) == ("rollback", "v000003")
     assert lineage(*old).champions == ("v000001", "v000002", "v000003")
     assert rollback_target(lineage(*old), "v000002") == ("v000001", "v000002")
+
+
+def test_the_current_switch_is_the_last_one_to_the_current_version():
+    docs = [promote("v000001"), promote("v000002"), rollback("v000002", "v000001"), promote("v000003"),
+            rollback("v000003", "v000001")]
+    switches = [parse_switch(d) for d in docs]
+    assert current_switch(switches, "v000001") == 4, "v000001 is in three switches; the last one put it in place"
+    assert current_switch(switches, "v000003") == 3
+    assert current_switch(switches, None) is None and current_switch([], "v000001") is None

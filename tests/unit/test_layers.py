@@ -394,7 +394,8 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.cli.provenance": {
         "podium.config": PENDING.format("0.04"), "podium.core.comparison": PENDING.format("0.001"),
         "podium.serving.history": PENDING.format("0.001"), "podium.serving.layout": COMMAND.format("0.14"),
-        "podium.tracking.client": PENDING.format("0.006"), "podium.tracking.datasets": COMMAND.format("0.12")},
+        "podium.tracking.client": PENDING.format("0.006"), "podium.tracking.datasets": COMMAND.format("0.12"),
+        "podium.storage.locations": COMMAND.format("0.14")},
     "podium.cli.commands": {
         "podium.cli.output": PENDING.format("0.001"), "podium.cli.provenance": PENDING.format("0.005"),
         "podium.config": PENDING.format("0.065"), "podium.core.approval": PENDING.format("0.001"),
