@@ -452,8 +452,10 @@ def work_pool_template(config: PipelineConfig, cluster: ClusterSettings) -> dict
         job_container["envFrom"] = env_from
     if mounts:
         job_container["volumeMounts"] = mounts
+    # Prefect's worker refuses a template without these two (they belong to the Job's spec, not the pod's: the API
+    # server drops them with a warning, as it does for Prefect's own default template)
     pod: dict[str, Any] = {"restartPolicy": "Never", "serviceAccountName": _var("service_account_name"),
-                           "containers": [job_container]}
+                           "containers": [job_container], "completions": 1, "parallelism": 1}
     if volumes:
         pod["volumes"] = volumes
     job_manifest = {
