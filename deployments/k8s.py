@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from podium.core.version import __version__ as podium_version
 from podium.config import PipelineConfig, format_validation_error
 from podium.core.redaction import has_password
+from podium.core.version import __version__ as podium_version
 from podium.errors import ConfigError
 
 RAY_VERSION = "2.60.0"  # the Ray podium pins (pyproject.toml): the cluster's Ray must be the driver's
@@ -223,7 +223,8 @@ def pod_env_from(config: PipelineConfig, cluster: ClusterSettings) -> list[dict[
     return [{"secretRef": {"name": name}} for name in dict.fromkeys(names)]
 
 
-def pod_volumes(config: PipelineConfig, cluster: ClusterSettings, with_config: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def pod_volumes(config: PipelineConfig, cluster: ClusterSettings,
+                with_config: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volume mounts) of a podium pod: the config, the shared volume, a GCS key file."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -402,7 +403,7 @@ def work_pool_name(cluster: ClusterSettings) -> str:
 def worker_resources(cluster: ClusterSettings) -> list[dict[str, Any]]:
     """The Prefect Kubernetes worker: its service account, what it may do in the namespace (Jobs and their pods),
     and its Deployment (`prefect worker start --type kubernetes`)."""
-    meta = lambda name: metadata(name, "prefect-worker", cluster)  # noqa: E731
+    meta = lambda name: metadata(name, "prefect-worker", cluster)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(cluster.service_account)}
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta("podium-prefect-worker"),
             "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
@@ -464,7 +465,8 @@ def work_pool_template(config: PipelineConfig, cluster: ClusterSettings) -> dict
                      "annotations": _var("annotations")},
         "spec": {"backoffLimit": _var("backoff_limit"), "ttlSecondsAfterFinished": _var("finished_job_ttl"),
                  "template": {"metadata": {"labels": labels("flow-run", cluster)}, "spec": pod}}}
-    job_configuration = {name: _var(name) for name in ("command", "env", "labels", "name", "annotations", "namespace")}
+    job_configuration: dict[str, Any] = {name: _var(name) for name in ("command", "env", "labels", "name",
+                                                                        "annotations", "namespace")}
     job_configuration.update({"job_manifest": job_manifest, **{name: _var(name) for name in (
         "cluster_config", "job_watch_timeout_seconds", "pod_watch_timeout_seconds", "stream_output")}})
 

@@ -65,7 +65,7 @@ def watch_rayjob(read: Callable[[], dict[str, Any] | None], poll_s: float = 10.0
     last: RayJobOutcome | None = None
     while True:
         outcome = rayjob_outcome(observe_rayjob(read()), now(), last)
-        if last is None or (outcome.phase, outcome.reason) != (last.phase, last.reason):
+        if last is None or outcome.phase != last.phase:
             on_change(outcome)
         if outcome.final:
             return outcome

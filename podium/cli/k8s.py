@@ -75,13 +75,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     if not args.out:
-        resources = [doc for name, docs in manifests.items() if name.endswith(".yaml") for doc in docs]
+        resources = [doc for name, docs in manifests.items() if isinstance(docs, list) for doc in docs]
         print(to_yaml(resources), end="")
         return 0
     os.makedirs(args.out, exist_ok=True)
     for name, body in manifests.items():
         path = Path(args.out) / name
-        text = json.dumps(body, indent=2) + "\n" if name.endswith(".json") else to_yaml(body)
+        text = to_yaml(body) if isinstance(body, list) else json.dumps(body, indent=2) + "\n"
         path.write_text(text)
         print(path)
     return 0
@@ -94,7 +94,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     api_url, token, context = in_cluster_api()
     if args.api_url:
         api_url, context = args.api_url, None
-    say = lambda o: print(f"{args.namespace}/{args.name}: {o.prefect_state_name} ({o.phase}): {o.reason}",  # noqa: E731
+    say = lambda o: print(f"{args.namespace}/{args.name}: {o.prefect_state_name} ({o.phase}): {o.reason}",
                           flush=True)
     try:
         outcome = watch_rayjob(lambda: read_rayjob(api_url, args.namespace, args.name, token, context),

@@ -98,8 +98,6 @@ def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome |
     attempts = seen.backoff_limit + 1
     if status == "Complete" and job == "SUCCEEDED":
         return RayJobOutcome("succeeded", "COMPLETED", "Completed", 0, "the training ran to its end")
-    if job == "STOPPED":
-        return RayJobOutcome("stopped", "CANCELLED", "Cancelled", EXIT_STOPPED, "the Ray job was stopped")
     if status == "Failed" or (status == "Complete" and job == "FAILED"):
         if seen.reason == "DeadlineExceeded":
             return RayJobOutcome("timed_out", "FAILED", "TimedOut", EXIT_FAILED,
@@ -113,6 +111,8 @@ def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome |
         detail = f": {seen.message}" if seen.message else (f" ({seen.reason})" if seen.reason else "")
         return RayJobOutcome("failed", "FAILED", "Failed", EXIT_FAILED,
                              f"the training failed after {tried} of {attempts} attempt(s){detail}")
+    if job == "STOPPED":  # after the deadline: a RayJob past it shows its job STOPPED
+        return RayJobOutcome("stopped", "CANCELLED", "Cancelled", EXIT_STOPPED, "the Ray job was stopped")
     if status == "Retrying":
         return RayJobOutcome("retrying", "RUNNING", "Retrying", None,
                              f"attempt {seen.failed} of {attempts} failed: a new cluster starts and the run resumes")
