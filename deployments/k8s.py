@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from podium.config import PipelineConfig, format_validation_error
 from podium.core.redaction import has_password
 from podium.core.version import __version__ as podium_version
+from podium.deployments.definitions import WORK_POOL
+from podium.deployments.definitions import nightly_config as deployed_nightly_config
 from podium.errors import ConfigError
 
 RAY_VERSION = "2.60.0"  # the Ray podium pins (pyproject.toml): the cluster's Ray must be the driver's
@@ -267,9 +269,7 @@ def pod_spec(containers: list[dict[str, Any]], config: PipelineConfig, cluster: 
 def nightly_config(config: PipelineConfig) -> PipelineConfig:
     """The config a nightly run trains with: as podium's nightly-training deployment gives it (a run name of its
     own each night, a bounded number of checkpoints kept)."""
-    from podium.deployments.definitions import nightly_config as deployed
-
-    return deployed(config)
+    return deployed_nightly_config(config)
 
 
 def config_map(config: PipelineConfig, cluster: ClusterSettings) -> dict[str, Any]:
@@ -395,8 +395,6 @@ def serve_deployment(config: PipelineConfig, cluster: ClusterSettings) -> list[d
 
 def work_pool_name(cluster: ClusterSettings) -> str:
     """The Kubernetes work pool's name: the cluster settings', else podium's work pool with `-k8s`."""
-    from podium.deployments.definitions import WORK_POOL
-
     return cluster.work_pool or f"{WORK_POOL}-k8s"
 
 

@@ -19,8 +19,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from podium.cli.errors import CliError
+from podium.config import load_config, load_table_file
+from podium.deployments.k8s_watch import KubernetesApiError, in_cluster_api, read_rayjob, watch_rayjob
 from podium.errors import ConfigError
+from podium.settings import PodiumSettings
 
 
 def add_parser(sub: Any) -> None:
@@ -47,8 +52,6 @@ def add_parser(sub: Any) -> None:
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:
     """Kubernetes resources as a YAML stream; text of several lines (the ConfigMap's config) as a literal block."""
-    import yaml
-
     class Dumper(yaml.SafeDumper):
         pass
 
@@ -61,9 +64,7 @@ def to_yaml(docs: list[dict[str, Any]]) -> str:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Render the manifests; refuse (exit 2) a config or cluster settings the pods could not run with."""
-    from podium.config import load_config, load_table_file
     from podium.deployments.k8s import home_of, load_cluster_settings, render
-    from podium.settings import PodiumSettings
 
     try:
         table = load_table_file(args.cluster, "--cluster") if args.cluster else {}
@@ -89,8 +90,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Follow a RayJob; print each change of its state in podium's terms; exit with the final outcome's code."""
-    from podium.deployments.k8s_watch import KubernetesApiError, in_cluster_api, read_rayjob, watch_rayjob
-
     api_url, token, context = in_cluster_api()
     if args.api_url:
         api_url, context = args.api_url, None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -102,3 +104,16 @@ def test_watch_exits_with_podiums_code_for_the_rayjobs_end():
         proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1"], dict(os.environ),
                       check=False)
     assert proc.returncode == 3 and "deleted before its end" in proc.stdout
+
+
+def test_the_prefect_template_the_unit_tests_compare_with_is_the_commands(tmp_path):
+    """tests/unit/test_k8s_render.py compares the work pool's template with prefect-kubernetes'
+    get_default_base_job_template(): it is what `prefect work-pool get-default-base-job-template --type
+    kubernetes` prints, offline."""
+    from prefect_kubernetes.worker import KubernetesWorker
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "prefect"), "work-pool", "get-default-base-job-template",
+                           "--type", "kubernetes"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == KubernetesWorker.get_default_base_job_template()

@@ -98,9 +98,18 @@ def rayjob_errors(rayjob: dict[str, Any]) -> list[str]:
     return errors
 
 
+class NoServer:
+    """A Prefect client that must not be used: the template names no block or variable for the worker to look up,
+    so the worker's own rendering runs with no Prefect server (a unit test starts none)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the template made Prefect's worker call its server ({name})")
+
+
 def flow_run_job(template: dict[str, Any]) -> dict[str, Any]:
     """The batch/v1 Job Prefect's Kubernetes worker makes of the template for a flow run (its own code)."""
-    configuration = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, {}))
+    configuration = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, {},
+                                                                                          client=NoServer()))
     configuration.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="nightly-podium"))
     return configuration.job_manifest
 
