@@ -507,12 +507,13 @@ def work_pool_template(config: PipelineConfig, cluster: ClusterSettings) -> dict
 
 def render(config: PipelineConfig, cluster: ClusterSettings) -> dict[str, list[dict[str, Any]] | dict[str, Any]]:
     """Every manifest, by the file it is written to: lists of Kubernetes resources (YAML), and the work pool's
-    base job template (JSON, not a Kubernetes resource). Refuses (ConfigError) what check_renderable refuses."""
+    base job template (JSON, not a Kubernetes resource: in a folder of its own, which `kubectl apply -f DIR` does
+    not read). Refuses (ConfigError) what check_renderable refuses."""
     check_renderable(config, cluster)
     return {
         "podium-config.yaml": [config_map(config, cluster)],
         "rayjob-nightly.yaml": [ray_job(config, cluster)],
         "serve.yaml": serve_deployment(config, cluster),
         "prefect-worker.yaml": worker_resources(cluster),
-        "work-pool.json": work_pool_template(config, cluster),
+        "prefect/work-pool.json": work_pool_template(config, cluster),
     }

@@ -3,9 +3,10 @@
     podium k8s render --config podium.toml [--cluster cluster.toml] [--out k8s/]
     podium k8s watch podium-nightly [--namespace podium] [--api-url URL]
 
-`render` writes the manifests (podium.deployments.k8s): with --out, one file each (the YAML resources and the
-Prefect work pool's base job template, work-pool.json); without, the Kubernetes resources as one YAML stream on
-stdout, for `kubectl apply -f -`. A config the pods could not run with is refused before anything is written.
+`render` writes the manifests (podium.deployments.k8s): with --out, one file each (the YAML resources, and the
+Prefect work pool's base job template in prefect/work-pool.json, a folder `kubectl apply -f` does not read);
+without, the Kubernetes resources as one YAML stream on stdout, for `kubectl apply -f -`. A config the pods
+could not run with is refused before anything is written.
 
 `watch` follows a RayJob until it is over and exits with the code `podium run` would have (0 done, 1 failed or
 timed out, 3 the cluster's head lost or the RayJob deleted before its end, 143 stopped).
@@ -82,6 +83,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     os.makedirs(args.out, exist_ok=True)
     for name, body in manifests.items():
         path = Path(args.out) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         text = to_yaml(body) if isinstance(body, list) else json.dumps(body, indent=2) + "\n"
         path.write_text(text)
         print(path)

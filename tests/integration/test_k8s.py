@@ -36,9 +36,9 @@ def test_render_writes_every_manifest_and_the_stream_for_kubectl(tmp_path):
     out = tmp_path / "k8s"
     written = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster), "--out", str(out)],
                      dict(os.environ)).stdout.split()
-    assert sorted(Path(p).name for p in written) == ["podium-config.yaml", "prefect-worker.yaml",
-                                                     "rayjob-nightly.yaml", "serve.yaml", "work-pool.json"]
-    assert json.loads((out / "work-pool.json").read_text())["job_configuration"]["job_manifest"]["kind"] == "Job"
+    assert sorted(Path(p).relative_to(out).as_posix() for p in written) == [
+        "podium-config.yaml", "prefect-worker.yaml", "prefect/work-pool.json", "rayjob-nightly.yaml", "serve.yaml"]
+    assert json.loads((out / "prefect" / "work-pool.json").read_text())["job_configuration"]["job_manifest"]["kind"] == "Job"
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     kinds = [doc["kind"] for doc in yaml.safe_load_all(stream)]
     assert kinds == ["ConfigMap", "RayJob", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",

@@ -152,7 +152,7 @@ def test_the_validators_catch_a_broken_manifest(rendered):
 
 
 def test_the_work_pool_template_references_every_variable(rendered):
-    template = rendered["work-pool.json"]
+    template = rendered["prefect/work-pool.json"]
     referenced = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(template["job_configuration"])))
     assert referenced == set(template["variables"]["properties"])
 
@@ -161,7 +161,7 @@ def test_the_work_pool_template_matches_prefects_kubernetes_worker(rendered):
     """Same variables as `prefect work-pool get-default-base-job-template --type kubernetes` (the same function's
     answer), each default valid under Prefect's own schema of it; the same job configuration keys."""
     default = KubernetesWorker.get_default_base_job_template()
-    ours = rendered["work-pool.json"]
+    ours = rendered["prefect/work-pool.json"]
     assert set(ours["variables"]["properties"]) == set(default["variables"]["properties"])
     assert set(ours["job_configuration"]) == set(default["job_configuration"])
     definitions = default["variables"].get("definitions", {})
@@ -171,7 +171,7 @@ def test_the_work_pool_template_matches_prefects_kubernetes_worker(rendered):
 
 
 def test_prefects_worker_makes_a_valid_job_of_the_template(rendered):
-    job = flow_run_job(rendered["work-pool.json"])
+    job = flow_run_job(rendered["prefect/work-pool.json"])
     job["metadata"]["name"] = job["metadata"].pop("generateName", "x-").rstrip("-")
     # Prefect's worker requires these two in the pod spec (its own default template has them); strict validation
     # refuses them there, the API server drops them with a warning: everything else must be valid
@@ -186,7 +186,7 @@ def test_prefects_worker_makes_a_valid_job_of_the_template(rendered):
 
 def test_no_credential_is_written_into_a_manifest(rendered):
     text = json.dumps(rendered)
-    for doc in resources(rendered) + [rendered["work-pool.json"]]:
+    for doc in resources(rendered) + [rendered["prefect/work-pool.json"]]:
         for match in re.finditer(r'\{"name": "(\w+)", "value"', json.dumps(doc)):
             assert not SECRET_KEY.search(match.group(1)) or match.group(1) == "GOOGLE_APPLICATION_CREDENTIALS", match
     assert "password" not in text.lower()
@@ -208,7 +208,8 @@ def test_credentials_come_from_the_named_secrets():
     (deployment, _) = manifests["serve.yaml"]
     pod = deployment["spec"]["template"]["spec"]
     assert {"name": "store-key", "secret": {"secretName": "gcs-key"}} in pod["volumes"]
-    assert manifests["work-pool.json"]["variables"]["properties"]["env"]["default"]["RAY_ADDRESS"] == "podium-head-svc:6379"
+    env = manifests["prefect/work-pool.json"]["variables"]["properties"]["env"]["default"]
+    assert env["RAY_ADDRESS"] == "podium-head-svc:6379"
 
 
 def test_the_entrypoints_are_podium_commands_its_parser_takes(rendered):
