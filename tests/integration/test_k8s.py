@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -83,15 +84,16 @@ def test_the_rayjobs_entrypoint_is_a_podium_command_that_reads_the_mounted_confi
     assert proc.returncode == 2, proc.stdout + proc.stderr
     # the run it checked is the nightly config's (its {date} filled), its data where the pod's volume has them
     # its checks of the config, data and code passed; it stopped at the cluster's Prefect server, which is not here
-    assert "run nightly-" in proc.stdout
+    assert "run nightly-" in proc.stderr  # with --json, the progress lines go to stderr
     assert proc.stderr.strip().splitlines()[-1] == ("podium: PREFECT_API_URL = 'http://prefect-server:4200/api': "
                                                     "the Prefect server does not answer at /health")
     assert "Traceback" not in proc.stderr
 
 
 def test_watch_exits_with_podiums_code_for_the_rayjobs_end():
+    started = datetime.now(timezone.utc).isoformat()  # the watch reads the clock: a RayJob well within its deadline
     failed = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "failed": 2, "reason": "AppFailed",
-              "startTime": "2026-01-01T02:00:00Z"}
+              "startTime": started}
     running = {**failed, "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "failed": 0}
     retrying = {**failed, "jobDeploymentStatus": "Retrying", "failed": 1}
     with fake_kubernetes_api("podium", "podium-nightly", [rayjob(running), rayjob(retrying), rayjob(failed)]) as url:
