@@ -130,6 +130,17 @@ def register_news(block: NotificationBlock) -> UUID:
     return cast(UUID, cast(Automation, news_automation(block_id).create()).id)
 
 
+def nightly_config(config: PipelineConfig) -> PipelineConfig:
+    """The config of a nightly run (the deployment's, and the Kubernetes RayJob's: podium.deployments.k8s)."""
+    # each scheduled run trains a run of its own: the same name would resume last night's finished run
+    nightly = config if "{" in config.run_name else config.model_copy(
+        update={"run_name": f"{config.run_name[:90]}-{{date}}"})
+    if nightly.checkpoints.keep is None:  # a night's storage stays bounded unless the config says otherwise
+        nightly = nightly.model_copy(
+            update={"checkpoints": nightly.checkpoints.model_copy(update={"keep": NIGHTLY_KEEP_CHECKPOINTS})})
+    return nightly
+
+
 def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone: str = "UTC") -> list[RunnerDeployment]:
     """The scheduled training, the event-triggered checkpoint validation and the on-demand promotion.
 
@@ -137,14 +148,9 @@ def build_deployments(config: PipelineConfig, cron: str = "0 2 * * *", timezone:
     with its data and validation settings (the run name comes from the event)."""
     params: dict[str, Any] = {"config": config.model_dump(mode="json")}
     module = EntrypointType.MODULE_PATH
-    # each scheduled run trains a run of its own: the same name would resume last night's finished run
-    nightly_config = config if "{" in config.run_name else config.model_copy(
-        update={"run_name": f"{config.run_name[:90]}-{{date}}"})
-    if nightly_config.checkpoints.keep is None:  # a night's storage stays bounded unless the config says otherwise
-        nightly_config = nightly_config.model_copy(
-            update={"checkpoints": nightly_config.checkpoints.model_copy(update={"keep": NIGHTLY_KEEP_CHECKPOINTS})})
     nightly = train_validate_promote.to_deployment(
-        name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters={"config": nightly_config.model_dump(mode="json")},
+        name=NIGHTLY, schedule=Cron(cron, timezone=timezone),
+        parameters={"config": nightly_config(config).model_dump(mode="json")},
         tags=["podium", "training"],
         description="Train, validate every checkpoint as it lands, promote the best if it beats the champion.",
         entrypoint_type=module,

@@ -9,6 +9,7 @@
 - `output`: what the commands print (a summary for people, or one JSON object)
 - `serve`: `podium serve`: a serving location's champion over HTTP on Ray Serve, following its promotions
 - `provenance`: `podium lineage`, and what `podium status` says about data and origins
+- `k8s`: `podium k8s render` (Kubernetes manifests of podium's jobs) and `podium k8s watch` (a RayJob's end)
 """
 
 from podium.cli.main import main

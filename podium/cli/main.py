@@ -1,4 +1,4 @@
-"""The `podium` command: run, promote, status, ui, rollback, history, serve, worker, make-data, server.
+"""The `podium` command: run, promote, status, ui, rollback, history, serve, k8s, worker, make-data, server.
 
 Import paths given on the command line (`--train-loop`, `--validate-fn`) resolve from the current
 directory first, as uvicorn and celery do: run podium from your repository's root.
@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help=option_help("model", "The model whose serving location to read."))
     lineage.add_argument("--json", action="store_true", help="Print the answer as JSON.")
     lineage.set_defaults(func=provenance.cmd_lineage)
+    from podium.cli import k8s
+
+    k8s.add_parser(sub)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
     make.add_argument("--train-rows", type=at_least(1), default=24000, help="Training rows (default: 24000).")

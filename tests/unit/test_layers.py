@@ -387,9 +387,11 @@ ALLOWED: dict[str, dict[str, str]] = {
                                         "podium.training.raytrain": RAY_DATA + " (raytrain: 2.4 s)"},
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
     "podium.cli.main": {"podium.cli.commands": HELP, "podium.cli.run": HELP, "podium.cli.provenance": HELP,
-                        "podium.cli.serve": HELP,
+                        "podium.cli.serve": HELP, "podium.cli.k8s": HELP,
                         "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
     "podium.cli.options": {"datetime": PENDING.format("0.001"), "podium.config": PENDING.format("0.03")},
+    "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
+                                                                "nightly config)")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},
     "podium.cli.provenance": {
         "podium.config": PENDING.format("0.04"), "podium.core.comparison": PENDING.format("0.001"),

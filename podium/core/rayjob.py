@@ -1,0 +1,135 @@
+"""What a KubeRay RayJob's status means in podium's terms: one pure function from what the Kubernetes API shows
+to a Prefect flow-run state and the exit code of `podium run` (docs/commands.md).
+
+A RayJob's status has two fields that matter: `jobStatus`, the Ray job's own (PENDING, RUNNING, STOPPED,
+SUCCEEDED, FAILED), and `jobDeploymentStatus`, KubeRay's (New, Initializing, Running, Complete, Failed, Retrying,
+Suspending, Suspended, Waiting), with a `reason` when it failed (DeadlineExceeded, AppFailed, SubmissionFailed...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+# podium.errors' exit codes (docs/commands.md), here because the core imports nothing outside it; a unit test
+# holds them equal
+EXIT_FAILED, EXIT_UNREACHABLE = 1, 3
+EXIT_STOPPED = 143  # as `podium run` stopped by SIGTERM
+# how long past activeDeadlineSeconds a RayJob may still show Running before podium calls it stuck: the operator
+# checks the deadline on its own reconcile loop, not to the second
+DEADLINE_GRACE_S = 120.0
+
+Phase = Literal["pending", "running", "retrying", "suspended", "succeeded", "failed", "timed_out", "stuck",
+                "head_lost", "stopped", "cleaned_up"]
+
+
+@dataclass(frozen=True)
+class RayJobObservation:
+    """What one read of a RayJob showed (`found` False: the API answered 404, the RayJob is gone)."""
+
+    found: bool
+    job_status: str = ""
+    deployment_status: str = ""
+    reason: str = ""
+    message: str = ""
+    failed: int = 0
+    start_time: datetime | None = None
+    head_ready: bool | None = None  # the RayCluster's HeadPodReady condition; None where it is not shown
+    active_deadline_s: int | None = None
+    backoff_limit: int = 0
+
+
+@dataclass(frozen=True)
+class RayJobOutcome:
+    """A RayJob's state in podium's terms: a Prefect flow-run state (type and name) and, once final, an exit code."""
+
+    phase: Phase
+    prefect_state: Literal["PENDING", "RUNNING", "PAUSED", "COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+    prefect_state_name: str
+    exit_code: int | None  # None while the RayJob is not over
+    reason: str
+
+    @property
+    def final(self) -> bool:
+        """Whether the RayJob is over (nothing it does later changes the outcome)."""
+        return self.exit_code is not None
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def observe_rayjob(resource: dict[str, Any] | None) -> RayJobObservation:
+    """The observation of a RayJob resource as the Kubernetes API returns it (None: 404, the RayJob is gone)."""
+    if resource is None:
+        return RayJobObservation(found=False)
+    spec, status = resource.get("spec") or {}, resource.get("status") or {}
+    cluster = status.get("rayClusterStatus") or {}
+    head_ready = None
+    for condition in cluster.get("conditions") or []:
+        if condition.get("type") == "HeadPodReady":
+            head_ready = condition.get("status") == "True"
+    return RayJobObservation(
+        found=True, job_status=str(status.get("jobStatus") or ""),
+        deployment_status=str(status.get("jobDeploymentStatus") or ""), reason=str(status.get("reason") or ""),
+        message=str(status.get("message") or ""), failed=int(status.get("failed") or 0),
+        start_time=_time(status.get("startTime")), head_ready=head_ready,
+        active_deadline_s=spec.get("activeDeadlineSeconds"), backoff_limit=int(spec.get("backoffLimit") or 0))
+
+
+def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome | None = None) -> RayJobOutcome:
+    """What the RayJob's status means for podium: its flow-run state and, once it is over, the exit code.
+
+    `last` is the outcome of the previous read: a RayJob deleted after its end (ttlSecondsAfterFinished) keeps
+    that end; one deleted before podium saw an end is a crash (exit 3: run it again, podium resumes the run)."""
+    if not seen.found:
+        if last is not None and last.final:
+            return last
+        return RayJobOutcome("cleaned_up", "CRASHED", "Crashed", EXIT_UNREACHABLE,
+                             "the RayJob was deleted before its end was seen (a TTL cleanup or a delete): run it "
+                             "again, the run resumes from its latest checkpoint")
+    status, job = seen.deployment_status, seen.job_status
+    attempts = seen.backoff_limit + 1
+    if status == "Complete" and job == "SUCCEEDED":
+        return RayJobOutcome("succeeded", "COMPLETED", "Completed", 0, "the training ran to its end")
+    if status == "Failed" or (status == "Complete" and job == "FAILED"):
+        if seen.reason == "DeadlineExceeded":
+            return RayJobOutcome("timed_out", "FAILED", "TimedOut", EXIT_FAILED,
+                                 f"the RayJob ran past its activeDeadlineSeconds ({seen.active_deadline_s} s) and was "
+                                 "stopped")
+        if seen.head_ready is False:
+            return RayJobOutcome("head_lost", "CRASHED", "Crashed", EXIT_UNREACHABLE,
+                                 "the Ray cluster's head was lost: run it again, the run resumes from its latest "
+                                 "checkpoint")
+        tried = max(seen.failed, 1)
+        detail = f": {seen.message}" if seen.message else (f" ({seen.reason})" if seen.reason else "")
+        return RayJobOutcome("failed", "FAILED", "Failed", EXIT_FAILED,
+                             f"the training failed after {tried} of {attempts} attempt(s){detail}")
+    if job == "STOPPED":  # after the deadline: a RayJob past it shows its job STOPPED
+        return RayJobOutcome("stopped", "CANCELLED", "Cancelled", EXIT_STOPPED, "the Ray job was stopped")
+    if status == "Retrying":
+        return RayJobOutcome("retrying", "RUNNING", "Retrying", None,
+                             f"attempt {seen.failed} of {attempts} failed: a new cluster starts and the run resumes")
+    if status in ("Suspending", "Suspended"):
+        return RayJobOutcome("suspended", "PAUSED", "Suspended", None, "the RayJob is suspended (spec.suspend)")
+    if status == "Running":
+        if seen.head_ready is False:
+            return RayJobOutcome("head_lost", "CRASHED", "Crashed", EXIT_UNREACHABLE,
+                                 "the Ray cluster's head was lost while the training ran: run it again, the run "
+                                 "resumes from its latest checkpoint")
+        if seen.active_deadline_s is not None and seen.start_time is not None:
+            running_s = (now - seen.start_time).total_seconds()
+            if running_s > seen.active_deadline_s + DEADLINE_GRACE_S:
+                return RayJobOutcome("stuck", "FAILED", "TimedOut", EXIT_FAILED,
+                                     f"the RayJob still runs {running_s:.0f} s after its start, past its "
+                                     f"activeDeadlineSeconds ({seen.active_deadline_s} s): is the KubeRay operator "
+                                     "running?")
+        return RayJobOutcome("running", "RUNNING", "Running", None, "the training runs")
+    return RayJobOutcome("pending", "PENDING", "Pending", None,
+                         f"the Ray cluster is starting ({status or 'no status yet'})")

@@ -1,0 +1,244 @@
+"""`podium k8s render`'s manifests validate offline, for three configs: Kubernetes' own kinds with
+kubernetes-validate (strict, Kubernetes 1.37.0), the RayJob against the KubeRay CRD schema kept in
+deployments/k8s_schemas (its pod templates as core/v1 PodTemplates), and the Prefect work pool's base job template
+against prefect-kubernetes' own default template and its own worker's rendering of a flow run's Job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from prefect.client.schemas.objects import FlowRun
+from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
+
+from podium.cli.main import build_parser
+from podium.config import PipelineConfig, build_config
+from podium.core.redaction import SECRET_KEY
+from podium.deployments.k8s import (
+    KUBERNETES_VERSION,
+    RAY_VERSION,
+    ClusterSettings,
+    check_renderable,
+    load_cluster_settings,
+    render,
+)
+from podium.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+RAYJOB_SCHEMA = json.loads((REPO / "deployments" / "k8s_schemas" / "rayjob.schema.json").read_text())
+HOME = "/var/lib/podium/home"
+
+
+def local_defaults() -> tuple[PipelineConfig, ClusterSettings]:
+    """Everything default: locations on the shared volume, an `mlflow server` and a Prefect server by name."""
+    config = build_config({"storage": f"{HOME}/storage", "serving": f"{HOME}/serving/podium",
+                           "data": {"train": f"{HOME}/data/train.parquet", "val": f"{HOME}/data/val.parquet"}})
+    return config, ClusterSettings()
+
+
+def s3_postgres_gpu() -> tuple[PipelineConfig, ClusterSettings]:
+    """S3 (MinIO), MLflow's tracking store in PostgreSQL (its URI, with the password, in a Secret), GPU workers."""
+    config = build_config({"run_name": "fraud", "model": "fraud", "storage": "s3://models/fraud/storage",
+                           "serving": "s3://models/fraud/serving",
+                           "data": {"train": "s3://data/fraud/train", "val": "s3://data/fraud/val"},
+                           "scaling": {"num_workers": 4, "use_gpu": True, "cpus_per_worker": 4},
+                           "validation": {"concurrency": 2, "num_gpus": 0.5}})
+    cluster = load_cluster_settings({
+        "namespace": "ml", "image": "registry.example.com/ml/podium:0.1.0", "shared_volume_claim": None,
+        "mlflow_tracking_uri_secret": {"name": "mlflow-db", "key": "uri"}, "store_secrets": {"s3": "minio-creds"},
+        "s3_endpoint_url": "http://minio.storage:9000", "worker_memory": "32Gi"})
+    return config, cluster
+
+
+def gcs_shadow() -> tuple[PipelineConfig, ClusterSettings]:
+    """GCS for everything, promotion through a shadow stage, `podium serve` with three replicas, MLflow with auth."""
+    config = build_config({"model": "churn", "storage": "gs://ml/churn/storage", "serving": "gs://ml/churn/serving",
+                           "data": {"train": "gs://ml/churn/train.parquet", "val": "gs://ml/churn/val.parquet"},
+                           "promotion": {"rollout": "shadow", "shadow": {"requests": 500}}})
+    cluster = load_cluster_settings({"store_secrets": {"gcs": "gcs-key"}, "mlflow_auth_secret": "mlflow-auth",
+                                     "mlflow_tracking_uri": "https://mlflow.example.com", "serve_replicas": 3,
+                                     "ray_address": "podium-head-svc:6379", "shared_volume_claim": None})
+    return config, cluster
+
+
+CONFIGS = {"local-defaults": local_defaults, "s3-postgres-gpu": s3_postgres_gpu, "gcs-shadow": gcs_shadow}
+
+
+def k8s_errors(resource: dict[str, Any]) -> list[str]:
+    """kubernetes-validate's strict errors for one resource (empty: valid)."""
+    try:
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{resource['kind']}/{resource['metadata'].get('name')}: {exc.message} at {list(exc.path)}"]
+    return []
+
+
+def pod_templates(rayjob: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template in a RayJob: the head's, each worker group's, the submitter's."""
+    spec = rayjob["spec"]
+    cluster = spec["rayClusterSpec"]
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"]),
+            spec["submitterPodTemplate"]]
+
+
+def rayjob_errors(rayjob: dict[str, Any]) -> list[str]:
+    """The RayJob against KubeRay's CRD schema (subset), and its pod templates as core/v1 PodTemplates."""
+    errors = [f"RayJob: {e.message} at {list(e.path)}" for e in jsonschema.Draft7Validator(RAYJOB_SCHEMA).iter_errors(rayjob)]
+    for i, template in enumerate(pod_templates(rayjob)):
+        errors += k8s_errors({"apiVersion": "v1", "kind": "PodTemplate",
+                              "metadata": {"name": f"template-{i}", "namespace": "x"}, "template": template})
+    return errors
+
+
+class NoServer:
+    """A Prefect client that must not be used: the template names no block or variable for the worker to look up,
+    so the worker's own rendering runs with no Prefect server (a unit test starts none)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the template made Prefect's worker call its server ({name})")
+
+
+def flow_run_job(template: dict[str, Any]) -> dict[str, Any]:
+    """The batch/v1 Job Prefect's Kubernetes worker makes of the template for a flow run (its own code)."""
+    configuration = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, {},
+                                                                                          client=NoServer()))
+    configuration.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="nightly-podium"))
+    return configuration.job_manifest
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def rendered(request) -> dict[str, Any]:
+    config, cluster = CONFIGS[request.param]()
+    return render(config, cluster)
+
+
+def resources(manifests: dict[str, Any]) -> list[dict[str, Any]]:
+    return [doc for name, docs in manifests.items() if name.endswith(".yaml") for doc in docs]
+
+
+def test_kubernetes_kinds_validate_strictly(rendered):
+    errors = [e for doc in resources(rendered) if doc["apiVersion"] != "ray.io/v1" for e in k8s_errors(doc)]
+    assert errors == []
+
+
+def test_the_rayjob_validates_against_kuberays_schema(rendered):
+    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    assert rayjob_errors(rayjob) == []
+    spec = rayjob["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0 and spec["backoffLimit"] >= 0
+    assert spec["rayClusterSpec"]["rayVersion"] == RAY_VERSION
+
+
+def test_the_validators_catch_a_broken_manifest(rendered):
+    """The test of the test: a misspelt field and a wrong type are errors for each validator."""
+    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    broken = json.loads(json.dumps(rayjob))
+    broken["spec"]["shutdownAfterJobFinish"] = True
+    broken["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resource"] = {}
+    assert len(rayjob_errors(broken)) == 2
+    (deployment, _) = rendered["serve.yaml"]
+    bad = json.loads(json.dumps(deployment))
+    bad["spec"]["replicas"] = "one"
+    assert k8s_errors(bad)
+
+
+def test_the_work_pool_template_references_every_variable(rendered):
+    template = rendered["prefect/work-pool.json"]
+    referenced = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(template["job_configuration"])))
+    assert referenced == set(template["variables"]["properties"])
+
+
+def test_the_work_pool_template_matches_prefects_kubernetes_worker(rendered):
+    """Same variables as `prefect work-pool get-default-base-job-template --type kubernetes` (the same function's
+    answer), each default valid under Prefect's own schema of it; the same job configuration keys."""
+    default = KubernetesWorker.get_default_base_job_template()
+    ours = rendered["prefect/work-pool.json"]
+    assert set(ours["variables"]["properties"]) == set(default["variables"]["properties"])
+    assert set(ours["job_configuration"]) == set(default["job_configuration"])
+    definitions = default["variables"].get("definitions", {})
+    for name, schema in default["variables"]["properties"].items():
+        if "default" in ours["variables"]["properties"][name]:  # none: Prefect's own absence of a value
+            jsonschema.validate(ours["variables"]["properties"][name]["default"], {**schema, "definitions": definitions})
+
+
+def test_prefects_worker_makes_a_valid_job_of_the_template(rendered):
+    job = flow_run_job(rendered["prefect/work-pool.json"])
+    job["metadata"]["name"] = job["metadata"].pop("generateName", "x-").rstrip("-")
+    # Prefect's worker requires these two in the pod spec (its own default template has them); strict validation
+    # refuses them there, the API server drops them with a warning: everything else must be valid
+    pod = job["spec"]["template"]["spec"]
+    assert (pod.pop("completions"), pod.pop("parallelism")) == (1, 1)
+    assert k8s_errors(job) == []
+    (main,) = job["spec"]["template"]["spec"]["containers"]
+    names = [e["name"] for e in main["env"]]
+    assert {"PREFECT_API_URL", "MLFLOW_TRACKING_URI", "PODIUM_HOME", "PREFECT__FLOW_RUN_ID"} <= set(names)
+    assert len(names) == len(set(names))
+
+
+def test_no_credential_is_written_into_a_manifest(rendered):
+    text = json.dumps(rendered)
+    for doc in resources(rendered) + [rendered["prefect/work-pool.json"]]:
+        for match in re.finditer(r'\{"name": "(\w+)", "value"', json.dumps(doc)):
+            assert not SECRET_KEY.search(match.group(1)) or match.group(1) == "GOOGLE_APPLICATION_CREDENTIALS", match
+    assert "password" not in text.lower()
+
+
+def test_credentials_come_from_the_named_secrets():
+    config, cluster = s3_postgres_gpu()
+    (rayjob,) = render(config, cluster)["rayjob-nightly.yaml"]
+    for template in pod_templates(rayjob)[:2]:
+        (main,) = template["spec"]["containers"]
+        assert {"secretRef": {"name": "minio-creds"}} in main["envFrom"]
+        uri = next(e for e in main["env"] if e["name"] == "MLFLOW_TRACKING_URI")
+        assert uri["valueFrom"] == {"secretKeyRef": {"name": "mlflow-db", "key": "uri"}}
+    workers = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert workers["replicas"] == 4
+    assert workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    config, cluster = gcs_shadow()
+    manifests = render(config, cluster)
+    (deployment, _) = manifests["serve.yaml"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "store-key", "secret": {"secretName": "gcs-key"}} in pod["volumes"]
+    env = manifests["prefect/work-pool.json"]["variables"]["properties"]["env"]["default"]
+    assert env["RAY_ADDRESS"] == "podium-head-svc:6379"
+
+
+def test_the_entrypoints_are_podium_commands_its_parser_takes(rendered):
+    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    assert argv[0] == "podium"
+    assert build_parser().parse_args(argv[1:]).command == "run"
+    (deployment, _) = rendered["serve.yaml"]
+    (main,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert main["command"] == ["podium"] and build_parser().parse_args(main["args"]).command == "serve"
+    (config_map,) = rendered["podium-config.yaml"]
+    nightly = PipelineConfig.model_validate(json.loads(config_map["data"]["podium.json"]))
+    assert nightly.run_name.endswith("{date}")
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"storage": "/tmp/checkpoints"}, "storage"),
+    ({"data": {"train": "relative/train.parquet", "val": f"{HOME}/v.parquet"}}, "data.train"),
+    ({"serving": "s3://models/serving"}, "serving"),
+])
+def test_a_config_the_pods_could_not_run_is_refused_in_one_sentence(change, field):
+    config, cluster = local_defaults()
+    broken = build_config({**config.model_dump(mode="json"), **change})
+    with pytest.raises(ConfigError) as caught:
+        check_renderable(broken, cluster)
+    message = str(caught.value)
+    assert message.startswith(f"{field} = ") and "\n" not in message and "expected" in message
+
+
+def test_credentials_in_the_cluster_settings_are_refused():
+    with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
+        load_cluster_settings({"mlflow_tracking_uri": "postgresql://u:secret@db/mlflow"})
