@@ -26,8 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from podium.config import PipelineConfig, format_validation_error
 from podium.core.redaction import has_password
 from podium.core.version import __version__ as podium_version
-from podium.deployments.definitions import WORK_POOL
-from podium.deployments.definitions import nightly_config as deployed_nightly_config
+from podium.deployments.definitions import WORK_POOL, nightly_config
 from podium.errors import ConfigError
 
 RAY_VERSION = "2.60.0"  # the Ray podium pins (pyproject.toml): the cluster's Ray must be the driver's
@@ -264,12 +263,6 @@ def pod_spec(containers: list[dict[str, Any]], config: PipelineConfig, cluster: 
     if volumes:
         spec["volumes"] = volumes
     return spec
-
-
-def nightly_config(config: PipelineConfig) -> PipelineConfig:
-    """The config a nightly run trains with: as podium's nightly-training deployment gives it (a run name of its
-    own each night, a bounded number of checkpoints kept)."""
-    return deployed_nightly_config(config)
 
 
 def config_map(config: PipelineConfig, cluster: ClusterSettings) -> dict[str, Any]:

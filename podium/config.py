@@ -609,6 +609,8 @@ def check_shadow_rollout(given: dict[str, Any], data: dict[str, Any]) -> None:
     shadow, rollout = _promotion(data).get("shadow"), _promotion(data).get("rollout", field_default("promotion.rollout"))
     if shadow is None or rollout == "shadow" or _promotion(given).get("rollout") == "shadow":
         return
+    if shadow == ShadowConfig().model_dump(mode="json"):
+        return  # the defaults, as a dumped configuration holds them (a run's record, a rendered ConfigMap): no mistake
     raise ConfigError(f"invalid configuration:\n  promotion.shadow = {{...}}: the shadow stage's limits have no effect "
                       f"with promotion.rollout = {rollout!r}: expected promotion.rollout = \"shadow\" (--rollout "
                       "shadow) to shadow candidates, or no promotion.shadow")

@@ -29,7 +29,7 @@ from podium.errors import ConfigError
 from podium.settings import PodiumSettings
 
 
-def add_parser(sub: Any) -> None:
+def add_k8s_parser(sub: Any) -> None:
     """`podium k8s render` and `podium k8s watch`."""
     k8s = sub.add_parser("k8s", help="Kubernetes manifests of podium's jobs (KubeRay, Prefect), and a RayJob's end.",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

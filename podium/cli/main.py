@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     lineage.set_defaults(func=provenance.cmd_lineage)
     from podium.cli import k8s
 
-    k8s.add_parser(sub)
+    k8s.add_k8s_parser(sub)
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")
     make.add_argument("--train-rows", type=at_least(1), default=24000, help="Training rows (default: 24000).")

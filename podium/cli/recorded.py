@@ -277,6 +277,10 @@ def with_run_settings(args: argparse.Namespace, config: PipelineConfig, settings
                            "podium did not make)")
     explicit = explicit_settings(args)
     merged, changed = merge_settings(tree, explicit)
+    promotion = merged.get("promotion")
+    if isinstance(promotion, dict) and promotion.get("rollout") != "shadow" \
+            and "shadow" not in (explicit.get("promotion") or {}):
+        promotion.pop("shadow", None)  # the record holds every table: shadow limits no rollout here asks for are inert
     try:
         used = load_config(None, {**merged, "run_name": config.run_name}, settings)
     except ConfigError as exc:
