@@ -321,11 +321,11 @@ def pause_for_tests(point: str, r: Rollout) -> None:
     for (at most PAUSE_MAX_S), and goes on. Unset (always, outside tests), it does nothing."""
     if os.environ.get(PAUSE_AT) != point:
         return
+    logger.warning("test hook %s: paused at %s until a stop is asked for", PAUSE_AT, point)
     marker = os.environ.get(PAUSE_FILE)
-    if marker:
+    if marker:  # last: the test's signal comes once it is there, while this waits
         with open(marker, "w") as f:
             f.write(point)
-    logger.warning("test hook %s: paused at %s until a stop is asked for", PAUSE_AT, point)
     deadline = time.monotonic() + PAUSE_MAX_S
     while not r.stop.requested and time.monotonic() < deadline:
         time.sleep(0.05)
