@@ -1070,11 +1070,11 @@ def check_outcome_matches(ctx: Checking) -> list[str]:
         if c.note == AFTER_SWITCH and not str(doc.get("late_stop") or "").startswith("SIGINT after the switch"):
             out.append(f"{what}: its JSON does not say the SIGINT came after the switch (late_stop "
                        f"{doc.get('late_stop')!r})")
-        if ctx.step.op.kind == "promote-other-settings":
-            metric = (promoted or {}).get("metric")
-            if promoted and metric != "accuracy" or not promoted and "accuracy" not in str(doc.get("promotion_reason")):
+        if ctx.step.op.kind == "promote-other-settings":  # --always-promote: promoted, unless it is the champion
+            metric, reason = (promoted or {}).get("metric"), str(doc.get("promotion_reason"))
+            if promoted and metric != "accuracy" or not promoted and "already the champion" not in reason:
                 out.append(f"{what}: not promoted by the run's own metric accuracy ({metric or 'nothing promoted'}: "
-                           f"{str(doc.get('promotion_reason'))[:200]})")
+                           f"{reason[:200]})")
     return out
 
 
