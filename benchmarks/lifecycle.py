@@ -18,7 +18,9 @@ differs, and one validated on other data: its checkpoint written to storage and 
 own functions, validated by the real validation function; tests/helpers/checkpoints.py), and most operations are
 `podium promote --run-name <pool run>` against the sequence's own serving locations and its own registered model
 (`model` = the sequence's, `experiment` = the pool's, so the run is found). Operations that need a training of their
-own (run, early stop, retention, resume) are rare.
+own (run, early stop, retention, resume) are rare. The pool's run `pool-acc` (made with `metric = accuracy`,
+`mode = max` of its own) is only for promote-other-settings; it and ctrl-c-after-switch are drawn where the pool has
+it (the soak's, not the suite's SMALL_POOL: the suite's seeded plans stay as they were).
 
 Operations (a sequence's plan is drawn from its seed before it starts; the plan, not the outcomes, is seeded):
 
@@ -31,6 +33,11 @@ Operations (a sequence's plan is drawn from its seed before it starts; the plan,
   same-alias   promote to a third location with the first one's alias: refused before anything     2
   new-data     promote the pool run validated on other data (the champion is re-scored on it)    0
   ctrl-c       --approval required, SIGINT to the process group while it waits                   130
+  ctrl-c-after-switch  promote --always-promote, SIGINT to the process group right after the switch of CURRENT
+               (the test-only hook PODIUM_TEST_PAUSE_AT=after-switch holds it there until the signal): the
+               promotion stands and the command says so (`late_stop` in its JSON)                  0
+  promote-other-settings  `podium promote --run-name pool-acc` with a config that names no metric or mode:
+               the run was made with metric accuracy, mode max, and is promoted by them        0, by accuracy
   sigterm      the same with SIGTERM                                                             143
   sigkill      the same with SIGKILL; then `podium approve` of that run (its process is gone)    non-zero;
                the next operation is a promote to the same location (the command after a SIGKILL)
@@ -78,6 +85,12 @@ violation names the invariant, the step and the seed:
   g  check_version_numbers       version numbers strictly increase across promotions and tombstones; a number
                                  once seen keeps its identity; every registered version made for a location has
                                  its folder there (sealed, or a tombstone)
+  h  check_outcome_matches       the command's outcome matches what serves: a `promote` or `run` that exited 0
+                                 printed its JSON, and the version its `promoted` names is CURRENT and the one
+                                 @alias names (`promoted: null`: CURRENT did not move); one stopped (130, 143)
+                                 printed none and CURRENT did not move (stopped before the switch); after a
+                                 SIGINT right after the switch, `late_stop` says so; promote-other-settings
+                                 promoted by the run's own metric (accuracy)
 
 *Chosen* readings: in the step of a SIGKILL (right after it, and after the `podium approve` that follows),
 only a, d, e and the exit codes are checked: a SIGKILL leaves what the next command finishes, and the next step
@@ -119,18 +132,23 @@ from benchmarks.workload import load_average, machine_description, markdown_tabl
 
 POOL_EXPERIMENT = "lifecycle-pool"
 # the pool: (run name, angle_deg, validation data). The smaller the angle, the better the model.
+# SETTINGS: a run made with its own metric and mode (accuracy, max), validated on "val", promoted by
+# promote-other-settings with a config that names neither
+SETTINGS = "settings"
 POOL = [("pool-40", 40.0, "val"), ("pool-25", 25.0, "val"), ("pool-12", 12.0, "val"), ("pool-5", 5.0, "val"),
-        ("pool-other", 18.0, "val2")]
+        ("pool-other", 18.0, "val2"), ("pool-acc", 8.0, SETTINGS)]
 SMALL_POOL = POOL[1:2] + POOL[3:4]  # the suite's: two runs
 OPS = {"promote": 6, "approve": 4, "reject": 3, "timeout": 1, "rollback": 4, "second": 2, "same-alias": 1,
        "new-data": 1, "ctrl-c": 1, "sigterm": 1, "sigkill": 2, "run": 0.8, "early-stop": 0.3, "retention": 0.8,
-       "resume": 0.3}
+       "resume": 0.3, "ctrl-c-after-switch": 1, "promote-other-settings": 1}
 TRAININGS = ("run", "early-stop", "retention", "resume")
+WITH_SETTINGS_RUN = ("ctrl-c-after-switch", "promote-other-settings")  # drawn where the pool has pool-acc
+AFTER_SWITCH = "SIGINT right after the switch"  # the note of a ctrl-c-after-switch's command
 SIGNALS = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
 EXPECTED_SIGNAL_EXIT = {"ctrl-c": 130, "sigterm": 143}
 INVARIANTS = ["served_bytes", "registry_identity", "aliases", "location_ownership", "no_pending", "no_staged",
               "no_orphan_pause", "checkpoints_present", "status_agrees", "history_agrees", "exit_codes",
-              "version_numbers"]
+              "version_numbers", "outcome_matches"]
 AFTER_SIGKILL = ("served_bytes", "registry_identity", "checkpoints_present", "status_agrees", "history_agrees")
 APPROVAL_WAIT_S = 240
 TAG_UID, TAG_NUMBER, TAG_APPROVAL, TAG_SERVED_URI = ("podium.version_uid", "podium.serving_version",
@@ -166,12 +184,15 @@ class Op:
         return f"{self.kind}[{self.loc}{' ' + self.run if self.run else ''}{extra}]"
 
 
-def plan_sequence(seed: int, n_ops: int, pool: list[str], other_data: str | None, trainings: bool) -> list[Op]:
+def plan_sequence(seed: int, n_ops: int, pool: list[str], other_data: str | None, trainings: bool,
+                  other_settings: str | None = None) -> list[Op]:
     """The operations of the sequence of `seed`: a promotion first (a champion to work with), then draws
     weighted by OPS; a SIGKILL is followed by a promote to the same location; at most two trainings, and a
-    retention or a resume drawn before the sequence has a run of its own is that run."""
+    retention or a resume drawn before the sequence has a run of its own is that run. Without `other_settings`
+    (the pool's run made with its own metric and mode) the operations of WITH_SETTINGS_RUN are not drawn."""
     rng = random.Random(seed)
-    kinds = [k for k in OPS if (trainings or k not in TRAININGS) and (other_data or k != "new-data")]
+    kinds = [k for k in OPS if (trainings or k not in TRAININGS) and (other_data or k != "new-data")
+             and (other_settings or k not in WITH_SETTINGS_RUN)]
     weights = [OPS[k] for k in kinds]
     ops = [Op("promote", "a", rng.choice(pool))]
     second, trained = False, 0
@@ -192,6 +213,10 @@ def plan_sequence(seed: int, n_ops: int, pool: list[str], other_data: str | None
             op.loc = "c"
         elif kind == "new-data":
             op.run = other_data or ""
+        elif kind == "promote-other-settings":
+            op.run, op.always = other_settings or "", True
+        elif kind == "ctrl-c-after-switch":
+            op.always = True  # a switch to land the signal after
         elif kind == "rollback":
             op.run, op.always, op.to = "", False, "random" if rng.random() < 0.3 else ""
         elif kind in SIGNALS:
@@ -214,6 +239,7 @@ class Location:
     serving: str
     alias: str
     config: Path
+    plain_config: Path  # the same, naming no metric or mode (promote-other-settings: the run's own apply)
 
 
 @dataclass
@@ -227,6 +253,7 @@ class World:
     data: dict[str, str]
     pool: list[str] = field(default_factory=list)
     other_data: str | None = None
+    other_settings: str | None = None  # the pool's run made with its own metric and mode (promote-other-settings)
     trainings: int = 0  # Ray Train starts
     command_cpu_s: float = 0.0
 
@@ -304,17 +331,21 @@ def start_world(home: Path, pool: list[tuple[str, float, str]], prefect_api: str
         for name, angle, val in pool:
             if name in trained:
                 world.pool, world.other_data = trained[name]["pool"], trained[name]["other"]
+                world.other_settings = trained[name].get("settings")
                 continue
-            config = world.base_config(name, POOL_EXPERIMENT, str(home / "pool-serving"), "champion", val, angle)
+            config = world.base_config(name, POOL_EXPERIMENT, str(home / "pool-serving"), "champion",
+                                       "val" if val == SETTINGS else val, angle)
             made = make_trained_run(config, tracking_uri)
             if [r.status for r in made.records] != ["validated"]:
                 raise RuntimeError(f"the pool's run {name} was not validated: {made.records}")
-            if val == "val":
+            if val == SETTINGS:  # its metric and mode are its own (base_config's): recorded with the run
+                world.other_settings = name
+            elif val == "val":
                 world.pool.append(name)
             else:
                 world.other_data = name
             log(f"pool: {name} made (angle {angle:g}, validated on {val})")
-            trained[name] = {"pool": world.pool, "other": world.other_data}
+            trained[name] = {"pool": world.pool, "other": world.other_data, "settings": world.other_settings}
             trained_file.write_text(json.dumps(trained))
     except BaseException:
         teardown()
@@ -401,6 +432,7 @@ class Step:
     checked: int = 0
     wall_s: float = 0.0
     killed: bool = False  # a command of the step was SIGKILLed
+    before: dict[str, str | None] = field(default_factory=dict)  # each location's CURRENT as the step began
 
 
 class Sequence:
@@ -412,7 +444,7 @@ class Sequence:
         self.folder = world.home / "sequences" / str(seed)
         self.locations = {key: self._location(key, alias) for key, alias in
                           (("a", "champion"), ("b", "canary"), ("c", "champion"))}
-        self.plan = plan_sequence(seed, n_ops, world.pool, world.other_data, trainings)
+        self.plan = plan_sequence(seed, n_ops, world.pool, world.other_data, trainings, world.other_settings)
         self.own_run: str | None = None
         self.own_epochs = 0
         self.seen: dict[str, dict[str, Any]] = {key: {} for key in self.locations}  # location -> vN -> identity
@@ -421,7 +453,21 @@ class Sequence:
     def _location(self, key: str, alias: str) -> Location:
         serving = str(self.folder / f"serving-{key}")
         config = self.world.base_config("unused", self.model, serving, alias)
-        return Location(key, serving, alias, Path(write_config(self.folder, f"location-{key}", config)))
+        plain = json.loads(json.dumps(config))
+        for name in ("metric", "mode"):
+            plain["promotion"].pop(name)
+        return Location(key, serving, alias, Path(write_config(self.folder, f"location-{key}", config)),
+                        Path(write_config(self.folder, f"location-{key}-plain", plain)))
+
+    def location_of(self, args: list[str]) -> Location | None:
+        """The location a command acts on: its `--serving`, or its config's `serving`."""
+        serving = None
+        for flag, value in zip(args, args[1:]):
+            if flag == "--serving":
+                serving = value
+            elif flag == "--config":
+                serving = json.loads(Path(value).read_text()).get("serving")
+        return next((loc for loc in self.locations.values() if loc.serving == serving), None)
 
     def active(self) -> list[Location]:
         """The locations that exist: a, and b or c once something was written there."""
@@ -432,6 +478,8 @@ class Sequence:
     def run(self) -> list[Step]:
         for i, op in enumerate(self.plan):
             step = Step(i, op)
+            step.before = {key: _current_name(loc) if os.path.exists(loc.serving) else None
+                           for key, loc in self.locations.items()}
             began = time.monotonic()
             try:
                 self.execute(step)
@@ -450,8 +498,8 @@ class Sequence:
         return self.steps
 
     def promote_args(self, op: Op, loc: Location, approval: bool = False, timeout_s: float = APPROVAL_WAIT_S,
-                     val: str = "") -> list[str]:
-        args = ["promote", "--json", "--config", str(loc.config), "--run-name", op.run]
+                     val: str = "", plain: bool = False) -> list[str]:
+        args = ["promote", "--json", "--config", str(loc.plain_config if plain else loc.config), "--run-name", op.run]
         if op.always:
             args.append("--always-promote")
         if approval:
@@ -482,6 +530,10 @@ class Sequence:
             self.decide(step, op, loc)
         elif op.kind in SIGNALS:
             self.interrupt(step, op, loc)
+        elif op.kind == "ctrl-c-after-switch":
+            self.after_switch(step, op, loc)
+        elif op.kind == "promote-other-settings":
+            self.command(step, self.promote_args(op, loc, plain=True), (0,), "the run's own metric and mode")
         elif op.kind == "rollback":
             self.rollback(step, loc)
         elif op.kind in TRAININGS:
@@ -560,6 +612,24 @@ class Sequence:
                                               "--by", "soak"])
         step.commands.append(Command(["approve", "--run-name", op.run], answer,
                                      tuple(c for c in range(1, 256) if c != 0), "the run's process was killed", out))
+
+    def after_switch(self, step: Step, op: Op, loc: Location) -> None:
+        """promote --always-promote held right after its switch of CURRENT (the test-only hook of
+        podium.tasks.carry_out.pause_for_tests), then SIGINT to its process group: the promotion stands, exit 0."""
+        self.candidate_run(op, loc)
+        args = self.promote_args(op, loc)
+        marker = self.folder / f"paused-{step.index}"
+        attempt = Attempt(args, {**self.world.env, "PODIUM_TEST_PAUSE_AT": "after-switch",
+                                 "PODIUM_TEST_PAUSE_FILE": str(marker)})
+        deadline = time.monotonic() + APPROVAL_WAIT_S
+        while not marker.exists() and attempt.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not marker.exists():  # no switch: the best is the champion already, or the gate refused
+            step.note = "not injected: nothing was switched"
+            step.commands.append(Command(args, attempt.finish(), (0,), "", attempt.lines))
+            return
+        os.killpg(attempt.proc.pid, signal.SIGINT)
+        step.commands.append(Command(args, attempt.finish(), (0,), AFTER_SWITCH, attempt.lines))
 
     def rollback(self, step: Step, loc: Location) -> None:
         from podium.errors import HistoryError
@@ -965,6 +1035,46 @@ def check_version_numbers(ctx: Checking) -> list[str]:
             elif (mv.tags or {}).get(TAG_UID) and isinstance(now[name][1], str) and mv.tags[TAG_UID] != now[name][1]:
                 out.append(f"{loc.key}: registered version {mv.version} was made for {name} "
                            f"({mv.tags[TAG_UID]}), which now holds {now[name][1]}")
+    return out
+
+
+# ---- h: what a command says it did is what serves
+
+def check_outcome_matches(ctx: Checking) -> list[str]:
+    out = []
+    for c in ctx.step.commands:
+        loc = ctx.seq.location_of(c.args)
+        if c.args[0] not in ("promote", "run") or c.rc not in (0, 130, 143) or loc is None:
+            continue
+        what = f"{loc.key}: podium {c.args[0]} (exit {c.rc}{', ' + c.note if c.note else ''})"
+        doc, now, before = _json_of(c.output), _current_name(loc), ctx.step.before.get(loc.key)
+        if c.rc != 0:
+            if doc is not None:
+                out.append(f"{what} printed a JSON outcome: a stopped command has none")
+            if now != before:
+                out.append(f"{what} stopped, yet CURRENT moved {before} -> {now}: not stopped before the switch")
+            continue
+        if doc is None:
+            out.append(f"{what} printed no JSON outcome")
+            continue
+        promoted = doc.get("promoted")
+        if promoted:
+            mv = ctx.by_alias(loc.alias)
+            if promoted.get("version") != now:
+                out.append(f"{what} says it promoted {promoted.get('version')}, CURRENT is {now}")
+            if mv is None or str(promoted.get("mlflow_version")) != str(mv.version):
+                out.append(f"{what} says @{loc.alias} = version {promoted.get('mlflow_version')}, the registry says "
+                           f"{mv.version if mv else None}")
+        elif now != before:
+            out.append(f"{what} says it promoted nothing, yet CURRENT moved {before} -> {now}")
+        if c.note == AFTER_SWITCH and not str(doc.get("late_stop") or "").startswith("SIGINT after the switch"):
+            out.append(f"{what}: its JSON does not say the SIGINT came after the switch (late_stop "
+                       f"{doc.get('late_stop')!r})")
+        if ctx.step.op.kind == "promote-other-settings":  # --always-promote: promoted, unless it is the champion
+            metric, reason = (promoted or {}).get("metric"), str(doc.get("promotion_reason"))
+            if promoted and metric != "accuracy" or not promoted and "already the champion" not in reason:
+                out.append(f"{what}: not promoted by the run's own metric accuracy ({metric or 'nothing promoted'}: "
+                           f"{reason[:200]})")
     return out
 
 

@@ -24,7 +24,14 @@ from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, ru
 from podium.flows.promote import promote_and_announce
 from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
-from podium.flows.summary import RunResult, RunSummary, final_state, summarize_run
+from podium.flows.summary import (
+    RunResult,
+    RunSummary,
+    final_state,
+    late_stop,
+    stopped_before_switch,
+    summarize_run,
+)
 from podium.flows.validation import PolicyCannotBeMet, ValidationQueue
 from podium.progress import say
 from podium.tasks.evidence import promotion_needs_ray
@@ -105,15 +112,21 @@ def _how_to_resume(plan: RunPlan, pending: int, once: str = "") -> str:
 
 
 def _stop_run(plan: RunPlan, tracking: TrackingRun, validations: ValidationQueue, stream: CheckpointStream,
-              training: PrefectConcurrentFuture | None, stopped: RunStopped) -> RunStopped:
+              training: PrefectConcurrentFuture | None, stopped: RunStopped, promoting: bool = False) -> RunStopped:
     """Stop cleanly: running validations get STOP_GRACE_S to record their verdicts (the others stay
     pending), training is aborted (its persisted checkpoints stay), the MLflow run is marked KILLED.
-    Returns the RunStopped to raise, its message the one line that says how to resume."""
+    Returns the RunStopped to raise, its message the one line that says how to resume. `promoting`: the stop came
+    once training and validation were done, before the promotion's switch (what it staged was withdrawn)."""
     left = validations.stop(STOP_GRACE_S)
     if training is not None and not stream.stop_training(training):
         logger.warning("training did not stop in time; Ray stops with this process")
     _close_unfinished(tracking, "KILLED")
-    message = f"{stopped}: {validations.tally()}, {_how_to_resume(plan, len(left))}"
+    if promoting:
+        message = (f"{stopped_before_switch(stopped.signum)}: {validations.tally()}. Run `podium run` again with "
+                   f"the same --run-name ({plan.run_name}) to promote its best (or `podium promote --run-name "
+                   f"{plan.run_name}`)")
+    else:
+        message = f"{stopped}: {validations.tally()}, {_how_to_resume(plan, len(left))}"
     logger.warning("%s", message)  # the flow run's Cancelled state says it too, and the CLI's last line
     return RunStopped(stopped.signum, message)
 
@@ -214,6 +227,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
     validations.stopping = lambda: stop.requested
     seen: set[str] = set()
     reports = announced = restarts = 0
+    promoting = False  # training and validation done: a stop now comes before or after the promotion's switch
     watch = contextlib.ExitStack()  # while training and validations need Ray: losing its head ends the run cleanly
     watch.enter_context(watching_head(stop.lose))
     try:
@@ -266,18 +280,23 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
             announced, f", {restarts} worker restart(s)" if restarts else "", validations.tally())
         if stopped_early is not None:
             tag_stopped_early(tracking, stopped_early.step, stopped_early.reason)
-        stop.check()  # not once promotion has started: it runs to its end (it is atomic anyway)
-        outcome = promote_and_announce(plan, tracking, mlflow_ui, validations.records(), lambda: stop.requested)
-        stop.check()  # a stop asked for while the candidate awaited approval (it was withdrawn)
+        promoting = True
+        stop.check()
+        # the promotion's point of no return is its switch of CURRENT: a stop before it withdraws the candidate
+        # (RunStopped from its steps; the approval's or the shadow's withdrawal), one after it changes nothing
+        outcome = promote_and_announce(plan, tracking, mlflow_ui, validations.records(), stop)
+        if outcome.promoted is None:
+            stop.check()  # a stop asked for while the candidate awaited approval or was in shadow (it was withdrawn)
         validations.keep_best(served_checkpoints(plan, tracking.tracking_uri))  # what promotion read is kept
     except RunStopped as exc:
-        raise _stop_run(plan, tracking, validations, stream, training, exc) from None
+        raise _stop_run(plan, tracking, validations, stream, training, exc, promoting) from None
     except BaseException as exc:
         if stop.lost is not None and isinstance(exc, Exception):  # ClusterLost, or a call that failed with Ray
             _lose_run(plan, tracking, validations, stop.lost)
         if stop.requested and isinstance(exc, Exception):  # what failed failed because of the stop (Ray signalled too)
             logger.info("after the stop was asked for: %s: %s", type(exc).__name__, exc)
-            raise _stop_run(plan, tracking, validations, stream, training, RunStopped(stop.signum or 2)) from None
+            raise _stop_run(plan, tracking, validations, stream, training, RunStopped(stop.signum or 2),
+                            promoting) from None
         validations.check_stop = lambda: None  # failing already: a stop asked for now changes nothing
         tracking_down = isinstance(exc, TrackingUnavailable)
         if tracking_down:  # nothing more can be recorded: verdicts not written stay pending for a resume
@@ -297,7 +316,9 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         watch.close()
         stream.close()
     progress.flush()
-    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
+    # a stop after the switch: the promotion stands, and the run completes (exit 0, Completed, FINISHED), saying so
+    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early,
+                            late_stop(stop.signum, outcome))
     # a run no checkpoint of which could be validated did not do its work: its MLflow run says FAILED
     close_tracking_run(tracking, failed=run_failure([r.status for r in summary.checkpoints]) is not None)
     return summary

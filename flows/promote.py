@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prefect import flow
 from prefect.states import Cancelled
 
@@ -11,9 +9,10 @@ from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
 from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config, whole
-from podium.flows.stop import RunStopped, stop_on_signals
-from podium.flows.summary import RunResult, final_state, summarize_run
+from podium.flows.stop import RunStopped, StopRequest, stop_on_signals
+from podium.flows.summary import RunResult, final_state, late_stop, stopped_before_switch, summarize_run
 from podium.tasks.approval import await_approval
+from podium.tasks.carry_out import NO_STOP, StopPoint
 from podium.tasks.news import announce_promotion_task
 from podium.tasks.plan import RunPlan, plan_run_task
 from podium.tasks.promote import PromotionOutcome, promote_best_checkpoint_task, settle_candidate_task
@@ -24,21 +23,26 @@ from podium.tracking.client import TrackingRun
 
 def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | None,
                          records: list[CheckpointRecord] | None = None,
-                         stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
+                         stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """Promote the best checkpoint if it beats the champion; with a shadow rollout, the candidate answers a copy of
     the live requests first; with approval required, it waits for a person's decision (the flow run pauses), after
     a shadow it passed. Each decision is announced as a Prefect event. The records only lend the announcement the
-    candidate's metrics: passed as context, they draw no edge from every validation."""
-    outcome = promote_best_checkpoint_task(context(plan), context(tracking))
+    candidate's metrics: passed as context, they draw no edge from every validation.
+
+    `stop`: the flow's stop request. Asked for before the switch of CURRENT, it withdraws the candidate (during the
+    carry-out's steps, the shadow or the wait for approval) and, in the steps, raises the flow's RunStopped; once
+    CURRENT switched, the promotion runs to its end and the caller says the stop came after it (`late_stop`)."""
+    outcome = promote_best_checkpoint_task(context(plan), context(tracking), context(stop))
     if outcome.awaiting is not None:
         announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
         approval = None
         if outcome.awaiting.shadow_id is not None:
-            outcome = shadow_candidate_task(context(plan), context(tracking), whole(outcome), context(stop_requested))
+            outcome = shadow_candidate_task(context(plan), context(tracking), whole(outcome),
+                                            context(lambda: stop.requested))
             approval = shadow_decision(plan, outcome)
         if approval is None:
-            approval = await_approval(plan, tracking, outcome, mlflow_ui, stop_requested)
-        outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval)
+            approval = await_approval(plan, tracking, outcome, mlflow_ui, lambda: stop.requested)
+        outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval, context(stop))
     announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
     return outcome
 
@@ -51,17 +55,23 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
     Returns the run's RunResult, as `train_validate_promote` does."""
     podium_logs_at_info()
     config = run_config(config)  # the deployment's settings under the run's, {date} filled for nightly runs
-    # Prefect mirrors the promotion and is not on its critical path. SIGINT / SIGTERM while a candidate awaits
-    # approval withdraw it (its staged copy, its registry version and the challenger alias): the flow run ends
-    # Cancelled, and the same command asks again
+    # Prefect mirrors the promotion and is not on its critical path. SIGINT / SIGTERM before the switch of CURRENT
+    # withdraw the candidate (its staged copy, its registry version and the challenger alias): the flow run ends
+    # Cancelled, and the same command asks again. After the switch, the promotion is done: the flow run Completed
     with prefect_api.watching(), stop_on_signals() as stop:
         plan = plan if plan is not None else plan_run_task(config)
         tracking = find_tracking_run_task(tracking_uri, config.experiment, config.run_name)
-        outcome = None if stop.requested else promote_and_announce(plan, tracking, mlflow_ui,
-                                                                   stop_requested=lambda: stop.requested)
+        try:
+            outcome = None if stop.requested else promote_and_announce(plan, tracking, mlflow_ui, stop=stop)
+        except RunStopped:  # before the switch: what was staged is withdrawn
+            outcome = None
         if outcome is None or (stop.requested and outcome.promoted is None):  # a promotion that ended stands
-            stopped = RunStopped(stop.signum or 2)
-            return Cancelled(message=f"{stopped}: nothing was promoted; `podium promote --run-name "  # type: ignore[return-value]
-                                     f"{config.run_name}` asks again")
+            return Cancelled(message=_stopped(stop, config.run_name))  # type: ignore[return-value]
         # a State returned ends the flow run in it: its message says what the promotion did
-        return final_state(summarize_run(config, tracking, outcome, mlflow_ui))  # type: ignore[return-value]
+        return final_state(summarize_run(config, tracking, outcome, mlflow_ui,  # type: ignore[return-value]
+                                         late_stop=late_stop(stop.signum, outcome)))
+
+
+def _stopped(stop: StopRequest, run_name: str) -> str:
+    """The one line of a promotion stopped before its switch."""
+    return (f"{stopped_before_switch(stop.signum or 2)}; `podium promote --run-name {run_name}` asks again")

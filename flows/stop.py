@@ -159,16 +159,27 @@ def stop_on_signals() -> Iterator[StopRequest]:
         yield STOP
         return
 
+    # The handler only records the request: it runs between two bytecodes of the main thread, which may hold a lock
+    # that logging needs (a Queue's, inside Prefect's log handler: logging from the handler hung the process there).
+    # A thread of its own says it.
+    ended = threading.Event()
+
     def handler(signum: int, frame: FrameType | None) -> None:
         if STOP.requested:  # the second signal: stop at once, as a kill would (the run still resumes)
-            sys.stderr.write(f"\npodium: {signal.Signals(signum).name} again: stopping at once\n")
-            sys.stderr.flush()
+            os.write(2, f"\npodium: {signal.Signals(signum).name} again: stopping at once\n".encode())
             os._exit(exit_code(signum))
         STOP.request(signum)
-        say("%s: stopping cleanly (the record being written and the validations running finish "
-            "first; %s again to stop at once)", signal.Signals(signum).name,
-            "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
 
+    def say_stopping(request: StopRequest) -> None:
+        while not request.wait(0.5):
+            if ended.is_set():
+                return
+        if request.signum is not None:
+            say("%s: stopping cleanly (the record being written and the validations running finish first, and a "
+                "promotion that switched CURRENT completes; %s again to stop at once)",
+                signal.Signals(request.signum).name, "Ctrl-C" if request.signum == signal.SIGINT else "SIGTERM")
+
+    threading.Thread(target=say_stopping, args=(STOP,), name="podium-stop-said", daemon=True).start()
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, handler)
@@ -178,5 +189,6 @@ def stop_on_signals() -> Iterator[StopRequest]:
     try:
         yield STOP
     finally:
+        ended.set()
         for sig, old in previous.items():
             signal.signal(sig, old)

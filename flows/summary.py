@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from pydantic import BaseModel
@@ -31,6 +33,23 @@ class RunSummary(BaseModel):
     training_ended_at: float | None = None
     flow_run_id: str | None = None
     stopped_early: EarlyStop | None = None  # training stopped because the validations stopped improving
+    # a stop (SIGINT, SIGTERM) that came after the switch of CURRENT: the promotion stood, the run is complete
+    late_stop: str | None = None
+
+
+def stopped_before_switch(signum: int) -> str:
+    """What a promotion stopped before its point of no return (the switch of CURRENT) did: nothing."""
+    return f"stopped before the switch: nothing was promoted ({signal.Signals(signum).name})"
+
+
+def late_stop(signum: int | None, outcome: PromotionOutcome) -> str | None:
+    """The line a run says when a stop (`signum`) came after its promotion switched CURRENT: the point of no return
+    was passed, so the promotion stands and the run completes (exit 0, flow run Completed, MLflow run FINISHED).
+    None without a stop, or when nothing was promoted (then the stop ends the run: `stopped_before_switch`)."""
+    if signum is None or outcome.promoted is None:
+        return None
+    return (f"{signal.Signals(signum).name} after the switch: {outcome.promoted.version} promoted; "
+            "the run is complete")
 
 
 def run_shortfall(summary: RunSummary) -> str | None:
@@ -57,7 +76,8 @@ def outcome_in_words(summary: RunSummary) -> str:
     did = (f"promoted step {p.step} ({p.metric}={format_number(p.value)}) as {p.version}" if p and p.value is not None
            else f"promoted step {p.step} as {p.version}" if p else f"nothing promoted: {summary.promotion.reason}")
     early = summary.stopped_early
-    return f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
+    did = f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
+    return f"{did}; {summary.late_stop}" if summary.late_stop else did
 
 
 class RunResult(BaseModel):
@@ -122,13 +142,14 @@ def result_of(exc: BaseException) -> RunResult | None:
 
 def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,
                   mlflow_ui: str | None, training_ended_at: float | None = None,
-                  stopped_early: EarlyStop | None = None) -> RunSummary:
+                  stopped_early: EarlyStop | None = None, late_stop: str | None = None) -> RunSummary:
     """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
-    artifacts, MLflow), and return the summary the flow ends with."""
+    artifacts, MLflow), and return the summary the flow ends with (`late_stop`: the line of a stop that came after
+    the switch)."""
     records = list_records(tracking)
     mlflow_ui = mlflow_ui or PodiumSettings().mlflow_ui(tracking.tracking_uri)  # a deployment's run: as configured
     publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
                       training_ended_at=training_ended_at, flow_run_id=str(flow_run.id) if flow_run.id else None,
-                      stopped_early=stopped_early)
+                      stopped_early=stopped_early, late_stop=late_stop)

@@ -11,7 +11,13 @@ in the registry, as a sequence of named steps, each a function of the `Rollout` 
 | `challenge` | registers it under the `challenger` alias instead, to wait for a person's decision             |
 | `shadow`    | puts the challenger in shadow (`promotion.rollout = "shadow"`): `podium serve` mirrors live requests to it |
 
-`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs. A candidate in shadow
+`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs.
+
+The point of no return is `switch` (or, for a candidate, `challenge`: from there a stop is the approval's or the
+shadow's to settle, and they withdraw it). Before it, `carry_out` asks the flow's stop request (`Rollout.stop`, the
+flow's `podium.flows.stop.StopRequest`, passed down) before each step and inside `stage`; a stop asked for withdraws
+what was staged (its files discarded, a registered challenger settled as withdrawn) and the stop's exception goes on
+up: nothing was promoted. After it, no step looks at the stop: the promotion runs to its end. A candidate in shadow
 waits as one awaiting approval does (staged, under `challenger`); the shadow's verdict (`podium.tasks.shadow`)
 settles it, or is handed to the person who decides. Every step that others can see first checks that the promotion
 lock is still held. The decision is recorded on the run before its steps (`record_decision`, the tag
@@ -24,12 +30,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -37,6 +44,7 @@ from podium.core.approval import challenger_alias
 from podium.core.numbers import format_number
 from podium.core.promotion import Decision, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
+from podium.progress import say
 from podium.serving import layout, staging
 from podium.serving.location import ensure_location
 from podium.serving.shadow import start_shadow
@@ -46,6 +54,7 @@ from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import ServedModel, build_served_model, load_hint
 from podium.tasks.plan import RunPlan
+from podium.tasks.reconcile import withdraw_candidate
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
@@ -113,6 +122,30 @@ class PromotionOutcome(BaseModel):
     shadow: dict[str, Any] | None = None  # its shadow's verdict and numbers (podium.core.shadow.ShadowVerdict)
 
 
+class StopPoint(Protocol):
+    """A stop asked for (a signal), as a promotion sees it: the flow's `podium.flows.stop.StopRequest` fits (tasks do
+    not import flows)."""
+
+    @property
+    def requested(self) -> bool:
+        """A stop was asked for."""
+
+    def check(self) -> None:
+        """Raise if a stop was asked for (the flow's own exception: it ends the flow run Cancelled)."""
+
+
+class _NoStop:
+    """No stop can be asked for: a promotion called outside a flow that handles signals."""
+
+    requested = False
+
+    def check(self) -> None:
+        """Never raises."""
+
+
+NO_STOP: StopPoint = _NoStop()
+
+
 @dataclass
 class Rollout:
     """A decision on its way through the steps: the checkpoint and its value, why and by whom, and what each step
@@ -132,14 +165,15 @@ class Rollout:
     build: tempfile.TemporaryDirectory[str] | None = None  # the served model, built locally until it is verified
     served: ServedModel | None = None
     shadow_id: str | None = None  # the shadow the `shadow` step started
+    stop: StopPoint = NO_STOP  # asked before each step until the point of no return (`carry_out`)
 
     @classmethod
     def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
-           started_by: dict[str, Any] | None = None) -> Rollout:
-        """The rollout of a decision to promote (or to stage a candidate)."""
+           started_by: dict[str, Any] | None = None, stop: StopPoint = NO_STOP) -> Rollout:
+        """The rollout of a decision to promote (or to stage a candidate); `stop`: the flow's stop request."""
         assert decision.candidate is not None and decision.value is not None
         return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason,
-                   started_by or {}, decision)
+                   started_by or {}, decision, stop=stop)
 
     @property
     def staged(self) -> layout.PromotedVersion:
@@ -159,6 +193,9 @@ def stage(r: Rollout) -> None:
     r.build = tempfile.TemporaryDirectory(prefix="podium-promote-")
     r.served = build_served_model(r.plan, r.tracking, record, r.build.name)
     r.provenance = provenance(r.plan, r.tracking, record, decision)  # podium.tasks.lineage
+    # the build takes seconds (torch.export): a stop asked for meanwhile ends here, before anything is copied
+    pause_for_tests("stage-copy", r)
+    _stop_point(r)
     uid = uuid.uuid4().hex  # the version's identity: its registered version is tagged with it
     info: dict[str, Any] = {"version_uid": uid,
                             "run_name": r.tracking.run_name, "mlflow_run_id": r.tracking.run_id, "step": record.step,
@@ -227,15 +264,71 @@ TO_SHADOW: tuple[Step, ...] = (stage, verify, challenge, shadow)
 ONCE_APPROVED: tuple[Step, ...] = (seal, switch)  # a candidate staged and verified, approved by a person
 
 
+POINTS_OF_NO_RETURN: tuple[Step, ...] = (switch, challenge)  # after them, a stop no longer withdraws in the steps
+
+
 def carry_out(steps: Sequence[Step], rollout: Rollout) -> Rollout:
-    """Run `steps` in order on `rollout` (a step that raises stops it; what it staged is withdrawn by the next
-    command, `podium.tasks.reconcile`)."""
+    """Run `steps` in order on `rollout`. Before each step up to the point of no return (`switch`; `challenge` for a
+    candidate) a stop asked for withdraws what was staged and raises (`_stop_point`); after it the steps run to their
+    end whatever is asked. A step that raises stops it; what it staged is withdrawn by the next command
+    (`podium.tasks.reconcile`)."""
+    stoppable = True
     try:
         for step in steps:
+            pause_for_tests(f"before-{step.__name__}", rollout)
+            if stoppable:
+                _stop_point(rollout)
             step(rollout)
+            stoppable = stoppable and step not in POINTS_OF_NO_RETURN
+            pause_for_tests(f"after-{step.__name__}", rollout)
     finally:
         _drop_build(rollout)
     return rollout
+
+
+def _stop_point(r: Rollout) -> None:
+    """If a stop was asked for: withdraw what `r` staged, then raise the stop's exception (the flow's)."""
+    if not r.stop.requested:
+        return
+    _drop_build(r)
+    if r.version is not None:
+        withdraw_staged(r, "the promotion was stopped before the switch")
+    r.stop.check()
+
+
+def withdraw_staged(r: Rollout, why: str) -> None:
+    """Withdraw the version `r` staged and never made current: its files (a tombstone keeps its number), and a
+    registered challenger's alias and tags (`podium.tasks.reconcile.withdraw_candidate`)."""
+    p, version = r.plan.config.promotion, r.staged
+    if r.mlflow_version is None:  # nothing registered yet
+        layout.discard_version(join(normalize_location(r.plan.serving), "versions", version.version), why)
+    else:
+        withdraw_candidate(r.plan.serving, r.tracking.tracking_uri, p.registered_model, p.alias, version.version,
+                           str(version.manifest.get("version_uid") or "") or None, why)
+    say("stopped before the switch: %s withdrawn (%s); nothing promoted", version.version, why)
+
+
+PAUSE_AT = "PODIUM_TEST_PAUSE_AT"  # test-only: the point of a promotion where it waits (see pause_for_tests)
+PAUSE_FILE = "PODIUM_TEST_PAUSE_FILE"
+PAUSE_MAX_S = 120.0
+
+
+def pause_for_tests(point: str, r: Rollout) -> None:
+    """A test-only hook, so that a test can land a signal at a chosen point of a promotion (tests/integration/
+    test_stop_points.py, benchmarks/lifecycle.py): with PODIUM_TEST_PAUSE_AT=`point` (`before-<step>`,
+    `after-<step>`, or `stage-copy`: inside `stage`, the served model built, nothing copied yet), the promotion writes
+    the file PODIUM_TEST_PAUSE_FILE (the point's name in it) when it gets there, then waits until a stop is asked
+    for (at most PAUSE_MAX_S), and goes on. Unset (always, outside tests), it does nothing."""
+    if os.environ.get(PAUSE_AT) != point:
+        return
+    logger.warning("test hook %s: paused at %s until a stop is asked for", PAUSE_AT, point)
+    marker = os.environ.get(PAUSE_FILE)
+    if marker:  # last: the test's signal comes once it is there, while this waits
+        with open(marker, "w") as f:
+            f.write(point)
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not r.stop.requested and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _drop_build(r: Rollout) -> None:

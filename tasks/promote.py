@@ -23,7 +23,16 @@ from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks import carry_out as steps
-from podium.tasks.carry_out import Candidate, Promoted, PromotionOutcome, Rollout, carry_out, record_attempt
+from podium.tasks.carry_out import (
+    NO_STOP,
+    Candidate,
+    Promoted,
+    PromotionOutcome,
+    Rollout,
+    StopPoint,
+    carry_out,
+    record_attempt,
+)
 from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
 from podium.tasks.plan import RunPlan
 from podium.tracking.client import TrackingRun
@@ -76,8 +85,10 @@ def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[
         raise layout.full_location_error(serving, "its promotion lock", exc) from None
 
 
-def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool = False) -> PromotionOutcome:
-    """Decide on the run's records and carry the decision out (under the promotion lock).
+def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool = False,
+                            stop: StopPoint = NO_STOP) -> PromotionOutcome:
+    """Decide on the run's records and carry the decision out (under the promotion lock). `stop`: the flow's stop
+    request; one asked for before the switch withdraws what was staged and raises (`podium.tasks.carry_out`).
 
     `approval` (promotion.approval 'required'): a candidate the decision would promote is staged and registered
     under the `challenger` alias instead, and the outcome's `awaiting` says so; `settle_candidate` finishes it
@@ -88,14 +99,14 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
         evidence = gather_evidence(plan, tracking, records, policy)  # against the champion as it is now, in the lock
         decision = decide_promotion(evidence, policy)
         steps.record_decision(tracking, decision)
-        outcome = carry_out_decision(plan, tracking, decision, evidence.champion, still_locked)
+        outcome = carry_out_decision(plan, tracking, decision, evidence.champion, still_locked, stop)
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", outcome.reason)
     return outcome
 
 
 def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, champion: Champion | None,
-                       still_locked: Callable[[], None]) -> PromotionOutcome:
+                       still_locked: Callable[[], None], stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """What `decision` says to do: promote (`carry_out.TO_PROMOTE`), stage a candidate to await a person
     (`TO_AWAIT`), bring the registry in line with a champion already current, or nothing; and the outcome."""
     p = plan.config.promotion
@@ -106,13 +117,13 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
         shadowed = p.rollout == "shadow" and champion is not None  # the first promotion has no champion to shadow
         if shadowed:
             check_no_shadow(plan.serving)  # before anything is staged
-        rollout = Rollout.of(plan, tracking, decision, still_locked)
+        rollout = Rollout.of(plan, tracking, decision, still_locked, stop=stop)
         awaiting = steps.candidate(carry_out(steps.TO_SHADOW if shadowed else steps.TO_AWAIT, rollout))
         waits = f"in shadow beside {champion.version}" if champion is not None and shadowed else "awaiting approval"
         reason = (f"{decision.reason}; {waits} as {awaiting.version} (MLflow {p.registered_model} "
                   f"v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
     elif decision.action == PROMOTE:
-        rollout = Rollout.of(plan, tracking, decision, still_locked, origin())
+        rollout = Rollout.of(plan, tracking, decision, still_locked, origin(), stop)
         promoted = steps.promoted(carry_out(steps.TO_PROMOTE, rollout))
     elif decision.action == CURRENT and decision.candidate is not None:
         steps.finish_registration(plan, tracking, decision.candidate)
@@ -126,7 +137,7 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
 
 
 def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
-                     approval: Approval) -> PromotionOutcome:
+                     approval: Approval, stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """Carry out a person's decision (or the timeout's) on the candidate awaiting it: approved, it becomes current
     and takes the promotion's alias, the decision in its manifest, its history record and its registered version's
     tags; rejected, its staged copy is removed and the version tagged. An approval is refused if the champion
@@ -153,7 +164,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             rollout = Rollout(plan, tracking, still_locked, record, candidate.value, reason,
                               {**origin(), "approval": decided, **shadow}, version=version,
                               provenance=candidate.provenance,
-                              mlflow_version=candidate.mlflow_version)
+                              mlflow_version=candidate.mlflow_version, stop=stop)
             promoted = steps.promoted(carry_out(steps.ONCE_APPROVED, rollout))
         else:
             reason = f"{approval.describe()}: step {candidate.step} not promoted"
@@ -182,14 +193,14 @@ def shadow_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)
-def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun) -> PromotionOutcome:
+def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun, stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """Promote the run's best checkpoint to the serving location if it beats the champion (with approval
-    required: stage it as the challenger, to wait for a decision)."""
-    return promote_best_checkpoint(plan, tracking, approval=plan.config.promotion.approval == "required")
+    required: stage it as the challenger, to wait for a decision). `stop`: the flow's stop request."""
+    return promote_best_checkpoint(plan, tracking, approval=plan.config.promotion.approval == "required", stop=stop)
 
 
 @task(name="settle-approval", cache_policy=NO_CACHE)
 def settle_candidate_task(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
-                          approval: Approval) -> PromotionOutcome:
-    """Promote the candidate that awaited approval, or not, as decided."""
-    return settle_candidate(plan, tracking, outcome, approval)
+                          approval: Approval, stop: StopPoint = NO_STOP) -> PromotionOutcome:
+    """Promote the candidate that awaited approval, or not, as decided (a stop before its switch withdraws it)."""
+    return settle_candidate(plan, tracking, outcome, approval, stop)

@@ -58,6 +58,8 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
         "promotion_reason": summary.promotion.reason,
         "comparison": summary.promotion.comparison,
         "shadow": summary.promotion.shadow,  # the shadow's verdict and numbers (promotion.rollout 'shadow')
+        # a SIGINT / SIGTERM that came after the switch of CURRENT: the promotion stands (podium.flows.summary)
+        "late_stop": summary.late_stop,
         "serving": serving,
     }
 
@@ -120,6 +122,8 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     else:
         print("nothing promoted")
     print(f"  why: {summary.promotion.reason}")
+    if summary.late_stop:
+        print(f"  {summary.late_stop}")
     registered = config.promotion
     if p and p.mlflow_version:
         print(f"  MLflow: models:/{registered.registered_model}@{registered.alias} = version {p.mlflow_version}")

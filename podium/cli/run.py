@@ -419,6 +419,8 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
         print(json.dumps(out))
     else:
         print_summary(summary, config, settings, tracking_uri, api_url, elapsed)
+    if summary.late_stop:  # the stop came after the point of no return: the work is done, exit 0 (docs/commands.md)
+        print(f"podium: {summary.late_stop}", file=sys.stderr, flush=True)
     if shortfall:  # the summary above says what each checkpoint got; a scheduler reads the exit code
         unrecorded = f" Prefect has not recorded it either: {not_recorded}." if not_recorded else ""
         print(f"podium: run {config.run_name!r} failed: {shortfall}.{unrecorded}", file=sys.stderr, flush=True)

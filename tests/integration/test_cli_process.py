@@ -3,7 +3,8 @@
 Five Ray Train starts; what each carries (each behaviour checked by a test named for it, failing on its own):
 
 - `alpha` (module-scoped): `podium run --model alpha`, the built-in loop, 3 epochs on the session's Ray head, and
-  the same command started while it runs. Carries the JSON outcome, `status` (JSON and text), `promote` of the
+  the same command started while it runs, and a SIGINT right after its promotion's switch (the run completes:
+  exit 0, `late_stop`, Completed, FINISHED). Carries the JSON outcome, `status` (JSON and text), `promote` of the
   latest run, `history`, the flow runs' final states, the champion served the MLflow way
   (test_run_status_promote_json_and_the_champion_served_the_mlflow_way); the second run refused while the first
   holds the lock (test_a_second_run_of_the_same_name_is_refused_while_the_first_runs); with `beta`, two models in
@@ -66,13 +67,17 @@ def project(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
 @pytest.fixture(scope="module")
 def alpha(project, dataset):
     """`podium run --json --model alpha` (the built-in loop, 3 epochs, 1 worker: what is under test is the command,
-    not DDP, which test_pipeline's e2e run trains), and the same command started while it holds the run's lock."""
+    not DDP, which test_pipeline's e2e run trains), and the same command started while it holds the run's lock.
+    A SIGINT reaches it right after its promotion switched CURRENT (held there by the test-only hook
+    PODIUM_TEST_PAUSE_AT): past the point of no return, the run completes and says the stop came after the switch."""
     data = ["--train-data", dataset[0], "--val-data", dataset[1], "--storage", str(project.storage)]
     common = ["--run-name", "cli", "--model", "alpha", *data]
     args = ["run", "--json", "--epochs", "3", "--num-workers", "1", *common]
     lock = project.storage / ".podium-runs" / "cli.lock"
-    first = subprocess.Popen([sys.executable, "-m", "podium.cli", *args], env=project.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    paused = project.root / "alpha-paused-after-switch"
+    first = subprocess.Popen([sys.executable, "-m", "podium.cli", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**project.env, "PODIUM_TEST_PAUSE_AT": "after-switch",
+                                                                    "PODIUM_TEST_PAUSE_FILE": str(paused)})
     try:
         deadline = time.monotonic() + 120
         while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
@@ -80,6 +85,10 @@ def alpha(project, dataset):
         holder = json.loads(lock.read_text())["pid"] if lock.exists() and lock.read_text() else None
         second = podium(args, project.env, check=False)
         first_still_running = first.poll() is None
+        while not paused.exists() and first.poll() is None and time.monotonic() < deadline + 480:
+            time.sleep(0.2)
+        if paused.exists():
+            first.send_signal(signal.SIGINT)
         stdout, stderr = first.communicate(timeout=600)
     finally:
         if first.poll() is None:
@@ -113,6 +122,12 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     alpha_serving = alpha.serving  # the model's own default serving location
     assert out["promoted"]["uri"] == str(alpha_serving / "versions" / "v000001" / "model")
     assert out["champion"]["version"] == "v000001" and out["champion"]["checkpoint"] == best["uri"]
+    # the SIGINT came after the switch: the run is complete, and every output says so
+    late = "SIGINT after the switch: v000001 promoted; the run is complete"
+    assert out["late_stop"] == late and f"podium: {late}" in alpha.stderr, alpha.stderr[-3000:]
+    from podium.tracking.client import tracking_client
+
+    assert tracking_client(env["MLFLOW_TRACKING_URI"]).get_run(out["mlflow_run_id"]).info.status == "FINISHED"
     # `mlflow models serve` answers for the champion in test_production (an MLflow server, S3 artifacts)
     check_served_champion(env["MLFLOW_TRACKING_URI"], "alpha", str(alpha_serving), dataset[1], tmp_path,
                           env, monkeypatch, serve=False)
@@ -131,7 +146,9 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     from helpers.prefect_queries import flow_run_state
 
     flow_run = out["prefect_ui"].rsplit("/", 1)[-1]  # the refused second run has a flow run of that name too
-    assert flow_run_state(run_id=flow_run).message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
+    ended = flow_run_state(run_id=flow_run)
+    assert ended.name == "Completed" and ended.message.endswith(late), ended
+    assert ended.message.startswith(f"promoted step {out['promoted']['step']} (val_loss=0.")
     assert flow_run_state("cli-promote").message == f"nothing promoted: {again['promotion_reason']}"[:1000]
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 

@@ -79,7 +79,7 @@ def test_a_version_served_as_files_says_so_in_the_report_and_the_runs_summary(tm
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("PODIUM_TRACKING_URI", raising=False)
-    summary = SimpleNamespace(run_name="r", checkpoints=RECORDS[:2], stopped_early=None, promotion=outcome,
+    summary = SimpleNamespace(run_name="r", checkpoints=RECORDS[:2], stopped_early=None, late_stop=None, promotion=outcome,
                               flow_run_id="f", tracking=None)
     print_summary(summary, build_config({"serving": "/s"}), PodiumSettings(), "sqlite:///x", "http://127.0.0.1:1/api",
                   1.0)

@@ -1,0 +1,92 @@
+"""The point of no return of a promotion, without servers: the carry-out asks the flow's stop before each step up to
+the switch and never after it; the flow's words for a stop before and after it; a signal handler that only records
+the stop (the process, end to end: tests/integration/test_stop_points.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from podium.flows.stop import RunStopped, StopRequest, stop_on_signals
+from podium.flows.summary import late_stop, stopped_before_switch
+from podium.tasks import carry_out as co
+from podium.tasks.carry_out import Promoted, PromotionOutcome, Rollout
+
+
+def _rollout(stop: StopRequest) -> Rollout:
+    return Rollout(plan=None, tracking=None, still_locked=lambda: None, record=None, value=1.0,  # type: ignore[arg-type]
+                   reason="test", stop=stop)
+
+
+def _steps(ran: list[str], stop: StopRequest, stop_after: str):
+    """Steps named as the carry-out's, that record that they ran; `stop_after` asks for a stop as it ends."""
+
+    def make(name: str):
+        def step(r: Rollout) -> None:
+            ran.append(name)
+            if name == stop_after:
+                stop.request(signal.SIGINT)
+
+        step.__name__ = name
+        return step
+
+    return [make(n) for n in ("stage", "verify", "seal", "switch", "alias")]
+
+
+def test_a_stop_before_the_switch_ends_the_carry_out_before_its_next_step(monkeypatch):
+    stop, ran = StopRequest(), []
+    steps = _steps(ran, stop, stop_after="verify")
+    monkeypatch.setattr(co, "POINTS_OF_NO_RETURN", (steps[3],))
+    with pytest.raises(RunStopped):
+        co.carry_out(steps, _rollout(stop))
+    assert ran == ["stage", "verify"]  # nothing was staged by these steps (no version): nothing to withdraw
+
+
+def test_a_stop_after_the_switch_lets_the_promotion_run_to_its_end(monkeypatch):
+    stop, ran = StopRequest(), []
+    steps = _steps(ran, stop, stop_after="switch")
+    monkeypatch.setattr(co, "POINTS_OF_NO_RETURN", (steps[3],))
+    co.carry_out(steps, _rollout(stop))
+    assert ran == ["stage", "verify", "seal", "switch", "alias"]
+
+
+def test_without_a_stop_every_step_runs():
+    ran: list[str] = []
+    co.carry_out(_steps(ran, StopRequest(), stop_after=""), _rollout(StopRequest()))
+    assert ran == ["stage", "verify", "seal", "switch", "alias"]
+
+
+def test_the_flow_says_what_a_stop_did_on_either_side_of_the_switch():
+    promoted = Promoted(version="v000002", uri="/s/versions/v000002", step=1, metric="accuracy", value=0.9,
+                        checkpoint_uri="/c")
+    assert late_stop(signal.SIGINT, PromotionOutcome(promoted=promoted, reason="r")) == \
+        "SIGINT after the switch: v000002 promoted; the run is complete"
+    assert late_stop(signal.SIGTERM, PromotionOutcome(promoted=None, reason="r")) is None  # the stop ends the run
+    assert late_stop(None, PromotionOutcome(promoted=promoted, reason="r")) is None
+    assert stopped_before_switch(signal.SIGTERM) == "stopped before the switch: nothing was promoted (SIGTERM)"
+
+
+def test_the_pause_hook_waits_for_the_stop_only_at_its_point(monkeypatch, tmp_path):
+    stop = StopRequest()
+    marker = tmp_path / "paused"
+    monkeypatch.setenv(co.PAUSE_AT, "after-switch")
+    monkeypatch.setenv(co.PAUSE_FILE, str(marker))
+    co.pause_for_tests("before-switch", _rollout(stop))  # another point: no wait, no file
+    assert not marker.exists()
+    stop.request(signal.SIGINT)
+    co.pause_for_tests("after-switch", _rollout(stop))  # asked already: it goes on at once
+    assert marker.read_text() == "after-switch"
+
+
+def test_a_signal_during_the_run_only_records_the_stop():
+    with stop_on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.requested and stop.signum == signal.SIGINT
+        with pytest.raises(RunStopped):
+            stop.check()
