@@ -84,8 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     say("starting Ray Serve")
     import ray
 
+    from podium.live.server import ChampionServer
     from podium.training.cluster import ensure_ray
-    from podium.training.live import ChampionServer
 
     ensure_ray(args.num_cpus * args.replicas)
     stop = threading.Event()  # after Ray's start: ray.init installs a SIGTERM handler of its own

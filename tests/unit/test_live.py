@@ -1,4 +1,4 @@
-"""The live server's replica (podium.training.live.ChampionServer), as Ray Serve calls it, on a real serving
+"""The live server's replica (podium.live.server.ChampionServer), as Ray Serve calls it, on a real serving
 location with real served models (no training: checkpoints in podium's format, promoted as a run promotes):
 MLflow's scoring protocol, the version header, following CURRENT, and a version that must not be switched to."""
 
@@ -15,9 +15,9 @@ import torch
 from starlette.requests import Request
 from test_served_model import FEATURES, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
 
+from podium.live.server import VERSION_HEADER, ChampionServer
 from podium.serving.layout import switch_current
 from podium.training.checkpoint import CheckpointMeta, save_checkpoint
-from podium.training.live import VERSION_HEADER, ChampionServer
 from podium.training.model import ModelSpec, build_model
 
 

@@ -10,7 +10,7 @@ answers, so its clients work unchanged):
 
 Every answer carries the version that gave it in the `X-Podium-Version` header. Each replica counts the requests
 each version answered, their errors and latency, in Ray Serve's metrics and in a tally of its own
-(podium.training.live_traffic).
+(podium.live.traffic).
 
 Following promotions and rollbacks: a replica reads CURRENT every `poll_s` seconds, in a thread of its own. When
 CURRENT names another version, the replica loads it beside the one serving, checks it as a promotion does (its
@@ -49,11 +49,11 @@ from starlette.responses import Response
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.core.shadow import Tally, compare_answers
 from podium.errors import ServingError
+from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
 from podium.serving.staging import verify_files
 from podium.storage.locations import is_remote
-from podium.training.live_traffic import ReplicaTraffic
 
 logger = logging.getLogger(__name__)
 
