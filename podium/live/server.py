@@ -8,6 +8,12 @@ answers, so its clients work unchanged):
     GET  /health        the same, with this replica's requests, errors and latency per version since it started
     GET  /version       the same as /health
 
+The fast path (podium.live.fast): a request the version's fast path takes (a model podium built, JSON in the
+common shapes, no params) is read into a float32 array on the replica's event loop and waits, at most
+`batch_wait_s`, for others to join it (Ray Serve's `@serve.batch`, at most `max_batch_size` requests); the batch's
+rows go through the torch module in one call. Every other request is answered by MLflow's scoring server's own
+code on the pyfunc model, as before; both give the same answers, byte for byte.
+
 Every answer carries the version that gave it in the `X-Podium-Version` header. Each replica counts the requests
 each version answered, their errors and latency, in Ray Serve's metrics and in a tally of its own
 (podium.live.traffic).
@@ -44,11 +50,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from ray import serve
+from ray.serve.exceptions import RayServeException
 from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.core.shadow import Tally, compare_answers
 from podium.errors import ServingError
+from podium.live.fast import FastModel, answer_batch, fast_model_of
 from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
@@ -59,18 +69,22 @@ logger = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-Podium-Version"
 
+MAX_BATCH_SIZE = 16  # requests answered by one model call, at most (`podium serve --max-batch-size`)
+BATCH_WAIT_S = 0.002  # how long a request waits for others to join its batch (`podium serve --batch-wait-ms`)
 MIRROR_BACKLOG = 32  # mirrored requests waiting for the candidate, at most; beyond, a request is not mirrored
 
 
 @dataclass(frozen=True)
 class Serving:
-    """One loaded version: the MLflow pyfunc model requests are answered with."""
+    """One loaded version: the MLflow pyfunc model requests are answered with, and its fast path (None: every
+    request goes to the pyfunc model)."""
 
     version: str
     uid: str | None
     model: Any
     input_schema: Any
     since: float = field(default_factory=time.time)
+    fast: FastModel | None = None
 
 
 def load_serving(version: PromotedVersion) -> Serving:
@@ -83,7 +97,9 @@ def load_serving(version: PromotedVersion) -> Serving:
         verify_files(posixpath.dirname(version.uri.rstrip("/")), version.manifest)
     promoted = load_version(version, check_answers=True)
     pyfunc = promoted.pyfunc
-    return Serving(version.version, version.manifest.get("version_uid"), pyfunc, pyfunc.metadata.get_input_schema())
+    schema = pyfunc.metadata.get_input_schema()
+    return Serving(version.version, version.manifest.get("version_uid"), pyfunc, schema,
+                   fast=fast_model_of(pyfunc, schema))
 
 
 @dataclass
@@ -106,10 +122,16 @@ class Shadowing:
 
 class ChampionServer:
     """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module),
-    and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix)."""
+    and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix);
+    `max_batch_size` and `batch_wait_s` size the fast path's batches."""
 
-    def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None):
+    def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None,
+                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S):
         self._serving, self._poll_s = serving, poll_s
+        self._batched = self._answer_alone  # outside a replica (a test calling the class): no batch queue
+        if in_replica():  # this instance's own batch queue: Ray Serve's, made on the first request, in the replica's loop
+            self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(
+                self._answer_batch)
         self._replica = replica or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._active: Serving | None = None
         self._refused: dict[str, str] = {}  # version -> why it was not switched to, while CURRENT names it
@@ -258,11 +280,23 @@ class ChampionServer:
                             status_code=503, media_type="application/json")
         shadowing = self._shadow  # taken with the version: the request is mirrored to that shadow's candidate
         body, content_type = await request.body(), request.headers.get("content-type", "")
-        answer = await asyncio.to_thread(_invoke, active, body, content_type)
+        rows = active.fast.parse(body, content_type) if active.fast is not None else None
+        if rows is not None:
+            answer = await self._batched(Fast(active, rows, body, content_type))
+        else:
+            answer = await asyncio.to_thread(_invoke, active, body, content_type)
         if answer.status == 200 and shadowing is not None and shadowing.candidate is not active:
             self._mirror(shadowing, body, content_type, answer)
         self._traffic.record(active.version, time.perf_counter() - started, answer.status)
         return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.media_type)
+
+    async def _answer_alone(self, request: Fast) -> Answer:
+        """A fast request answered alone (where no batch queue runs: outside Ray Serve)."""
+        return (await self._answer_batch([request]))[0]
+
+    async def _answer_batch(self, requests: list[Fast]) -> list[Answer]:
+        """Ray Serve's batch handler: the batch's requests answered off the event loop."""
+        return await asyncio.to_thread(_answer_fast, requests)
 
     def _mirror(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
         """Hand a copy of a request the champion answered to the candidate's thread (not waited for)."""
@@ -275,7 +309,7 @@ class ChampionServer:
 
     def _shadow_one(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
         try:
-            answer = _invoke(shadowing.candidate, body, content_type)
+            answer = invoke(shadowing.candidate, body, content_type)
             failure, rows, agreed = (_compared(champion, answer, shadowing.tolerance) if answer.status == 200
                                      else (f"answered {answer.status}: {answer.message()}", 0, 0))
             with shadowing.lock:
@@ -300,6 +334,63 @@ class Answer:
             return str(json.loads(text).get("message", text))[:300]
         except (ValueError, AttributeError):
             return text[:300]
+
+
+def in_replica() -> bool:
+    """Whether this code runs in a Ray Serve replica (Ray Serve's batch queue works there only)."""
+    try:
+        serve.get_replica_context()
+    except RayServeException:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Fast:
+    """A request the fast path takes: the version it runs on, its rows, and its body (for the pyfunc path, if the
+    batch's model call fails)."""
+
+    serving: Serving
+    rows: np.ndarray
+    body: bytes
+    content_type: str
+
+
+def _answer_fast(requests: list[Fast]) -> list[Answer]:
+    """A batch's answers: one model call per version in it (a batch spans a switch at most). If the call fails,
+    each request is answered alone by the pyfunc path, with MLflow's own error."""
+    answers: list[Answer | None] = [None] * len(requests)
+    by_version: dict[int, list[int]] = {}
+    for i, request in enumerate(requests):
+        by_version.setdefault(id(request.serving), []).append(i)
+    for indices in by_version.values():
+        serving = requests[indices[0]].serving
+        assert serving.fast is not None
+        try:
+            said = answer_batch(serving.fast, [requests[i].rows for i in indices])
+        except Exception as exc:  # e.g. a model that raises on some rows: MLflow's answer says how, request by request
+            logger.warning("podium serve: %s failed on a batch of %d requests (%s): answering each alone",
+                           serving.version, len(indices), exc)
+            for i in indices:
+                answers[i] = _invoke(serving, requests[i].body, requests[i].content_type)
+            continue
+        for i, one in zip(indices, said):
+            answers[i] = Answer(one.body, 200, "application/json", one.seconds)
+    return [a for a in answers if a is not None]
+
+
+def invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
+    """One request answered alone: by the fast path where it takes it, else by the pyfunc path (the shadow's
+    candidate is asked so, as the champion answered it)."""
+    fast = serving.fast
+    rows = fast.parse(body, content_type) if fast is not None else None
+    if fast is None or rows is None:
+        return _invoke(serving, body, content_type)
+    try:
+        one = answer_batch(fast, [rows])[0]
+    except Exception:  # as for a batch: MLflow's own answer
+        return _invoke(serving, body, content_type)
+    return Answer(one.body, 200, "application/json", one.seconds)
 
 
 def _invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
