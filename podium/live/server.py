@@ -46,6 +46,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,7 +129,8 @@ class ChampionServer:
     def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None,
                  max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S):
         self._serving, self._poll_s = serving, poll_s
-        self._batched = self._answer_alone  # outside a replica (a test calling the class): no batch queue
+        # outside a replica (a test calling the class) there is no batch queue: each request is its own batch
+        self._batched: Callable[[Fast], Awaitable[Answer]] = self._answer_alone
         if in_replica():  # this instance's own batch queue: Ray Serve's, made on the first request, in the replica's loop
             self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(
                 self._answer_batch)

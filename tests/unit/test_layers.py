@@ -374,6 +374,8 @@ ALLOWED: dict[str, dict[str, str]] = {
                                                        "datasets are built, not at `podium run`'s start-up"},
     "podium.training.loaders": {"lightning": "Lightning (8.5 s), an optional framework, only for its checkpoints",
                                 "transformers": "Transformers (0.6 s), an optional framework, only for its checkpoints"},
+    "podium.live.fast": {"torch": TORCH + "; podium.live loads no torch at import (`podium serve`'s driver names "
+                                  "the class only): a replica has it loaded with the version's module"},
     "podium.live.server": {"mlflow": MLFLOW + "; podium.live loads no MLflow at import",
                            "podium.training.promoted": "the replica loads MLflow and torch (promoted's loaders), "
                                                        "not `podium serve`'s driver, which only names the class"},

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from test_served_model import FEATURES, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
 
 from podium.live.fast import fast_model_of
-from podium.live.server import VERSION_HEADER, ChampionServer, Fast, _answer_fast, _invoke, invoke
+from podium.live.server import VERSION_HEADER, ChampionServer, Fast, Serving, _answer_fast, _invoke, invoke
 from podium.serving.layout import switch_current
 from podium.training.checkpoint import CheckpointMeta, save_checkpoint
 from podium.training.model import ModelSpec, build_model
@@ -126,12 +126,19 @@ def _bodies(frame: pd.DataFrame) -> dict[str, bytes]:
         "inputs by column": {"inputs": columns}, "instances by column": {"instances": columns}}.items()}
 
 
-def test_the_fast_path_answers_each_mlflow_shape_as_mlflow_s_scoring_code_does(tmp_path, data, checkpoint):
+def _fast_server(tmp_path: Path, data: tuple[str, str], checkpoint) -> tuple[ChampionServer, Serving]:
+    """A replica serving a model podium built (numbers and booleans in): one the fast path serves."""
     plan, served = _served(tmp_path, data, checkpoint[0])
     _promote(plan, served)
     server = ChampionServer(plan.serving, poll_s=3600)
     active = server._active
-    assert active is not None and active.fast is not None  # a model podium built, numbers and booleans in
+    assert active is not None and active.fast is not None
+    return server, active
+
+
+def test_the_fast_path_answers_each_mlflow_shape_as_mlflow_s_scoring_code_does(tmp_path, data, checkpoint):
+    server, active = _fast_server(tmp_path, data, checkpoint)
+    assert active.fast is not None
     frame = pd.read_parquet(data[1])[FEATURES]
     for name, body in _bodies(frame).items():
         assert active.fast.parse(body, "application/json") is not None, name  # taken by the fast path
@@ -151,11 +158,7 @@ def test_the_fast_path_answers_each_mlflow_shape_as_mlflow_s_scoring_code_does(t
 
 
 def test_what_the_fast_path_cannot_take_is_answered_by_mlflow_s_code_unchanged(tmp_path, data, checkpoint):
-    plan, served = _served(tmp_path, data, checkpoint[0])
-    _promote(plan, served)
-    server = ChampionServer(plan.serving, poll_s=3600)
-    active = server._active
-    assert active is not None and active.fast is not None
+    server, active = _fast_server(tmp_path, data, checkpoint)
     row = [52000.0, 0.01, 3, False]
     split = {"columns": FEATURES, "data": [row]}
     others = {  # name: (body, content type)
@@ -191,11 +194,7 @@ def test_what_the_fast_path_cannot_take_is_answered_by_mlflow_s_code_unchanged(t
 
 
 def test_a_batch_the_model_fails_on_is_answered_request_by_request_by_mlflow_s_code(tmp_path, data, checkpoint):
-    plan, served = _served(tmp_path, data, checkpoint[0])
-    _promote(plan, served)
-    server = ChampionServer(plan.serving, poll_s=3600)
-    active = server._active
-    assert active is not None and active.fast is not None
+    _, active = _fast_server(tmp_path, data, checkpoint)
     body = _rows(data)
     good = Fast(active, active.fast.parse(body, "application/json"), body, "application/json")
     # rows of the wrong width reach the module (as a model with a bug would fail): MLflow's code answers instead
