@@ -143,6 +143,7 @@ class ChampionServer:
         self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
         self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
         self._traffic = ReplicaTraffic(serving, self._replica)
+        self._fast = {"requests": 0, "batches": 0}  # what the fast path answered here, in how many model calls
         self._follow_once()  # a replica starts with the current version loaded, or with nothing promoted yet
         self._stop = threading.Event()
         self._follower = threading.Thread(target=self._follow, name="podium-follow-current", daemon=True)
@@ -248,6 +249,7 @@ class ChampionServer:
                       "requests": shadowing.tally.requests}
         return {"serving": self._serving, "version": active.version if active else None,
                 "version_uid": active.uid if active else None, "since": active.since if active else None,
+                "fast_path": active is not None and active.fast is not None,
                 "refused": dict(self._refused), "shadow": shadow, "shadow_refused": dict(self._shadow_refused)}
 
     def check_health(self) -> None:
@@ -260,8 +262,9 @@ class ChampionServer:
         self._mirrors.shutdown(wait=False, cancel_futures=True)
 
     def traffic(self) -> dict[str, Any]:
-        """This replica's requests, errors and latency per version since it started (other replicas count theirs)."""
-        return self._traffic.as_dict()
+        """This replica's requests, errors and latency per version since it started (other replicas count theirs),
+        and the requests its fast path answered, in how many batches (model calls)."""
+        return {**self._traffic.as_dict(), "fast_path": dict(self._fast)}
 
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
@@ -298,6 +301,8 @@ class ChampionServer:
 
     async def _answer_batch(self, requests: list[Fast]) -> list[Answer]:
         """Ray Serve's batch handler: the batch's requests answered off the event loop."""
+        self._fast["requests"] += len(requests)  # on the event loop: no lock
+        self._fast["batches"] += 1
         return await asyncio.to_thread(_answer_fast, requests)
 
     def _mirror(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
