@@ -7,6 +7,7 @@ the nightly model's loader makes every version an MLflow model."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -223,3 +224,10 @@ def test_concurrent_requests_are_batched_and_each_is_answered_with_its_own_rows(
     assert probabilities.status == 200, probabilities  # MLflow's path: one probability per class label
     assert all(isinstance(p, dict) and abs(sum(p.values()) - 1) < 1e-5 for p in predictions(probabilities)), probabilities
     print(f"{requests} requests from 8 clients answered in {batches} model calls")
+
+
+def test_bad_batch_settings_are_refused_naming_each_before_ray_starts(tmp_path):
+    proc = podium(["serve", "--serving", str(tmp_path), "--max-batch-size", "0", "--batch-wait-ms", "-1"],
+                  dict(os.environ), check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "--max-batch-size 0: expected 1 or more; --batch-wait-ms -1.0: expected 0 or more" in proc.stderr, proc.stderr
