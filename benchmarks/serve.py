@@ -324,6 +324,12 @@ def render(rounds: dict[str, list[dict[str, float]]], sizes: list[int], cpu: dic
         lines.append(f"- {n} row{'s' if n > 1 else ''} per request: podium / mlflow throughput ×{med(ratio_rps)}, "
                      f"p99 ×{med(ratio_p99)} (goal: ≥ ×2.0 and ≤ ×1.0: **{'met' if ok else 'not met'}**); podium "
                      f"answers ×{med(of_floor)} of the ray floor's throughput.")
+        ray_floor = statistics.median(x["rps"] for x in rounds[f"ray floor {n}"])
+        goal = 2 * statistics.median(x["rps"] for x in rounds[f"mlflow {n}"])
+        if ray_floor < goal:  # the floor below the goal: no replica code can reach it behind this proxy
+            lines.append(f"  The floor is below the goal: Ray Serve's HTTP proxy alone answers {ray_floor:.1f} "
+                         f"requests/s of a constant, less than twice mlflow's ({goal:.1f}); behind Ray Serve's "
+                         "proxy the throughput goal cannot be met on this machine.")
     sw = rounds["switch"]
     machine = machine_description()
     return "\n".join([
