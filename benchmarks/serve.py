@@ -311,43 +311,48 @@ def switch_under_load(serving: str, port: int, body: bytes, args: argparse.Names
 
 def render(rounds: dict[str, list[dict[str, float]]], sizes: list[int], cpu: dict[int, float],
            args: argparse.Namespace) -> str:
-    rows = [[name, str(n), med([x["rps"] for x in rounds[f"{name} {n}"]]),
-             med([x["p50_ms"] for x in rounds[f"{name} {n}"]]), med([x["p99_ms"] for x in rounds[f"{name} {n}"]]),
-             f"{sum(x['failed'] for x in rounds[f'{name} {n}']):.0f}"]
-            for n in sizes for name in SERVERS]
-    lines = []
+    def rows_(n: int) -> str:
+        return f"{n} row{'s' if n > 1 else ''}"
+
+    table = [[name, *[cell for n in sizes for cell in (
+        med([x["rps"] for x in rounds[f"{name} {n}"]]),
+        f"{med([x['p50_ms'] for x in rounds[f'{name} {n}']])} / {med([x['p99_ms'] for x in rounds[f'{name} {n}']])}")],
+        f"{sum(x['failed'] for n in sizes for x in rounds[f'{name} {n}']):.0f}"] for name in SERVERS]
+    ratios, floors, met = [], [], True
     for n in sizes:
         ratio_rps = [p["rps"] / m["rps"] for p, m in zip(rounds[f"podium {n}"], rounds[f"mlflow {n}"])]
         ratio_p99 = [p["p99_ms"] / m["p99_ms"] for p, m in zip(rounds[f"podium {n}"], rounds[f"mlflow {n}"])]
         of_floor = [p["rps"] / f["rps"] for p, f in zip(rounds[f"podium {n}"], rounds[f"ray floor {n}"])]
-        ok = statistics.median(ratio_rps) >= 2.0 and statistics.median(ratio_p99) <= 1.0
-        lines.append(f"- {n} row{'s' if n > 1 else ''} per request: podium / mlflow throughput ×{med(ratio_rps)}, "
-                     f"p99 ×{med(ratio_p99)} (goal: ≥ ×2.0 and ≤ ×1.0: **{'met' if ok else 'not met'}**); podium "
-                     f"answers ×{med(of_floor)} of the ray floor's throughput.")
+        met = met and statistics.median(ratio_rps) >= 2.0 and statistics.median(ratio_p99) <= 1.0
+        ratios.append(f"{rows_(n)}: throughput ×{med(ratio_rps)}, p99 ×{med(ratio_p99)}, ×{med(of_floor)} of the ray "
+                      "floor's throughput")
         ray_floor = statistics.median(x["rps"] for x in rounds[f"ray floor {n}"])
         goal = 2 * statistics.median(x["rps"] for x in rounds[f"mlflow {n}"])
         if ray_floor < goal:  # the floor below the goal: no replica code can reach it behind this proxy
-            lines.append(f"  The floor is below the goal: Ray Serve's HTTP proxy alone answers {ray_floor:.1f} "
-                         f"requests/s of a constant, less than twice mlflow's ({goal:.1f}); behind Ray Serve's "
-                         "proxy the throughput goal cannot be met on this machine.")
+            floors.append(f"{ray_floor:.1f} against {goal:.1f} at {rows_(n)}")
+    floor = (f" The floor is below the goal: Ray Serve's HTTP proxy alone answers a constant at fewer requests/s than "
+             f"twice mlflow's ({'; '.join(floors)}), so behind it the throughput goal cannot be met on this machine."
+             if floors else "")
     sw = rounds["switch"]
     machine = machine_description()
     return "\n".join([
-        "## Serving live (`benchmarks/serve.py`)", "",
+        "## Serving live (`benchmarks/serve.py`)",
         f"`python benchmarks/serve.py --repeats {args.repeats} --seconds {args.seconds:g} --clients {args.clients} "
         f"--rows {args.rows}{''.join(' --podium-flag=' + f for f in args.podium_flag)}`: the demo champion, "
         f"{args.clients} closed-loop keep-alive clients on the same machine, JSON dataframe_split requests; median "
         f"(range) of {args.repeats} interleaved rounds. {machine.get('cpu', '')}; {load_average()} (other work "
         "shared the machine: the ratios within a round are what counts).", "",
-        markdown_table(["server", "rows", "answers/s", "p50 ms", "p99 ms", "failed"], rows), "",
-        *lines,
+        markdown_table(["server", *[h for n in sizes for h in (f"answers/s, {rows_(n)}", f"p50 / p99 ms, {rows_(n)}")],
+                        "failed"], table), "",
+        f"- podium / mlflow, {'; '.join(ratios)}. Goal: throughput ≥ ×2.0 and p99 ≤ ×1.0 at each size: "
+        f"**{'met' if met else 'not met'}**.{floor}",
         f"- A switch of CURRENT under the 1-row load: p99 in the 5 s after it {med([x['after_p99_ms'] for x in sw])} "
         f"ms against {med([x['steady_p99_ms'] for x in sw])} ms before it (slowest "
         f"{med([x['after_max_ms'] for x in sw])} ms); the new version's first answer "
-        f"{med([x['first_answer_s'] for x in sw])} s after the switch; {sum(x['failed'] for x in sw):.0f} failed "
-        f"of {sum(x['requests'] for x in sw):.0f} requests.",
-        "- A shadow's extra CPU per mirrored request (the candidate's answer and the comparison, in the replica's "
-        "shadow thread): " + ", ".join(f"{cpu[n]:.2f} ms at {n} row{'s' if n > 1 else ''}" for n in sizes) + ".",
+        f"{med([x['first_answer_s'] for x in sw])} s after it; {sum(x['failed'] for x in sw):.0f} failed of "
+        f"{sum(x['requests'] for x in sw):.0f} requests. A shadow's extra CPU per mirrored request (the candidate's "
+        "answer and the comparison, in the replica's shadow thread): "
+        + ", ".join(f"{cpu[n]:.2f} ms at {rows_(n)}" for n in sizes) + ".",
     ])
 
 
