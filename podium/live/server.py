@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 VERSION_HEADER = "X-Podium-Version"
 
 MAX_BATCH_SIZE = 16  # requests answered by one model call, at most (`podium serve --max-batch-size`)
-BATCH_WAIT_S = 0.002  # how long a request waits for others to join its batch (`podium serve --batch-wait-ms`)
+BATCH_WAIT_S = 0.001  # how long a request waits for others to join its batch (`podium serve --batch-wait-ms`)
 MIRROR_BACKLOG = 32  # mirrored requests waiting for the candidate, at most; beyond, a request is not mirrored
 
 
