@@ -28,6 +28,6 @@ Where what was made is used:
 
 - `export`: a checkpoint to what serving needs (a `torch.export` program and its spec)
 - `promoted`: the champion as a model, checked against its manifest
-- `live`: the Ray Serve deployment `podium serve` runs: the champion over HTTP, following CURRENT and SHADOW
-- `live_traffic`: its requests, errors and latency per version, in Ray Serve's metrics and on /version
+
+The Ray Serve deployment `podium serve` runs is `podium.live`.
 """

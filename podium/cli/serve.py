@@ -8,6 +8,8 @@ switches the location's CURRENT, each replica loads the new version beside the o
 loaded and checked; a version that does not load is never switched to, and this command says why. A candidate a
 promotion puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off
 the answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
+Requests the fast path takes (JSON rows of a model podium built) are batched per replica: --max-batch-size
+requests at most per model call, each waiting --batch-wait-ms at most for others to join it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from podium.progress import say
 from podium.settings import PodiumSettings
 
 APP = "podium"
+DEFAULT_ONGOING = 8  # requests a replica takes in at once, at least (Ray Serve's own default is 5)
 
 
 def add_parser(sub: Any, model_default: str | None) -> None:
@@ -42,6 +45,11 @@ def add_parser(sub: Any, model_default: str | None) -> None:
     serve.add_argument("--replicas", type=int, default=1, help="Replicas of the model (default: %(default)s).")
     serve.add_argument("--num-cpus", type=float, default=1.0,
                        help="Ray CPUs each replica reserves (default: %(default)s).")
+    serve.add_argument("--max-batch-size", type=int, default=16,
+                       help="Requests the fast path answers with one model call, at most (default: %(default)s).")
+    serve.add_argument("--batch-wait-ms", type=float, default=1.0,
+                       help="How long a request waits for others to join its batch, in ms; 0: only those already "
+                            "waiting (default: %(default)s).")
     serve.add_argument("--poll-s", type=float, default=1.0,
                        help="How often each replica reads CURRENT, in seconds (default: %(default)s).")
     serve.add_argument("--ray-address", help="Ray cluster to serve on (default: RAY_ADDRESS, else a local Ray).")
@@ -55,9 +63,11 @@ def _checked(args: argparse.Namespace) -> str:
              for name, value, what in [("port", args.port, "a port from 1 to 65535"),
                                        ("replicas", args.replicas, "1 or more"),
                                        ("num_cpus", args.num_cpus, "0 or more"),
+                                       ("max_batch_size", args.max_batch_size, "1 or more"),
+                                       ("batch_wait_ms", args.batch_wait_ms, "0 or more"),
                                        ("poll_s", args.poll_s, "more than 0")]
-             if not ((1 <= value <= 65535) if name == "port" else value >= 1 if name == "replicas"
-                     else value >= 0 if name == "num_cpus" else value > 0)]
+             if not ((1 <= value <= 65535) if name == "port" else value >= 1 if name in ("replicas", "max_batch_size")
+                     else value >= 0 if name in ("num_cpus", "batch_wait_ms") else value > 0)]
     if wrong:
         raise CliError("; ".join(wrong))
     from podium.serving.layout import read_pointer
@@ -84,8 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     say("starting Ray Serve")
     import ray
 
+    from podium.live.server import ChampionServer
     from podium.training.cluster import ensure_ray
-    from podium.training.live import ChampionServer
 
     ensure_ray(args.num_cpus * args.replicas)
     stop = threading.Event()  # after Ray's start: ray.init installs a SIGTERM handler of its own
@@ -94,9 +104,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its per-start INFO lines; this command says what serves
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
+        # a replica takes in two batches' worth of requests: one batch in the model while the next gathers
         deployment = serve.deployment(name="champion", num_replicas=args.replicas,
+                                      max_ongoing_requests=max(2 * args.max_batch_size, DEFAULT_ONGOING),
                                       ray_actor_options={"num_cpus": args.num_cpus})(ChampionServer)
-        handle = serve.run(deployment.bind(serving, args.poll_s), name=APP, route_prefix="/")
+        handle = serve.run(deployment.bind(serving, args.poll_s, None, args.max_batch_size, args.batch_wait_ms / 1000),
+                           name=APP, route_prefix="/")
         url = f"http://{args.host}:{args.port}"
         said: dict[str, Any] = {}
         while True:

@@ -7,8 +7,10 @@ the nightly model's loader makes every version an MLflow model."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -178,3 +180,54 @@ def _by_version(text: str, metric: str, labels: dict[str, str]) -> dict[str, int
         if all(found.get(k) == v for k, v in labels.items()) and value:
             out[found["serving_version"]] = out.get(found["serving_version"], 0) + int(value)
     return out
+
+
+def _shaped(rows: list[list[float]], shape: str) -> bytes:
+    """`rows` in one of MLflow's JSON shapes."""
+    records = [dict(zip(FEATURES, row)) for row in rows]
+    body = {"split": {"dataframe_split": {"columns": FEATURES, "data": rows}}, "records": {"dataframe_records": records},
+            "inputs": {"inputs": records}, "instances": {"instances": records}}[shape]
+    return json.dumps(body).encode()
+
+
+def test_concurrent_requests_are_batched_and_each_is_answered_with_its_own_rows(switched):
+    """After the module's switches (v000001 serves again): clients at once, each request of its own size and shape;
+    the replica's fast path answers them in batches (one model call for several requests), each with the
+    predictions of its own rows, as the row asked alone is answered; a request with params goes to MLflow's code."""
+    url = switched.served.url
+    health = json.loads(call(f"{url}/health").body)
+    assert health["fast_path"] is True and health["version"] == "v000001", health
+    alone = [predictions(call(f"{url}/invocations", _shaped([row], "split")))[0] for row in ROWS]
+    before = json.loads(call(f"{url}/version").body)["this_replica"]["fast_path"]
+    asks = [([(k + j) % len(ROWS) for j in range(1 + k % 9)], ("split", "records", "inputs", "instances")[k % 4])
+            for k in range(160)]
+    answers: list[tuple[list[int], Answer]] = []
+
+    def client(mine: list[tuple[list[int], str]]) -> None:
+        for picked, shape in mine:
+            answers.append((picked, call(f"{url}/invocations", _shaped([ROWS[i] for i in picked], shape))))
+
+    threads = [threading.Thread(target=client, args=(asks[n::8],)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    probabilities = call(f"{url}/invocations", json.dumps(
+        {"dataframe_split": {"columns": FEATURES, "data": ROWS}, "params": {"probabilities": True}}).encode())
+    for thread in threads:
+        thread.join()
+    assert len(answers) == len(asks)
+    wrong = [(picked, a.status, a.version, a.body[:200]) for picked, a in answers
+             if a.status != 200 or a.version != "v000001" or predictions(a) != [alone[i] for i in picked]]
+    assert not wrong, f"{len(wrong)} of {len(answers)} answers wrong, e.g. {wrong[:3]}"
+    after = json.loads(call(f"{url}/version").body)["this_replica"]["fast_path"]
+    requests, batches = after["requests"] - before["requests"], after["batches"] - before["batches"]
+    assert requests == len(asks) and batches < requests, (before, after)  # some model calls answered several
+    assert probabilities.status == 200, probabilities  # MLflow's path: one probability per class label
+    assert all(isinstance(p, dict) and abs(sum(p.values()) - 1) < 1e-5 for p in predictions(probabilities)), probabilities
+    print(f"{requests} requests from 8 clients answered in {batches} model calls")
+
+
+def test_bad_batch_settings_are_refused_naming_each_before_ray_starts(tmp_path):
+    proc = podium(["serve", "--serving", str(tmp_path), "--max-batch-size", "0", "--batch-wait-ms", "-1"],
+                  dict(os.environ), check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "--max-batch-size 0: expected 1 or more; --batch-wait-ms -1.0: expected 0 or more" in proc.stderr, proc.stderr

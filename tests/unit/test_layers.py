@@ -6,7 +6,7 @@
 
        core, errors <- config, settings, imports, outages, progress
             <- adapters (storage, serving, tracking, Prefect, services, charts)
-            <- training <- tasks <- flows <- deployments, cli <- the public API (podium/__init__.py)
+            <- training, live <- tasks <- flows <- deployments, cli <- the public API (podium/__init__.py)
 
 2. What each module pulls in, imported alone in a fresh interpreter:
    - podium.training runs inside Ray workers: no prefect, no mlflow.
@@ -53,6 +53,7 @@ RANKS = {
     "podium.storage": 2, "podium.serving": 2, "podium.tracking": 2, "podium.prefect_api": 2,
     "podium.prefect_events": 2, "podium.services": 2, "podium.charts": 2,
     "podium.training": 3,
+    "podium.live": 3,  # Ray Serve's replicas: beside training (Ray's side), below the tasks and the command
     "podium.tasks": 4,
     "podium.flows": 5,
     "podium.deployments": 6, "podium.cli": 6,
@@ -202,6 +203,8 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     "podium.errors": (NOTHING_HEAVY, []),
     "podium.training": (NOT_IN_WORKERS, ["torch", "ray.train", "ray.train.torch", "ray.util.queue", "pyarrow.dataset",
                                          "numpy", "pydantic", "fsspec", "s3fs"]),
+    # the replicas of `podium serve`: Ray Serve, no orchestrator; MLflow and torch load with a version
+    "podium.live": (NOT_IN_WORKERS | {"torch"}, ["ray.serve", "starlette.responses", "numpy", "orjson"]),
     "podium.flows": ({"torch"}, ["prefect", "prefect.futures", "ray.train", "ray.util.queue", "mlflow.tracking",
                                  "pyarrow.dataset", "s3fs", "pydantic"]),
     "podium.tasks": ({"torch"}, ["prefect", "prefect.artifacts", "ray.train", "ray.util.queue", "mlflow.tracking",
@@ -371,11 +374,13 @@ ALLOWED: dict[str, dict[str, str]] = {
                                                        "datasets are built, not at `podium run`'s start-up"},
     "podium.training.loaders": {"lightning": "Lightning (8.5 s), an optional framework, only for its checkpoints",
                                 "transformers": "Transformers (0.6 s), an optional framework, only for its checkpoints"},
-    "podium.training.live": {"mlflow": MLFLOW + "; podium.training loads no MLflow at import",
-                             "podium.training.promoted": "the replica loads MLflow and torch (promoted's loaders), "
-                                                         "not `podium serve`'s driver, which only names the class"},
+    "podium.live.fast": {"torch": TORCH + "; podium.live loads no torch at import (`podium serve`'s driver names "
+                                  "the class only): a replica has it loaded with the version's module"},
+    "podium.live.server": {"mlflow": MLFLOW + "; podium.live loads no MLflow at import",
+                           "podium.training.promoted": "the replica loads MLflow and torch (promoted's loaders), "
+                                                       "not `podium serve`'s driver, which only names the class"},
     "podium.cli.serve": {"ray": RAY, "podium.training.cluster": RAY + " (cluster: 1.1 s)",
-                         "podium.training.live": RAY + " (Ray Serve loads with the deployment's class)",
+                         "podium.live.server": RAY + " (Ray Serve loads with the deployment's class)",
                          "podium.serving.layout": COMMAND.format("0.2"),
                          "podium.storage.locations": COMMAND.format("0.14")},
     "podium.training.promoted": {"mlflow": MLFLOW + "; podium.training loads no MLflow at import",

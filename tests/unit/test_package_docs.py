@@ -20,7 +20,7 @@ import pytest
 import tomllib
 
 PACKAGES = ["podium.core", "podium.cli", "podium.storage", "podium.storage.backends", "podium.serving", "podium.tracking",
-            "podium.flows", "podium.tasks", "podium.training", "podium.deployments"]
+            "podium.live", "podium.flows", "podium.tasks", "podium.training", "podium.deployments"]
 
 # "- `a`: ...", "- `a`, `b` and `c`: ...": the names before the colon
 BULLET = re.compile(r"^- ((?:`\w+`(?:, | and )?)+):", re.M)

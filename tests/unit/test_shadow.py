@@ -1,6 +1,6 @@
 """The shadow stage (`promotion.rollout = "shadow"`): the pure verdict on the replicas' tallies
 (podium.core.shadow), its configuration, and a replica of `podium serve` mirroring live requests to a candidate in
-shadow (podium.training.live.ChampionServer, called as Ray Serve calls it, on a real serving location)."""
+shadow (podium.live.server.ChampionServer, called as Ray Serve calls it, on a real serving location)."""
 
 # ruff: noqa: F811 (the fixtures `data` and `checkpoint` are test_served_model's, imported by name)
 from __future__ import annotations
@@ -25,13 +25,13 @@ from podium.core.shadow import (
     p95,
 )
 from podium.errors import ConfigError
+from podium.live.server import VERSION_HEADER, ChampionServer
 from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
 from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
 from podium.tasks.promote import Candidate, PromotionOutcome
 from podium.tasks.reconcile import disagreements, end_orphan_shadow
 from podium.tasks.shadow import shadow_decision, watch_shadow
-from podium.training.live import VERSION_HEADER, ChampionServer
 
 LIMITS = ShadowLimits(max_error_rate=0.0, max_latency_p95_ratio=1.5, min_agreement=0.9)
 

@@ -8,9 +8,15 @@ answers, so its clients work unchanged):
     GET  /health        the same, with this replica's requests, errors and latency per version since it started
     GET  /version       the same as /health
 
+The fast path (podium.live.fast): a request the version's fast path takes (a model podium built, JSON in the
+common shapes, no params) is read into a float32 array on the replica's event loop and waits, at most
+`batch_wait_s`, for others to join it (Ray Serve's `@serve.batch`, at most `max_batch_size` requests); the batch's
+rows go through the torch module in one call. Every other request is answered by MLflow's scoring server's own
+code on the pyfunc model, as before; both give the same answers, byte for byte.
+
 Every answer carries the version that gave it in the `X-Podium-Version` header. Each replica counts the requests
 each version answered, their errors and latency, in Ray Serve's metrics and in a tally of its own
-(podium.training.live_traffic).
+(podium.live.traffic).
 
 Following promotions and rollbacks: a replica reads CURRENT every `poll_s` seconds, in a thread of its own. When
 CURRENT names another version, the replica loads it beside the one serving, checks it as a promotion does (its
@@ -40,37 +46,46 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from ray import serve
+from ray.serve.exceptions import RayServeException
 from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.core.shadow import Tally, compare_answers
 from podium.errors import ServingError
+from podium.live.fast import FastModel, answer_batch, fast_model_of
+from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
 from podium.serving.staging import verify_files
 from podium.storage.locations import is_remote
-from podium.training.live_traffic import ReplicaTraffic
 
 logger = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-Podium-Version"
 
+MAX_BATCH_SIZE = 16  # requests answered by one model call, at most (`podium serve --max-batch-size`)
+BATCH_WAIT_S = 0.001  # how long a request waits for others to join its batch (`podium serve --batch-wait-ms`)
 MIRROR_BACKLOG = 32  # mirrored requests waiting for the candidate, at most; beyond, a request is not mirrored
 
 
 @dataclass(frozen=True)
 class Serving:
-    """One loaded version: the MLflow pyfunc model requests are answered with."""
+    """One loaded version: the MLflow pyfunc model requests are answered with, and its fast path (None: every
+    request goes to the pyfunc model)."""
 
     version: str
     uid: str | None
     model: Any
     input_schema: Any
     since: float = field(default_factory=time.time)
+    fast: FastModel | None = None
 
 
 def load_serving(version: PromotedVersion) -> Serving:
@@ -83,7 +98,9 @@ def load_serving(version: PromotedVersion) -> Serving:
         verify_files(posixpath.dirname(version.uri.rstrip("/")), version.manifest)
     promoted = load_version(version, check_answers=True)
     pyfunc = promoted.pyfunc
-    return Serving(version.version, version.manifest.get("version_uid"), pyfunc, pyfunc.metadata.get_input_schema())
+    schema = pyfunc.metadata.get_input_schema()
+    return Serving(version.version, version.manifest.get("version_uid"), pyfunc, schema,
+                   fast=fast_model_of(pyfunc, schema))
 
 
 @dataclass
@@ -106,10 +123,17 @@ class Shadowing:
 
 class ChampionServer:
     """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module),
-    and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix)."""
+    and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix);
+    `max_batch_size` and `batch_wait_s` size the fast path's batches."""
 
-    def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None):
+    def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None,
+                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S):
         self._serving, self._poll_s = serving, poll_s
+        # outside a replica (a test calling the class) there is no batch queue: each request is its own batch
+        self._batched: Callable[[Fast], Awaitable[Answer]] = self._answer_alone
+        if in_replica():  # this instance's own batch queue: Ray Serve's, made on the first request, in the replica's loop
+            self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(
+                self._answer_batch)
         self._replica = replica or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._active: Serving | None = None
         self._refused: dict[str, str] = {}  # version -> why it was not switched to, while CURRENT names it
@@ -119,6 +143,7 @@ class ChampionServer:
         self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
         self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
         self._traffic = ReplicaTraffic(serving, self._replica)
+        self._fast = {"requests": 0, "batches": 0}  # what the fast path answered here, in how many model calls
         self._follow_once()  # a replica starts with the current version loaded, or with nothing promoted yet
         self._stop = threading.Event()
         self._follower = threading.Thread(target=self._follow, name="podium-follow-current", daemon=True)
@@ -224,6 +249,7 @@ class ChampionServer:
                       "requests": shadowing.tally.requests}
         return {"serving": self._serving, "version": active.version if active else None,
                 "version_uid": active.uid if active else None, "since": active.since if active else None,
+                "fast_path": active is not None and active.fast is not None,
                 "refused": dict(self._refused), "shadow": shadow, "shadow_refused": dict(self._shadow_refused)}
 
     def check_health(self) -> None:
@@ -236,8 +262,9 @@ class ChampionServer:
         self._mirrors.shutdown(wait=False, cancel_futures=True)
 
     def traffic(self) -> dict[str, Any]:
-        """This replica's requests, errors and latency per version since it started (other replicas count theirs)."""
-        return self._traffic.as_dict()
+        """This replica's requests, errors and latency per version since it started (other replicas count theirs),
+        and the requests its fast path answered, in how many batches (model calls)."""
+        return {**self._traffic.as_dict(), "fast_path": dict(self._fast)}
 
     async def __call__(self, request: Any) -> Any:
         started = time.perf_counter()
@@ -258,11 +285,25 @@ class ChampionServer:
                             status_code=503, media_type="application/json")
         shadowing = self._shadow  # taken with the version: the request is mirrored to that shadow's candidate
         body, content_type = await request.body(), request.headers.get("content-type", "")
-        answer = await asyncio.to_thread(_invoke, active, body, content_type)
+        rows = active.fast.parse(body, content_type) if active.fast is not None else None
+        if rows is not None:
+            answer = await self._batched(Fast(active, rows, body, content_type))
+        else:
+            answer = await asyncio.to_thread(_invoke, active, body, content_type)
         if answer.status == 200 and shadowing is not None and shadowing.candidate is not active:
             self._mirror(shadowing, body, content_type, answer)
         self._traffic.record(active.version, time.perf_counter() - started, answer.status)
         return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.media_type)
+
+    async def _answer_alone(self, request: Fast) -> Answer:
+        """A fast request answered alone (where no batch queue runs: outside Ray Serve)."""
+        return (await self._answer_batch([request]))[0]
+
+    async def _answer_batch(self, requests: list[Fast]) -> list[Answer]:
+        """Ray Serve's batch handler: the batch's requests answered off the event loop."""
+        self._fast["requests"] += len(requests)  # on the event loop: no lock
+        self._fast["batches"] += 1
+        return await asyncio.to_thread(_answer_fast, requests)
 
     def _mirror(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
         """Hand a copy of a request the champion answered to the candidate's thread (not waited for)."""
@@ -275,7 +316,7 @@ class ChampionServer:
 
     def _shadow_one(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
         try:
-            answer = _invoke(shadowing.candidate, body, content_type)
+            answer = invoke(shadowing.candidate, body, content_type)
             failure, rows, agreed = (_compared(champion, answer, shadowing.tolerance) if answer.status == 200
                                      else (f"answered {answer.status}: {answer.message()}", 0, 0))
             with shadowing.lock:
@@ -300,6 +341,63 @@ class Answer:
             return str(json.loads(text).get("message", text))[:300]
         except (ValueError, AttributeError):
             return text[:300]
+
+
+def in_replica() -> bool:
+    """Whether this code runs in a Ray Serve replica (Ray Serve's batch queue works there only)."""
+    try:
+        serve.get_replica_context()
+    except RayServeException:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Fast:
+    """A request the fast path takes: the version it runs on, its rows, and its body (for the pyfunc path, if the
+    batch's model call fails)."""
+
+    serving: Serving
+    rows: np.ndarray
+    body: bytes
+    content_type: str
+
+
+def _answer_fast(requests: list[Fast]) -> list[Answer]:
+    """A batch's answers: one model call per version in it (a batch spans a switch at most). If the call fails,
+    each request is answered alone by the pyfunc path, with MLflow's own error."""
+    answers: list[Answer | None] = [None] * len(requests)
+    by_version: dict[int, list[int]] = {}
+    for i, request in enumerate(requests):
+        by_version.setdefault(id(request.serving), []).append(i)
+    for indices in by_version.values():
+        serving = requests[indices[0]].serving
+        assert serving.fast is not None
+        try:
+            said = answer_batch(serving.fast, [requests[i].rows for i in indices])
+        except Exception as exc:  # e.g. a model that raises on some rows: MLflow's answer says how, request by request
+            logger.warning("podium serve: %s failed on a batch of %d requests (%s): answering each alone",
+                           serving.version, len(indices), exc)
+            for i in indices:
+                answers[i] = _invoke(serving, requests[i].body, requests[i].content_type)
+            continue
+        for i, one in zip(indices, said):
+            answers[i] = Answer(one.body, 200, "application/json", one.seconds)
+    return [a for a in answers if a is not None]
+
+
+def invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
+    """One request answered alone: by the fast path where it takes it, else by the pyfunc path (the shadow's
+    candidate is asked so, as the champion answered it)."""
+    fast = serving.fast
+    rows = fast.parse(body, content_type) if fast is not None else None
+    if fast is None or rows is None:
+        return _invoke(serving, body, content_type)
+    try:
+        one = answer_batch(fast, [rows])[0]
+    except Exception:  # as for a batch: MLflow's own answer
+        return _invoke(serving, body, content_type)
+    return Answer(one.body, 200, "application/json", one.seconds)
 
 
 def _invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
