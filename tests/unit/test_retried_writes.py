@@ -13,8 +13,8 @@ from mlflow.exceptions import MlflowException
 
 from podium.core.records import CheckpointRecord
 from podium.tracking.client import TAG_SERVED_URI
-from podium.tracking.records import list_as_output
 from podium.tracking.ledger import await_decision, promote_version
+from podium.tracking.records import list_as_output
 from podium.tracking.registry import TAG_VERSION_UID
 from podium.tracking.runs import open_tracking_run
 
