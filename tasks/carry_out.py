@@ -57,16 +57,11 @@ from podium.tasks.plan import RunPlan
 from podium.tasks.reconcile import withdraw_candidate
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
+from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_comparison
-from podium.tracking.models import log_model_files
-from podium.tracking.registry import (
-    TAG_LOCATION_ID,
-    alias_target,
-    register_champion,
-    registered_version_for,
-    set_alias,
-)
+from podium.tracking.models import log_served_model, served_files_path
+from podium.tracking.registry import TAG_LOCATION_ID, alias_target, registered_version_for
 from podium.training import promoted as load
 
 logger = logging.getLogger(__name__)
@@ -166,6 +161,7 @@ class Rollout:
     served: ServedModel | None = None
     shadow_id: str | None = None  # the shadow the `shadow` step started
     stop: StopPoint = NO_STOP  # asked before each step until the point of no return (`carry_out`)
+    withdrawn: bool = False  # a stop before the switch withdrew what it staged (`withdraw_staged`)
 
     @classmethod
     def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
@@ -209,13 +205,15 @@ def stage(r: Rollout) -> None:
 
 
 def verify(r: Rollout) -> None:
-    """Check the staged copy beyond its hashes (`check_copy`), then log it into the checkpoint's LoggedModel: before
-    the switch, so that a champion is never current without its MLflow model. The local build goes."""
+    """Check the staged copy beyond its hashes (`check_copy`), then log the build it was copied from into the
+    checkpoint's LoggedModel, at this serving version's own path (its registered version's files, the same bytes):
+    before the switch, so that a champion is never current without its MLflow model. The local build goes."""
     assert r.build is not None and r.served is not None
     check_copy(r.plan, r.record, r.staged)
     if r.record.model_id:
         r.still_locked()
-        log_model_files(r.tracking, r.record.model_id, r.served.local_folder)
+        log_served_model(r.tracking, r.record.model_id, r.served.local_folder,
+                         served_files_path(r.staged.version, r.staged.manifest.get("version_uid")))
     _drop_build(r)
 
 
@@ -235,7 +233,7 @@ def switch(r: Rollout) -> None:
 
 
 def alias(r: Rollout) -> None:
-    """Register the version in MLflow under the promotion's alias."""
+    """Register the version in MLflow under the promotion's alias (podium.tracking.ledger.promote_version)."""
     r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value)
 
 
@@ -305,6 +303,7 @@ def withdraw_staged(r: Rollout, why: str) -> None:
     else:
         withdraw_candidate(r.plan.serving, r.tracking.tracking_uri, p.registered_model, p.alias, version.version,
                            str(version.manifest.get("version_uid") or "") or None, why)
+    r.withdrawn = True
     say("stopped before the switch: %s withdrawn (%s); nothing promoted", version.version, why)
 
 
@@ -432,11 +431,10 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
             else f"promoted by podium as serving {version.version}")
     description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
                    f"Load: {how}. Checkpoint (to resume): {record.uri}")
-    if challenger:
-        tags["podium.approval"] = "pending"
-    return register_champion(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
-                             tags=tags, version_uid=str(version.manifest.get("version_uid") or ""),
-                             description=description, promoted=not challenger)
+    register_as = ledger.await_decision if challenger else ledger.promote_version
+    return register_as(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
+                       tags=tags, version_uid=str(version.manifest.get("version_uid") or ""), description=description,
+                       files_path=served_files_path(version.version, version.manifest.get("version_uid")))
 
 
 def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
@@ -455,7 +453,7 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
         version = register(plan, tracking, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
     elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
-        set_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
+        ledger.repair_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
         logger.info("moved alias %s to version %s (the current champion)", p.alias, version)
     return version
 

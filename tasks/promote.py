@@ -35,9 +35,9 @@ from podium.tasks.carry_out import (
 )
 from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
 from podium.tasks.plan import RunPlan
+from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import list_records
-from podium.tracking.registry import settle_challenger
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +155,12 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         champion = read_champion(plan.serving)
         now = champion.version if champion else None
         promoted = None
+        discarded = None  # why a candidate decided on (approved) was never served
+        tags = {**approval.tags(), **shadow_tags(outcome.shadow)}
         if approval.approved and now != outcome.champion_before:
-            reason = (f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
-                      f" -> {now}): not promoted; run `podium promote --run-name {tracking.run_name}` to compare with it")
+            reason = discarded = (
+                f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
+                f" -> {now}): not promoted; run `podium promote --run-name {tracking.run_name}` to compare with it")
         elif approval.approved:
             reason = f"{candidate.reason}; {shadow_said}{approval.describe()}"
             record = CheckpointRecord(step=candidate.step, uri=candidate.checkpoint_uri, model_id=candidate.model_id)
@@ -165,20 +168,47 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
                               {**origin(), "approval": decided, **shadow}, version=version,
                               provenance=candidate.provenance,
                               mlflow_version=candidate.mlflow_version, stop=stop)
-            promoted = steps.promoted(carry_out(steps.ONCE_APPROVED, rollout))
+            try:
+                promoted = steps.promoted(carry_out(steps.ONCE_APPROVED, rollout))
+            except BaseException as exc:
+                if not rollout.withdrawn:  # a stop before the switch withdrew it already (carry_out's stop point)
+                    discard_unswitched(plan, tracking, candidate, approval, tags, exc)
+                raise
         else:
             reason = f"{approval.describe()}: step {candidate.step} not promoted"
         if promoted is None:
             layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version), reason)
         if candidate.mlflow_version is not None:
-            settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
-                              challenger_alias(p.alias), candidate.model_id, promoted is not None,
-                              {**approval.tags(), **shadow_tags(outcome.shadow), "podium.decision": reason[:5000]})
+            ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
+                                     challenger_alias(p.alias), candidate.model_id, promoted is not None,
+                                     {**tags, "podium.decision": reason[:5000]}, discarded=discarded)
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
                                              "approval": decided})
         record_attempt(plan.serving, tracking, settled)
     logger.info("promotion: %s", reason)
     return settled
+
+
+def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidate, approval: Approval,
+                       tags: dict[str, str], exc: BaseException) -> None:
+    """An approved candidate whose switch did not happen (a full disk, a lost lock, a stop before the switch): its
+    files go and its registered version says it was discarded, and why, instead of staying `pending` under the
+    challenger alias (a sealed version is no longer staged: no later command would withdraw it). A candidate that
+    did become current is left as it is: the next command brings the registry in line with it. Best effort: `exc`
+    is what the caller hears."""
+    p = plan.config.promotion
+    try:
+        if (layout.read_pointer(plan.serving) or {}).get("version") == candidate.version:
+            return
+        why = f"{approval.describe()}, but it was not made current ({type(exc).__name__}: {exc}): not promoted"
+        layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version), why)
+        if candidate.mlflow_version is not None:
+            ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
+                                     challenger_alias(p.alias), candidate.model_id, False,
+                                     {**tags, "podium.decision": why[:5000]}, discarded=why)
+    except Exception as failed:  # the next command reconciles what is left; the switch's failure is the news
+        logger.warning("candidate %s not discarded after its failed switch: %s: %s", candidate.version,
+                       type(failed).__name__, failed)
 
 
 def shadow_tags(verdict: dict[str, Any] | None) -> dict[str, str]:

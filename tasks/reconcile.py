@@ -30,19 +30,9 @@ from podium.serving.location import Location, check_belongs, ensure_location, re
 from podium.serving.shadow import end_shadow, read_shadow
 from podium.serving.staged import is_alive, staged_versions
 from podium.storage.locations import join, normalize_location
+from podium.tracking import ledger
 from podium.tracking.client import TAG_SERVED_URI
-from podium.tracking.registry import (
-    TAG_VERSION_UID,
-    alias_owner,
-    alias_taken,
-    alias_target,
-    claim_alias,
-    registered_version_for,
-    set_alias,
-    settle_challenger,
-    version_tags,
-    versions_tagged,
-)
+from podium.tracking.registry import alias_owner, alias_taken, alias_target, registered_version_for, version_tags
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +44,7 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
     check_belongs(found, registered_model, alias)  # before anything is written when the location is someone else's
     legacy = _legacy_owner(serving, tracking_uri, registered_model, alias) if found is None else None
     location = found or ensure_location(serving, registered_model, alias)
-    claim_alias(tracking_uri, registered_model, alias, location.id, location.uri, legacy)
+    ledger.claim_alias(tracking_uri, registered_model, alias, location.id, location.uri, legacy)
     return location
 
 
@@ -91,12 +81,9 @@ def withdraw_candidate(serving: str, tracking_uri: str, name: str, alias: str, v
     layout.discard_version(join(normalize_location(serving), "versions", version), why)
     if not version_uid:
         return
-    decision = withdrawn(why)
-    for registered, tags in versions_tagged(tracking_uri, name, TAG_VERSION_UID, version_uid).items():
-        # the decision a stop would have recorded (podium.tasks.promote.settle_candidate), once: a version already
-        # decided keeps its decision, and loses the challenger alias only
-        settle_challenger(tracking_uri, name, registered, alias, challenger_alias(alias), None, False,
-                          decision.tags() if tags.get("podium.approval") == "pending" else {})
+    # the decision a stop would have recorded (podium.tasks.promote.settle_candidate), once: a version already
+    # decided keeps its decision, and loses the challenger alias only
+    ledger.withdraw_challenger(tracking_uri, name, version_uid, alias, challenger_alias(alias), withdrawn(why).tags())
 
 
 def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> list[str]:
@@ -163,7 +150,7 @@ def sync_alias(serving: str, tracking_uri: str, name: str, alias: str) -> str | 
                        current.version, alias)
         return None
     if alias_target(tracking_uri, name, alias) != version:
-        set_alias(tracking_uri, name, alias, version)
+        ledger.repair_alias(tracking_uri, name, alias, version)
         say("registry: moved @%s of %s to version %s (serving %s at %s)", alias, name, version, current.version,
             serving)
     return version

@@ -14,7 +14,7 @@ from podium.serving import layout
 from podium.serving.history import rollback_target
 from podium.tasks.promote import origin, promotion_lock
 from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
-from podium.tracking.registry import mark_withdrawn
+from podium.tracking import ledger
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
         if withdrawn is None:
             continue
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.at))
-        mark_withdrawn(tracking_uri, registered_model, withdrawn.manifest.get("version_uid"), withdrawn.uri,
-                       withdrawn.manifest.get("model_id"),
-                       f"withdrawn from {serving} ({name}) on {when}: {switch.reason}")
-    mark_withdrawn(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
-                   current.manifest.get("model_id"), None)
+        ledger.withdraw(tracking_uri, registered_model, withdrawn.manifest.get("version_uid"), withdrawn.uri,
+                        withdrawn.manifest.get("model_id"),
+                        f"withdrawn from {serving} ({name}) on {when}: {switch.reason}")
+    ledger.reinstate(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
+                     current.manifest.get("model_id"))
     return sync_alias(serving, tracking_uri, registered_model, alias)

@@ -13,7 +13,11 @@ which a promotion (possibly of another process's run) must not do.
 - `package_files`: a checkpoint podium can build no model from, as its files (linked, not copied) with an
   MLmodel whose loader (`podium_files_only`, shipped in `code/`) raises "served as files: ...", so that
   pyfunc says what the champion is instead of "Could not find an MLmodel configuration file".
-- `log_model_files`: upload a folder into the LoggedModel's artifact location.
+- `log_served_model`: upload a promotion's built folder into the checkpoint's LoggedModel, at a path of its own
+  (`served_files_path`: the files its registered version names, the bytes its serving version serves), and at the
+  LoggedModel's root the first time only (so that `models:/<model_id>` loads). A checkpoint promoted twice (a
+  second serving location, `--always-promote` again) thus has two sets of files, neither overwritten: each
+  registered version keeps the bytes its serving version's MANIFEST.json lists.
 """
 
 from __future__ import annotations
@@ -143,7 +147,26 @@ def package_files(checkpoint_dir: str, out_dir: str, *, model_id: str | None, ru
     return out_dir
 
 
+SERVED_FILES = "served"  # inside a LoggedModel: one folder per promotion of its checkpoint
+
+
+def served_files_path(version: str, version_uid: str | None) -> str | None:
+    """Where one promotion's built model goes inside the checkpoint's LoggedModel: `served/<vN>-<uid>`, named by the
+    serving `version` (as `podium history` shows it) and its identity (two serving locations both have a v000001).
+    None for a version of podium <= 0.4 (no `version_uid`), whose build was the LoggedModel's root."""
+    return f"{SERVED_FILES}/{version}-{version_uid}" if version_uid else None
+
+
 @tracking_call("logging the served model")
-def log_model_files(tr: TrackingRun, model_id: str, local_dir: str) -> None:
-    """Upload a folder (an MLflow model, or a checkpoint's files) into a LoggedModel's artifacts."""
-    tr.client().log_model_artifacts(model_id, local_dir)
+def log_served_model(tr: TrackingRun, model_id: str, local_dir: str, files_path: str | None) -> None:
+    """Upload a promotion's built folder (an MLflow model, or a checkpoint's files with their MLmodel) into a
+    LoggedModel at `files_path`, and at its root if nothing was logged there yet (idempotent: a retry uploads the
+    same bytes to the same paths). `files_path` None (a version without an identity): the root alone."""
+    client = tr.client()
+    if files_path:
+        client.log_model_artifacts(model_id, local_dir, files_path)
+    # the root is the LoggedModel's own model (`models:/<model_id>`, the MLflow UI's page of it): logged once and
+    # never rewritten, since a later build of the same checkpoint may differ (other validation rows in its input
+    # example, another torch); registered versions never name it
+    if not any(f.path == "MLmodel" for f in client.list_logged_model_artifacts(model_id)):
+        client.log_model_artifacts(model_id, local_dir)

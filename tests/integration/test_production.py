@@ -635,9 +635,11 @@ def test_scheduled_training_runs_on_the_two_node_cluster_and_promotes(stack, tea
     assert lineage["podium.prefect.deployment"] == f"train-validate-promote/{NIGHTLY}"
     assert best.val_digest and current.manifest["datasets"]["val"]["digest"] == best.val_digest
     champion = MlflowClient(stack.mlflow, registry_uri=stack.mlflow).get_model_version_by_alias("podium", "champion")
-    # the version is the champion checkpoint's LoggedModel (its artifacts, on S3 behind the server, are the
-    # served MLflow model); the serving copy is named by a tag
-    assert champion.source == f"models:/{best.model_id}" and champion.tags["podium.served_uri"] == current.uri
+    # the version's files are this promotion's build, inside the champion checkpoint's LoggedModel (on S3 behind the
+    # server): the bytes the serving copy holds; the serving copy is named by a tag
+    logged = MlflowClient(stack.mlflow).get_logged_model(best.model_id).artifact_location.rstrip("/")
+    assert champion.source == f"{logged}/served/{current.version}-{current.manifest['version_uid']}", champion.source
+    assert champion.tags["podium.served_uri"] == current.uri
     check_served_champion(stack.mlflow, "podium", serving, team["config"]["data"]["val"],
                           stack.root, {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, monkeypatch)
     validations = [r for r in task_runs(ran.name, expect_at_least=2) if r.name.startswith("validate-step-")]

@@ -225,5 +225,8 @@ def test_an_approval_does_not_promote_a_candidate_whose_champion_changed_while_i
     assert read_current(serving).manifest["run_name"] == "run-b"
     assert os.listdir(os.path.join(serving, "versions", outcome.awaiting.version)) == ["DISCARDED.json"]
     version = client.get_model_version("podium", outcome.awaiting.mlflow_version)
-    assert version.tags["podium.approval"] == "approved" and "challenger" not in version.aliases
+    # approved, never served: its tags say it was discarded, what was decided and why (never `approved` alone)
+    assert version.tags["podium.approval"] == "discarded" and "challenger" not in version.aliases
+    assert version.tags["podium.approval.decided"] == "approved" and version.tags["podium.approval.by"] == "ana"
+    assert "the champion changed while it waited" in version.tags["podium.discarded"]
     assert client.get_model_version_by_alias("podium", "champion").version != version.version

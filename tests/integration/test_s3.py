@@ -265,6 +265,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
     import podium.serving.layout
     import podium.serving.staging
     import podium.tasks.carry_out
+    import podium.tracking.ledger
 
     plan, tracking = promotion_setup
     serving = plan.serving
@@ -284,7 +285,7 @@ def test_interrupted_promotion_keeps_a_readable_champion_and_rerun_finishes(prom
         else:
             target = {"before-manifest": (podium.serving.layout, "seal_version"),
                       "before-pointer": (podium.serving.layout, "switch_current"),
-                      "before-alias": (podium.tasks.carry_out, "register_champion")}[die_at]
+                      "before-alias": (podium.tracking.ledger, "promote_version")}[die_at]
             m.setattr(*target, lambda *a, **k: (_ for _ in ()).throw(Died()))
         with pytest.raises(Died):
             promote_best_checkpoint(plan, tracking)

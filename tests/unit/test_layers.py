@@ -361,6 +361,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.tracking.client": {"mlflow": MLFLOW,
                                "podium.settings": "pydantic-settings (0.13 s) only when no tracking URI is given"},
     "podium.tracking.datasets": {"mlflow": MLFLOW},
+    "podium.tracking.ledger": {"mlflow": MLFLOW},
     "podium.tracking.models": {"mlflow": MLFLOW},
     "podium.tracking.records": {"mlflow": MLFLOW},
     "podium.tracking.registry": {"mlflow": MLFLOW},

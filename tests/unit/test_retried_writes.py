@@ -13,8 +13,9 @@ from mlflow.exceptions import MlflowException
 
 from podium.core.records import CheckpointRecord
 from podium.tracking.client import TAG_SERVED_URI
+from podium.tracking.ledger import await_decision, promote_version
 from podium.tracking.records import list_as_output
-from podium.tracking.registry import TAG_VERSION_UID, register_champion
+from podium.tracking.registry import TAG_VERSION_UID
 from podium.tracking.runs import open_tracking_run
 
 
@@ -45,14 +46,14 @@ def test_a_version_created_twice_for_one_serving_version_is_registered_once(tr):
     # the first delivery of the create, which the client never heard back from
     first = client.create_model_version("podium", source="/elsewhere", run_id=tr.run_id,
                                         tags={TAG_SERVED_URI: served, TAG_VERSION_UID: "a1"})
-    version = register_champion(tr, record, served, "podium", "champion", tags={}, version_uid="a1")
+    version = promote_version(tr, record, served, "podium", "champion", tags={}, version_uid="a1")
     assert version == str(first.version)
     versions = client.search_model_versions("name = 'podium'")
     assert [v.version for v in versions] == [first.version], "the second delivery's version is deleted"
     assert client.get_model_version_by_alias("podium", "champion").version == first.version
     # another serving version is another registered version (numbers are not reused: the deleted 2 stays unused)
-    second = register_champion(tr, record, served.replace("v000001", "v000002"), "podium", "champion", tags={},
-                               version_uid="b2")
+    second = promote_version(tr, record, served.replace("v000001", "v000002"), "podium", "champion", tags={},
+                             version_uid="b2")
     assert second == "3" and [v.version for v in client.search_model_versions("name = 'podium'")] == [3, 1]
 
 
@@ -65,9 +66,8 @@ def test_a_served_copy_at_the_path_of_another_is_never_taken_for_it(tr):
     model = client.create_logged_model(tr.experiment_id, source_run_id=tr.run_id)
     record = CheckpointRecord(step=3, uri="/ckpt/3", status="validated", metrics={}, model_id=model.model_id)
     served = "/srv/podium/versions/v000003/model"
-    rejected = register_champion(tr, record, served, "podium", "challenger", tags={}, version_uid="old",
-                                 promoted=False)
-    approved = register_champion(tr, record, served, "podium", "champion", tags={}, version_uid="new")
+    rejected = await_decision(tr, record, served, "podium", "challenger", tags={}, version_uid="old")
+    approved = promote_version(tr, record, served, "podium", "champion", tags={}, version_uid="new")
     assert approved != rejected
     assert str(client.get_model_version_by_alias("podium", "champion").version) == approved
     assert registered_version_for(tr.tracking_uri, "podium", "new", served) == approved
