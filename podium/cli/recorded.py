@@ -26,11 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from podium.cli.errors import ServerUnreachable
+from podium.cli.errors import Refused, ServerUnreachable
 from podium.cli.options import OPTIONS, flag_overrides
 from podium.config import PipelineConfig, field_default, load_config, load_config_file, merge
 from podium.core.redaction import HIDDEN, SECRET_KEY
-from podium.errors import ConfigError, TrackingUnavailable
+from podium.errors import ConfigError, ServiceError, TrackingUnavailable
 from podium.settings import PodiumSettings
 from podium.tracking.client import apply_http_retry_defaults, store_exists
 from podium.tracking.runs import find_tracking_run, latest_run_name, recorded_params
@@ -301,6 +301,12 @@ def promote_settings(args: argparse.Namespace, config: PipelineConfig, settings:
     recorded: dict[str, str] | None = None
     if store_exists(tracking_uri):  # MLflow's client would create an empty store: nothing has run here
         apply_http_retry_defaults()  # before the first MLflow request
+        from podium.services import check_mlflow  # local: the command's first MLflow request loads it, no sooner
+
+        try:  # a server that does not answer as the command starts is a refusal (exit 2), as for `podium run`
+            check_mlflow(tracking_uri)
+        except ServiceError as exc:
+            raise Refused(str(exc)) from None
         try:
             if "run_name" not in config.model_fields_set:
                 latest = latest_run_name(tracking_uri, config.experiment)

@@ -196,7 +196,10 @@ def test_a_champion_that_cannot_be_scored_any_more_is_the_configured_decision(ra
     save_checkpoint(old, build_model(spec), None, CheckpointMeta(model=spec, epoch=1, step=1, metrics={}, config={},
                                                                  feature_columns=FEATURES, label_column="label"))
     base = {"storage": storage, "serving": serving, "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes",
-                                                                  "rescore": rescore},
+                                                                  "rescore": rescore,
+                                                                  # weights.json is served as files: this test is
+                                                                  # about the re-score, not the loadable gate
+                                                                  "allow_files": True},
             "validation": {"fn": "podium_nightly_code:validate_fn", "retries": 0}}
     first = RunPlan(config=PipelineConfig.model_validate(base), storage=storage, serving=serving, train_loop="x:y",
                     loop_config={}, validate_kwargs={})

@@ -114,7 +114,7 @@ def test_every_checkpoint_validated_recorded_once_and_the_best_promoted(e2e, dat
     client = MlflowClient(locations["tracking_uri"], registry_uri=locations["tracking_uri"])
     mv = client.get_model_version("podium", promoted.mlflow_version)
     assert mv.run_id == summary.tracking.run_id
-    assert mv.tags["podium.served_uri"] == promoted.uri and mv.source.endswith(f"{best.model_id}/artifacts")
+    assert mv.tags["podium.served_uri"] == promoted.uri and f"{best.model_id}/artifacts/served/{promoted.version}-" in mv.source
     champion = client.get_model_version_by_alias("podium", "champion")
     assert champion.tags["podium.served_uri"] == read_current(locations["serving"]).uri
 

@@ -160,7 +160,8 @@ def test_full_run_with_storage_data_and_serving_on_s3(s3, ray_with_s3, pipeline,
     # and the served copy by its tag; the run's artifacts went to the bucket too
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     champion = client.get_model_version_by_alias("podium", "champion")
-    assert champion.source.startswith(f"s3://{BUCKET}/mlflow/") and champion.source.endswith(f"{best.model_id}/artifacts")
+    assert champion.source.startswith(f"s3://{BUCKET}/mlflow/")
+    assert f"{best.model_id}/artifacts/served/v000001-" in champion.source  # this promotion's own build
     assert champion.tags["podium.served_uri"] == promoted.uri
     run_id = summary.tracking.run_id
     assert any(k.endswith(f"{run_id}/artifacts/podium/promotion_report.md") for k in s3.keys(BUCKET, "mlflow/"))

@@ -52,7 +52,7 @@ settings = PodiumSettings()
 config = config_from_args(args, settings)
 clock = commands.StartupClock()
 commands._library_variables()
-plan = commands._plan(config, settings, clock)  # first, as `podium run` does: nothing has started yet
+plan = commands._plan(config, settings, clock, [])  # first, as `podium run` does: nothing has started yet
 commands._quiet_libraries(settings.home_dir / "logs" / "podium.log")
 servers = commands._start_servers(config, settings, "run")
 commands._prepare(config, settings, clock, servers)
