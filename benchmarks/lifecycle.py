@@ -1070,9 +1070,15 @@ def check_outcome_matches(ctx: Checking) -> list[str]:
         if c.note == AFTER_SWITCH and not str(doc.get("late_stop") or "").startswith("SIGINT after the switch"):
             out.append(f"{what}: its JSON does not say the SIGINT came after the switch (late_stop "
                        f"{doc.get('late_stop')!r})")
-        if ctx.step.op.kind == "promote-other-settings":  # --always-promote: promoted, unless it is the champion
+        if ctx.step.op.kind == "promote-other-settings":  # --always-promote: promoted by the run's own metric, unless
+            # it is the champion, or its one checkpoint was withdrawn (a rollback of another sequence: the pool's runs
+            # are shared, and a checkpoint rolled back from serving is not promoted again)
             metric, reason = (promoted or {}).get("metric"), str(doc.get("promotion_reason"))
-            if promoted and metric != "accuracy" or not promoted and "already the champion" not in reason:
+            used = ((doc.get("settings") or {}).get("used") or {}).get("promotion.metric")
+            if used != "accuracy":
+                out.append(f"{what}: decided with promotion.metric = {used!r}, not the run's own accuracy")
+            if promoted and metric != "accuracy" or not promoted and not any(
+                    why in reason for why in ("already the champion", "is withdrawn")):
                 out.append(f"{what}: not promoted by the run's own metric accuracy ({metric or 'nothing promoted'}: "
                            f"{reason[:200]})")
     return out
