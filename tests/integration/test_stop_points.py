@@ -131,6 +131,17 @@ def _registry(world, case: str) -> tuple[dict[str, str], dict[str, dict[str, str
     return aliases, {v.version: dict(v.tags or {}) for v in client.search_model_versions(f"name = '{name}'")}
 
 
+def assert_challenger_withdrawn(world, case: str, champion: str) -> None:
+    """The candidate v000002, registered under the challenger alias, was withdrawn before the switch: a tombstone, its
+    registered version tagged withdrawn, and the champion still serving everywhere (`assert_serving_agrees`)."""
+    root, _ = world
+    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
+    _, tags = _registry(world, case)
+    assert [t["podium.approval"] for t in tags.values() if t.get("podium.serving_version") == "v000002"] == \
+        ["withdrawn"], tags
+    assert_serving_agrees(world, case, champion)
+
+
 def assert_serving_agrees(world, case: str, current: str) -> None:
     """CURRENT names `current`, a complete version; every other version folder is complete or a tombstone, none
     staged; @champion is the registered version of CURRENT's identity, no challenger alias and nothing pending
@@ -215,11 +226,7 @@ def test_a_stop_while_the_candidate_awaits_approval_withdraws_it(world):
     out, err = _ended(proc, 130)
     assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGINT)" in err, err[-3000:]
     assert _flow_run_state("strong") == "Cancelled"
-    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
-    _, tags = _registry(world, case)
-    assert [t["podium.approval"] for t in tags.values() if t.get("podium.serving_version") == "v000002"] == \
-        ["withdrawn"], tags
-    assert_serving_agrees(world, case, champion)
+    assert_challenger_withdrawn(world, case, champion)
 
 
 def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_candidate(world):
@@ -233,11 +240,7 @@ def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_
     os.killpg(proc.pid, signal.SIGINT)
     out, err = _ended(proc, 130)
     assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGINT)" in err, err[-3000:]
-    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
-    _, tags = _registry(world, case)
-    assert [t["podium.approval"] for t in tags.values() if t.get("podium.serving_version") == "v000002"] == \
-        ["withdrawn"], tags
-    assert_serving_agrees(world, case, champion)
+    assert_challenger_withdrawn(world, case, champion)
 
 
 def test_a_stop_during_the_shadow_withdraws_the_candidate_and_the_champion_stays(world):
