@@ -31,6 +31,7 @@ from podium.cli.options import OPTIONS, flag_overrides
 from podium.config import PipelineConfig, field_default, load_config, load_config_file, merge
 from podium.core.redaction import HIDDEN, SECRET_KEY
 from podium.errors import ConfigError, ServiceError, TrackingUnavailable
+from podium.services import check_mlflow
 from podium.settings import PodiumSettings
 from podium.tracking.client import apply_http_retry_defaults, store_exists
 from podium.tracking.runs import find_tracking_run, latest_run_name, recorded_params
@@ -301,8 +302,6 @@ def promote_settings(args: argparse.Namespace, config: PipelineConfig, settings:
     recorded: dict[str, str] | None = None
     if store_exists(tracking_uri):  # MLflow's client would create an empty store: nothing has run here
         apply_http_retry_defaults()  # before the first MLflow request
-        from podium.services import check_mlflow  # local: the command's first MLflow request loads it, no sooner
-
         try:  # a server that does not answer as the command starts is a refusal (exit 2), as for `podium run`
             check_mlflow(tracking_uri)
         except ServiceError as exc:
