@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
@@ -102,28 +103,89 @@ def exit_code(signum: int) -> int:
 
 
 _BEFORE_RUN: list[int] = []  # signals taken by the handler of `stop_before_the_run`, in this process
+START_UP_STOP_S = 30.0  # how long a command may take to end after a start-up signal before it ends at once
+
+
+class _Watchdog:
+    """After a start-up signal, ends the command at once if it has not ended within `after_s` (and its run's own
+    handler did not take the signal over): the signal's exception can land inside library code that swallows it and
+    then waits forever (a lock the interrupted code held), or the exit handlers can hang on a half-started library.
+    `on_stuck` runs first, bounded (a server still starting is stopped); then the command's one line, the threads'
+    stacks to the log, and the signal's exit code."""
+
+    def __init__(self, on_stuck: Callable[[], object] | None = None, after_s: float = START_UP_STOP_S) -> None:
+        self.on_stuck = on_stuck
+        self.after_s = after_s
+        self.armed: threading.Thread | None = None
+        self.stand_down = threading.Event()
+
+    def arm(self, signum: int) -> None:
+        if self.armed is None:
+            self.armed = threading.Thread(target=self._end_if_stuck, args=(signum,), name="podium-stop-watchdog",
+                                          daemon=True)
+            self.armed.start()
+
+    def _end_if_stuck(self, signum: int) -> None:
+        if self.stand_down.wait(self.after_s):
+            return
+        if self.on_stuck is not None:
+            cleanup = threading.Thread(target=self.on_stuck, name="podium-stop-cleanup", daemon=True)
+            cleanup.start()
+            cleanup.join(10.0)
+        name = signal.Signals(signum).name
+        os.write(2, f"podium: stopped by {name} (the command had not ended {self.after_s:.0f} s after the signal: "
+                    "it ended at once; nothing was promoted)\n".encode())
+        stacks = threading.Thread(target=_log_stacks, args=(name,), name="podium-stop-stacks", daemon=True)
+        stacks.start()
+        stacks.join(2.0)  # logging may be what the command is stuck on
+        os._exit(exit_code(signum))
+
+
+def _log_stacks(name: str) -> None:
+    if not logger.hasHandlers():  # Python's last resort would print them on the terminal, after the command's line
+        return
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if frame is not None:
+            logger.warning("stuck after %s: thread %s at\n%s", name, thread.name,
+                           "".join(traceback.format_stack(frame)))
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _before_the_run(signum: int, frame: FrameType | None) -> None:
     _BEFORE_RUN.append(signum)
+    _WATCHDOG.arm(signum)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     sys.exit(exit_code(signum))  # the exit a shell reports for a signal, after the exit handlers and `finally`s ran
 
 
-def stop_before_the_run() -> None:
+def stop_before_the_run(on_stuck: Callable[[], object] | None = None, stuck_after_s: float = START_UP_STOP_S) -> None:
     """The handler of a command's start-up, before its run's own (`stop_on_signals`): SIGINT raises KeyboardInterrupt
     and SIGTERM SystemExit(143), so that the command's `finally`s run (a server still starting is stopped) and it
     exits 128 + the signal. Each signal is also kept, because the exception can be swallowed where it lands (Python
     ignores one raised in a `__del__` or a weakref callback; some code catches everything): the command then stops
     before its run starts (`stop_if_signalled`), or its run as soon as the run's own handler is installed, instead of
-    going on as if nothing had been asked."""
+    going on as if nothing had been asked. A command that still has not ended `stuck_after_s` after the signal
+    (swallowed where it landed, then blocked) ends at once, after `on_stuck` (_Watchdog)."""
+    global _WATCHDOG
     _BEFORE_RUN.clear()
+    stand_down()
+    _WATCHDOG = _Watchdog(on_stuck, stuck_after_s)
     for sig in SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # a signal ignored by whoever started the command stays so
             signal.signal(sig, _before_the_run)
     if not isinstance(sys.unraisablehook, _QuietOnKeptSignals):
         sys.unraisablehook = _QuietOnKeptSignals(sys.unraisablehook)
+
+
+def stand_down() -> None:
+    """The start-up signal's watchdog (`stop_before_the_run`) ends nothing from now on: the command ended, in a
+    process that goes on (a call of `podium.cli.main` from Python)."""
+    _WATCHDOG.stand_down.set()
 
 
 class _QuietOnKeptSignals:
@@ -137,6 +199,11 @@ class _QuietOnKeptSignals:
         if _BEFORE_RUN and isinstance(unraisable.exc_value, KeyboardInterrupt | SystemExit):
             return
         self.previous(unraisable)
+
+
+def start_up_signal() -> int | None:
+    """The signal `stop_before_the_run`'s handler took, not yet handed to a run (`stop_on_signals`); None if none."""
+    return _BEFORE_RUN[0] if _BEFORE_RUN else None
 
 
 def stop_if_signalled() -> None:
@@ -183,6 +250,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     for sig in SIGNALS:
         signal.signal(sig, handler)
+    stand_down()  # the run's handler has the signal now: its clean stop may take long (STOP_GRACE_S)
     if _BEFORE_RUN:  # taken as the run started, before this handler, and swallowed where it landed
         handler(_BEFORE_RUN[0], None)
         _BEFORE_RUN.clear()

@@ -160,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podium: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
+        from podium.flows.stop import start_up_signal
+
+        signum = start_up_signal()
+        if signum is not None:  # a start-up signal's exception, wrapped where it landed (a class body's __set_name__)
+            print(f"podium: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}", file=sys.stderr)
+            return 128 + signum
         failure = known_failure(exc)  # a failure podium knows, met where its command did not map it (in a flow)
         if failure is None:
             raise
@@ -180,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         from podium.services import abandon_starts
 
         abandon_starts()
+        if argv is not None:  # a call from Python: the process goes on, and a start-up signal's watchdog with it
+            from podium.flows.stop import stand_down
+
+            stand_down()
         # the output is written: spare the exit a last garbage collection over every loaded library
         # (measured at seconds with torch, ray, prefect and mlflow loaded)
         gc.freeze()

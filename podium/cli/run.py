@@ -284,9 +284,10 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     # Ctrl-C or a scheduler's SIGTERM before the run's own handler ends the command as an exception, not at once: a
     # server still starting in the background is stopped on the way out (main: abandon_starts)
+    from podium import services
     from podium.flows.stop import stop_before_the_run  # standard library only
 
-    stop_before_the_run()
+    stop_before_the_run(on_stuck=services.abandon_starts)
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -279,6 +280,7 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
         stop.stop_before_the_run()
         finalizer = Finalizer()
         del finalizer  # swallowed: the command went on
+        assert stop.start_up_signal() == signum  # main() reads it where the exception came back wrapped
         with pytest.raises(raised) as exc_info:
             stop.stop_if_signalled()
         if raised is SystemExit:
@@ -295,6 +297,40 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
         sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+STUCK_COMMAND = """
+import os, signal, sys, threading
+from podium.flows import stop
+marker = sys.argv[1]
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts a command (pytest's may differ)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+stop.stop_before_the_run(on_stuck=lambda: open(marker, "w").write("stopped"), stuck_after_s=1.0)
+try:  # swallowed where it landed, as library code that catches everything does
+    os.kill(os.getpid(), int(sys.argv[2]))
+    threading.Event().wait(0.5)
+except BaseException:
+    pass
+threading.Event().wait()  # then blocked, as on a lock the interrupted code held
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_command_stuck_after_a_start_up_signal_ends_at_once_with_the_signal_s_exit(tmp_path, signum):
+    """A start-up signal whose exception a library swallowed, after which the command blocks (it never reaches its
+    run, where the kept signal would stop it: seen once in CI, a `podium run` that went on for minutes after Ctrl-C
+    while its servers started): the watchdog stops what was still starting, says one line and exits 128 + the
+    signal, in a process of its own (it ends that process)."""
+    marker = tmp_path / "on-stuck"
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", STUCK_COMMAND, str(marker), str(int(signum))], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 128 + signum, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"podium: stopped by {signal.Signals(signum).name}"), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert marker.read_text() == "stopped"
+    assert time.monotonic() - began < 30
 
 
 def test_a_run_that_ended_hands_its_result_back_inside_the_error_that_followed_it():
