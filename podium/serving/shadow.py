@@ -48,8 +48,7 @@ def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champio
                  mark: dict[str, Any], **more: Any) -> None:
     """Put a staged candidate in shadow (`mark`: who runs the shadow, as a staged version's mark); refused while
     another is (`check_no_shadow`)."""
-    if not _NAME.match(shadow_id):
-        raise ServingError(f"shadow id {shadow_id!r}: expected letters, digits, '.', '_' and '-'")
+    safe_name(shadow_id, "shadow id")
     check_no_shadow(serving, shadow_id)
     write_json(join(normalize_location(serving), SHADOW_POINTER),
                {"shadow_id": shadow_id, "version": version.version, "manifest": version.manifest,
@@ -83,14 +82,18 @@ def candidate_of(serving: str, pointer: dict[str, Any]) -> PromotedVersion:
 
 def write_tally(serving: str, tally: Tally) -> None:
     """A replica's tally of a shadow, rewritten whole (atomically) every poll."""
-    if not _NAME.match(tally.shadow_id) or not _NAME.match(tally.replica):
-        raise ServingError(f"tally {tally.shadow_id!r}/{tally.replica!r}: expected letters, digits, '.', '_', '-'")
+    safe_name(tally.shadow_id, "shadow id")
+    safe_name(tally.replica, "replica")
     write_json(join(normalize_location(serving), TALLIES, tally.shadow_id, f"{tally.replica}.json"), tally.as_dict())
 
 
 def read_tallies(serving: str, shadow_id: str) -> list[Tally]:
     """Every replica's tally of a shadow (none yet: an empty list)."""
-    folder = join(normalize_location(serving), TALLIES, shadow_id)
+    return [Tally.from_dict(doc) for doc in list_documents(join(normalize_location(serving), TALLIES, shadow_id))]
+
+
+def list_documents(folder: str) -> list[dict[str, Any]]:
+    """The JSON documents of a folder of tallies (one per replica), by name; none if it does not exist."""
     fs, root = fsspec_filesystem(folder)
     try:
         names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
@@ -98,4 +101,11 @@ def read_tallies(serving: str, shadow_id: str) -> list[Tally]:
         return []
     docs = (read_json(join(folder, name), ServingError) for name in names
             if name.endswith(".json") and not name.startswith("."))
-    return [Tally.from_dict(doc) for doc in docs if doc]
+    return [doc for doc in docs if doc]
+
+
+def safe_name(name: str, what: str) -> str:
+    """`name` if it is safe as a file name at the location (a shadow's or watch's id, a replica); else raise."""
+    if not _NAME.match(name):
+        raise ServingError(f"{what} {name!r}: expected letters, digits, '.', '_' and '-'")
+    return name
