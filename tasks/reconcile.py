@@ -190,6 +190,10 @@ def disagreements(serving: str, tracking_uri: str, name: str, alias: str) -> lis
     if shadow is not None and is_alive(dict(shadow.get("by") or {})) is False:
         out.append(f"{serving}/SHADOW names {shadow.get('version')}, put in shadow by a command that is gone; the next "
                    "promote or rollback removes it")
+    watch = read_watch(serving)
+    if watch is not None and is_alive(dict(watch.get("by") or {})) is False:
+        out.append(f"{serving}/WATCH names {watch.get('version')}, watched by a command that is gone; the next promote "
+                   "or rollback settles its watch")
     if stale:
         out.append(f"{', '.join(stale)} staged by a command that is gone; the next promote or rollback withdraws it")
     return out

@@ -33,6 +33,10 @@ the champion's answer is made: the client waits for the champion only. That thre
 its answer with the champion's and adds both latencies to the replica's tally (podium.core.shadow.Tally), which
 the follower writes under the serving location every poll. Mirrored requests wait in a short queue; beyond it
 they are not mirrored (the shadow samples, the champion never waits).
+
+Watching a new champion (`[promotion.watch]`, podium.serving.watch): while the location's WATCH pointer names one,
+the follower writes this replica's counts of it and of the champion it replaced (from the same per-version counts
+as /version's) under the serving location every poll, when they changed; the promotion that watches reads them.
 """
 
 from __future__ import annotations
