@@ -32,7 +32,7 @@ from typing import Any
 
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
-from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate, decide_watch
+from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate_watch, decide_watch
 from podium.errors import AliasTaken, HistoryError, ServingError
 from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
@@ -302,7 +302,7 @@ def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) 
     pointer = read_watch(serving)
     if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
         return None
-    numbers = aggregate(read_watch_tallies(serving, str(pointer.get("watch_id"))))
+    numbers = aggregate_watch(read_watch_tallies(serving, str(pointer.get("watch_id"))))
     verdict = decide_watch(numbers, watch_limits(pointer), over=True)
     cut = "its promoter ended during its watch, settled by the next command: "
     verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)

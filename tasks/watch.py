@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchVerdict, aggregate, decide_watch
+from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchVerdict, aggregate_watch, decide_watch
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.staged import this_process
@@ -32,7 +32,7 @@ from podium.tasks.promote import origin, promotion_lock
 from podium.tasks.reconcile import settle_watch, watch_limits
 from podium.tracking.client import TrackingRun
 
-TALLY_POLL_S = 1.0  # how often the tallies are read (the replicas write theirs at their own poll_s)
+WATCH_POLL_S = 1.0  # how often the tallies are read (the replicas write theirs at their own poll_s)
 
 
 def is_watched(plan: RunPlan, outcome: PromotionOutcome) -> bool:
@@ -44,7 +44,7 @@ def is_watched(plan: RunPlan, outcome: PromotionOutcome) -> bool:
 
 def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
                    stop_requested: Callable[[], bool] = lambda: False,
-                   poll_s: float = TALLY_POLL_S) -> PromotionOutcome:
+                   poll_s: float = WATCH_POLL_S) -> PromotionOutcome:
     """Watch the champion `outcome` made current for `promotion.watch.duration_s`; roll it back as soon as a limit
     breaks. The outcome's `watch` holds the verdict and its numbers, its reason what became of the promotion."""
     w, p = plan.config.promotion.watch, plan.config.promotion
@@ -65,7 +65,7 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     verdict = WatchVerdict(WATCHING, "watched: no live request answered yet", WatchNumbers())
     stopped = False
     while True:
-        numbers = aggregate(read_watch_tallies(plan.serving, watch_id))
+        numbers = aggregate_watch(read_watch_tallies(plan.serving, watch_id))
         verdict = decide_watch(numbers, watch_limits(pointer), over=time.monotonic() >= deadline)
         if verdict.state != WATCHING:
             break

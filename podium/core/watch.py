@@ -2,7 +2,7 @@
 it current, and whether it stays. Pure, no I/O.
 
 Each replica of `podium serve` counts the requests every version answered (podium.core.traffic), and while a watch
-runs it writes its counts of the new champion and of the previous one (`WatchTally`). `aggregate` sums the replicas'
+runs it writes its counts of the new champion and of the previous one (`WatchTally`). `aggregate_watch` sums the replicas'
 counts into `WatchNumbers`; `decide_watch` compares the new champion with the previous one against the limits
 (`WatchLimits`, from `promotion.watch`) and says, in words, whether it broke one, passed, or is still watched.
 """
@@ -114,7 +114,7 @@ class WatchNumbers:
                 "latency_p95_ratio": self.latency_p95_ratio}
 
 
-def aggregate(tallies: Iterable[WatchTally]) -> WatchNumbers:
+def aggregate_watch(tallies: Iterable[WatchTally]) -> WatchNumbers:
     """The replicas' tallies summed."""
     tallies = list(tallies)
     new, old = traffic_of(t.champion_counts for t in tallies), traffic_of(t.previous_counts for t in tallies)
@@ -142,7 +142,7 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def describe(n: WatchNumbers) -> str:
+def describe_watch(n: WatchNumbers) -> str:
     """The numbers in one phrase: `120 request(s), error rate 0.0 % (the previous champion's 0.0 %), latency p95
     4.1 ms vs 3.9 ms (x1.05)`."""
     if not n.requests:
@@ -174,11 +174,11 @@ def decide_watch(numbers: WatchNumbers, limits: WatchLimits, over: bool) -> Watc
             failed.append(f"latency p95 x{ratio:.2f} the previous champion's, above max_latency_p95_ratio "
                           f"{limits.max_latency_p95_ratio:g}")
     if failed:
-        return WatchVerdict(BROKE, f"rolled back by its watch: {'; '.join(failed)} ({describe(numbers)})", numbers,
+        return WatchVerdict(BROKE, f"rolled back by its watch: {'; '.join(failed)} ({describe_watch(numbers)})", numbers,
                             tuple(failed))
     if not over:
-        return WatchVerdict(WATCHING, f"watched: {describe(numbers)}", numbers)
+        return WatchVerdict(WATCHING, f"watched: {describe_watch(numbers)}", numbers)
     if numbers.requests < limits.min_requests:
-        return WatchVerdict(PASSED, f"final after its watch: {describe(numbers)}, fewer than min_requests "
+        return WatchVerdict(PASSED, f"final after its watch: {describe_watch(numbers)}, fewer than min_requests "
                                     f"{limits.min_requests}: no limit judged", numbers)
-    return WatchVerdict(PASSED, f"final after its watch: {describe(numbers)}", numbers)
+    return WatchVerdict(PASSED, f"final after its watch: {describe_watch(numbers)}", numbers)

@@ -17,12 +17,12 @@ from typing import Any
 
 from podium.core.watch import WatchTally
 from podium.errors import ServingError
-from podium.serving.shadow import list_documents, safe_name
+from podium.serving.shadow import read_replica_tallies, remove_pointer, safe_name, write_replica_tally
 from podium.storage.documents import read_json, write_json
-from podium.storage.locations import fsspec_filesystem, join, normalize_location
+from podium.storage.locations import join, normalize_location
 
 WATCH_POINTER = "WATCH"
-TALLIES = "watch"
+WATCH_TALLIES = "watch"
 
 
 def read_watch(serving: str) -> dict[str, Any] | None:
@@ -44,24 +44,14 @@ def start_watch(serving: str, watch_id: str, version: str, previous: str, durati
 
 def end_watch(serving: str, watch_id: str) -> bool:
     """Remove the WATCH pointer if it names `watch_id`; whether it did. The tallies stay, as the evidence."""
-    pointer = read_watch(serving)
-    if pointer is None or pointer.get("watch_id") != watch_id:
-        return False
-    fs, path = fsspec_filesystem(join(normalize_location(serving), WATCH_POINTER))
-    try:
-        fs.rm(path)
-    except FileNotFoundError:
-        return False
-    return True
+    return remove_pointer(serving, WATCH_POINTER, "watch_id", watch_id)
 
 
 def write_watch_tally(serving: str, tally: WatchTally) -> None:
     """A replica's tally of a watch, rewritten whole (atomically) every poll."""
-    safe_name(tally.watch_id, "watch id")
-    safe_name(tally.replica, "replica")
-    write_json(join(normalize_location(serving), TALLIES, tally.watch_id, f"{tally.replica}.json"), tally.as_dict())
+    write_replica_tally(serving, WATCH_TALLIES, tally.watch_id, tally.replica, tally.as_dict())
 
 
 def read_watch_tallies(serving: str, watch_id: str) -> list[WatchTally]:
     """Every replica's tally of a watch (none yet: an empty list)."""
-    return [WatchTally.from_dict(doc) for doc in list_documents(join(normalize_location(serving), TALLIES, watch_id))]
+    return [WatchTally.from_dict(doc) for doc in read_replica_tallies(serving, WATCH_TALLIES, watch_id)]

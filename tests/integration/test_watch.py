@@ -10,6 +10,7 @@ of the test are the clients. No training: the runs' checkpoints are made and val
   good       better still, answers like a champion: final after its watch
   failing2   better still, failing as `failing`: its promoter is killed (SIGKILL) during its watch; the replicas go on
              counting its errors, and the next command rolls it back
+  best       better still, with a shadow rollout too: it passes its shadow, then its watch, and is final
 After each of them, CURRENT, `podium serve`, the `@champion` alias and the history name one champion.
 """
 
@@ -37,12 +38,13 @@ MODEL = "watch-model"
 RUNS = {"champion": ({"angle_deg": 40.0}, "load_linear"),
         "failing": ({"angle_deg": 20.0, "fail_below": -8.0}, "load_failing"),
         "good": ({"angle_deg": 10.0}, "load_linear"),
-        "failing2": ({"angle_deg": 5.0, "fail_below": -8.0}, "load_failing")}
+        "failing2": ({"angle_deg": 5.0, "fail_below": -8.0}, "load_failing"),
+        "best": ({"angle_deg": 2.5}, "load_linear")}
 WATCH = {"duration_s": 90, "min_requests": 10, "max_error_rate_increase": 0.0,
          "max_latency_p95_ratio": 1000.0}  # no latency limit to speak of: no test asserts a timing
 
 
-def _config(root: Path, run: str, **watch: float) -> Path:
+def _config(root: Path, run: str, shadowed: bool = False, **watch: float) -> Path:
     loop, loader = RUNS[run]
     config = {"run_name": run, "model": MODEL, "storage": str(root / "storage"), "serving": str(root / "serving"),
               "data": {"train": str(root / "train.parquet"), "val": str(root / "val.parquet"),
@@ -52,7 +54,10 @@ def _config(root: Path, run: str, **watch: float) -> Path:
               "scaling": {"num_workers": 1}, "validation": {"fn": "podium_nightly_code:validate_fn"},
               "promotion": {"metric": "accuracy", "mode": "max", "verify": "hashes",
                             "model_loader": f"podium_nightly_code:{loader}", "watch": {**WATCH, **watch}}}
-    path = root / f"{run}-{len(watch)}.json"
+    if shadowed:
+        config["promotion"].update(rollout="shadow", shadow={"requests": 8, "duration_s": 60, "min_agreement": 0.5,
+                                                             "max_latency_p95_ratio": 1000.0})
+    path = root / f"{run}-{len(watch)}-{shadowed}.json"
     path.write_text(json.dumps(config))
     return path
 
@@ -252,3 +257,18 @@ def test_a_promoter_killed_during_its_watch_is_settled_by_the_next_command(world
     assert tags["podium.watch"] == "rolled-back" and "settled by the next command" in tags["podium.watch.reason"]
     outcome = json.loads(after.stdout.strip().splitlines()[-1])
     assert outcome["promoted"] is None, outcome  # its checkpoint was withdrawn by the rollback
+
+
+def test_a_candidate_that_passed_its_shadow_is_watched_after_its_switch(world, server):
+    root, env = world
+    before = _one_champion(root, env, server)
+    with Clients(server) as live:
+        out = json.loads(podium(["promote", "--json", "--config", str(_config(root, "best", True, duration_s=5))],
+                                env).stdout)
+    new = out["promoted"]["version"]
+    assert out["shadow"]["passed"] and out["watch"]["state"] == "passed", out
+    reason = out["promotion_reason"]
+    assert reason.index("passed its shadow") < reason.index("final after its watch"), reason
+    assert not live.failed(before) and not live.failed(new)
+    assert _one_champion(root, env, server) == new
+    assert _registered(env, new)[1]["podium.watch"] == "passed"

@@ -6,7 +6,7 @@ import pytest
 
 from podium.config import ConfigError, WatchConfig, build_config
 from podium.core.traffic import Traffic
-from podium.core.watch import BROKE, PASSED, WATCHING, WatchLimits, WatchTally, aggregate, counts_of, decide_watch
+from podium.core.watch import BROKE, PASSED, WATCHING, WatchLimits, WatchTally, aggregate_watch, counts_of, decide_watch
 
 
 def _tally(replica: str, new: list[tuple[float, int]], old: list[tuple[float, int]]) -> WatchTally:
@@ -20,7 +20,7 @@ def _tally(replica: str, new: list[tuple[float, int]], old: list[tuple[float, in
 
 
 def test_the_replicas_watch_tallies_add_up_requests_errors_and_latency():
-    numbers = aggregate([_tally("a", [(3.0, 200)] * 10, [(3.0, 200)] * 30),
+    numbers = aggregate_watch([_tally("a", [(3.0, 200)] * 10, [(3.0, 200)] * 30),
                          _tally("b", [(3.0, 200)] * 8 + [(3.0, 500)] * 2, [(3.0, 400)])])
     assert (numbers.requests, numbers.errors, numbers.previous_requests, numbers.previous_errors) == (20, 2, 31, 1)
     assert numbers.replicas == 2 and numbers.latency_p95_ratio == pytest.approx(1.0)
@@ -29,30 +29,30 @@ def test_the_replicas_watch_tallies_add_up_requests_errors_and_latency():
 
 def test_a_watch_breaks_on_an_error_rate_above_the_previous_champions_once_it_has_its_requests():
     limits = WatchLimits(max_error_rate_increase=0.05, max_latency_p95_ratio=10.0, min_requests=20)
-    few = aggregate([_tally("a", [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
+    few = aggregate_watch([_tally("a", [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
     assert decide_watch(few, limits, over=False).state == WATCHING  # 5 requests: not judged yet
-    many = aggregate([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
+    many = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
     verdict = decide_watch(many, limits, over=False)
     assert verdict.state == BROKE and "error rate 25.0 % (5 of 20)" in verdict.reason, verdict.reason
     assert verdict.reason.startswith("rolled back by its watch")
     # the previous champion failed as often: no regression
-    same = aggregate([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 30 + [(3.0, 500)] * 10)])
+    same = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 30 + [(3.0, 500)] * 10)])
     assert decide_watch(same, limits, over=False).state == WATCHING
 
 
 def test_a_watch_breaks_on_latency_and_passes_at_its_end_otherwise():
     limits = WatchLimits(max_error_rate_increase=0.0, max_latency_p95_ratio=2.0, min_requests=10)
-    slow = aggregate([_tally("a", [(90.0, 200)] * 20, [(3.0, 200)] * 20)])
+    slow = aggregate_watch([_tally("a", [(90.0, 200)] * 20, [(3.0, 200)] * 20)])
     verdict = decide_watch(slow, limits, over=False)
     assert verdict.state == BROKE and "latency p95" in verdict.reason
-    good = aggregate([_tally("a", [(3.0, 200)] * 20, [(3.0, 200)] * 20)])
+    good = aggregate_watch([_tally("a", [(3.0, 200)] * 20, [(3.0, 200)] * 20)])
     assert decide_watch(good, limits, over=False).state == WATCHING
     passed = decide_watch(good, limits, over=True)
     assert passed.state == PASSED and passed.reason.startswith("final after its watch"), passed.reason
-    quiet = decide_watch(aggregate([]), limits, over=True)
+    quiet = decide_watch(aggregate_watch([]), limits, over=True)
     assert quiet.state == PASSED and "fewer than min_requests" in quiet.reason
     # replicas that never counted the previous champion: its latency is not judged
-    alone = aggregate([_tally("a", [(900.0, 200)] * 20, [])])
+    alone = aggregate_watch([_tally("a", [(900.0, 200)] * 20, [])])
     assert alone.latency_p95_ratio is None and decide_watch(alone, limits, over=True).state == PASSED
 
 
