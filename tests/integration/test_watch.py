@@ -29,6 +29,7 @@ import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
 from helpers.live import Answer, call, serving
+from helpers.prefect_queries import flow_run_state
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
@@ -198,8 +199,13 @@ def test_a_champion_failing_on_live_traffic_is_rolled_back_within_its_watch_and_
     registered, tags = _registered(env, new)
     assert tags["podium.watch"] == "rolled-back" and "error rate" in tags["podium.watch.reason"], tags
     assert "rolled back by its watch" in tags["podium.withdrawn"], tags
-    last = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)["switches"][-1]
+    switches = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)["switches"]
+    last = switches[-1]
     assert last["action"] == "rollback" and "rolled back by its watch" in last["reason"], last
+    # the promotion's flow run ends saying so
+    promoted = next(s for s in reversed(switches) if s["version"] == new)
+    state = flow_run_state(run_id=promoted["origin"]["flow_run_id"])
+    assert state.is_completed() and "rolled back by its watch" in str(state.message), state
     assert not (root / "serving" / "WATCH").exists()
     event = _watch_event("rolled back by its watch")
     assert event.payload["from_version"] == new and event.payload["to_version"] == champion, event.payload
