@@ -18,6 +18,7 @@ from podium.tasks.plan import RunPlan, plan_run_task
 from podium.tasks.promote import PromotionOutcome, promote_best_checkpoint_task, settle_candidate_task
 from podium.tasks.shadow import shadow_candidate_task, shadow_decision
 from podium.tasks.tracking import find_tracking_run_task
+from podium.tasks.watch import is_watched, watch_champion_task
 from podium.tracking.client import TrackingRun
 
 
@@ -31,7 +32,10 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
 
     `stop`: the flow's stop request. Asked for before the switch of CURRENT, it withdraws the candidate (during the
     carry-out's steps, the shadow or the wait for approval) and, in the steps, raises the flow's RunStopped; once
-    CURRENT switched, the promotion runs to its end and the caller says the stop came after it (`late_stop`)."""
+    CURRENT switched, the promotion runs to its end and the caller says the stop came after it (`late_stop`).
+
+    With `[promotion.watch]`, a promotion that replaced a champion then watches it on live traffic and rolls it back
+    if a limit breaks (`podium.tasks.watch`); the outcome's `watch` and reason say which."""
     outcome = promote_best_checkpoint_task(context(plan), context(tracking), context(stop))
     if outcome.awaiting is not None:
         announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
@@ -44,6 +48,9 @@ def promote_and_announce(plan: RunPlan, tracking: TrackingRun, mlflow_ui: str | 
             approval = await_approval(plan, tracking, outcome, mlflow_ui, lambda: stop.requested)
         outcome = settle_candidate_task(context(plan), context(tracking), whole(outcome), approval, context(stop))
     announce_promotion_task(context(plan), context(tracking), whole(outcome), context(records))
+    if is_watched(plan, outcome):  # after the switch: a limit broken within the watch rolls it back
+        outcome = watch_champion_task(context(plan), context(tracking), whole(outcome),
+                                      context(lambda: stop.requested))
     return outcome
 
 

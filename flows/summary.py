@@ -75,6 +75,8 @@ def outcome_in_words(summary: RunSummary) -> str:
     p = summary.promotion.promoted
     did = (f"promoted step {p.step} ({p.metric}={format_number(p.value)}) as {p.version}" if p and p.value is not None
            else f"promoted step {p.step} as {p.version}" if p else f"nothing promoted: {summary.promotion.reason}")
+    watch = summary.promotion.watch  # the watch after the switch: final, or rolled back (podium.tasks.watch)
+    did = f"{did}; {watch.get('reason')}" if p and watch else did
     early = summary.stopped_early
     did = f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
     return f"{did}; {summary.late_stop}" if summary.late_stop else did

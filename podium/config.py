@@ -326,6 +326,30 @@ class ShadowConfig(_Strict):
         return v
 
 
+class WatchConfig(_Strict):
+    """The watch after the switch (`[promotion.watch]`): for `duration_s` after a promotion made its version
+    current, the replicas of `podium serve` count the new champion's live answers, and a limit broken against the
+    previous champion's own numbers rolls it back on its own (see the Serving live page)."""
+
+    duration_s: float = Field(600.0, gt=0, description="How long the new champion is watched after the switch, in "
+                              "seconds; a promotion whose watch passed is final.")
+    max_error_rate_increase: float = Field(0.0, ge=0, le=1, description="How far the new champion's share of failed "
+                                           "live requests (an answer other than 200) may rise above the previous "
+                                           "champion's, as the same replicas counted it.")
+    max_latency_p95_ratio: float = Field(2.0, gt=0, description="The new champion's 95th percentile latency, as the "
+                                         "replicas measure it, may be at most this multiple of the previous "
+                                         "champion's (not judged where the replicas have no number of it).")
+    min_requests: int = Field(20, ge=1, description="Live requests the new champion must have answered before a "
+                              "limit is judged: fewer by the end of the watch, and it passes, saying so.")
+
+    @field_validator("duration_s", "max_latency_p95_ratio")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"{v}: expected a finite number")
+        return v
+
+
 class PromotionConfig(_Strict):
     """How the best checkpoint is chosen and when it replaces the champion."""
 
@@ -378,6 +402,10 @@ class PromotionConfig(_Strict):
         "promotion of a location has no champion to shadow: it is direct.")
     shadow: ShadowConfig = Field(default_factory=ShadowConfig, description="The shadow stage's length and limits "
                                  "(promotion.rollout 'shadow').")
+    watch: WatchConfig | None = Field(
+        None, description="The watch after the switch: with a [promotion.watch] table, a promotion that replaced a "
+        "champion watches the new one's live errors and latency for watch.duration_s and rolls it back on its own "
+        "if a limit breaks. None (the default): a promotion is final at its switch.")
     model_loader: str | None = Field(
         None, description="For checkpoints not in podium's format: 'package.module:function' taking the checkpoint "
         "folder and returning a torch module (float32 features in, logits out) or an object with predict(DataFrame); "

@@ -115,6 +115,7 @@ class PromotionOutcome(BaseModel):
     awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
     approval: dict[str, Any] | None = None  # the decision on it (podium.core.approval.Approval), once made
     shadow: dict[str, Any] | None = None  # its shadow's verdict and numbers (podium.core.shadow.ShadowVerdict)
+    watch: dict[str, Any] | None = None  # the watch after its switch: passed, rolled-back, ... (podium.tasks.watch)
 
 
 class StopPoint(Protocol):

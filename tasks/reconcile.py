@@ -13,6 +13,9 @@ candidate) starts here, under the location's promotion lock:
   is removed (`podium serve` stops mirroring to it).
 - `sync_alias`: the alias names the registered version made for the current serving version (matched by the
   manifest's `version_uid`), moved there if a command stopped between the switch and the alias.
+- `settle_orphan_watch`: a watch after a switch (`[promotion.watch]`) whose promoter is gone is settled on the
+  numbers the replicas wrote by then: a limit broken rolls the new champion back (`switch_back`), else it is
+  final (`settle_watch`, which the promotion that watches calls too).
 
 `disagreements` is the read-only check `podium status` reports.
 """
@@ -20,15 +23,26 @@ candidate) starts here, under the location's promotion lock:
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
-from podium.errors import AliasTaken
+from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate_watch, decide_watch
+from podium.errors import AliasTaken, HistoryError, ServingError
+from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
 from podium.serving import layout
+from podium.serving.history import rollback_target
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.shadow import end_shadow, read_shadow
 from podium.serving.staged import is_alive, staged_versions
+from podium.serving.watch import end_watch, read_watch, read_watch_tallies
+from podium.settings import current_user
 from podium.storage.locations import join, normalize_location
 from podium.tracking import ledger
 from podium.tracking.client import TAG_SERVED_URI
@@ -102,6 +116,7 @@ def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> 
             _end_flow_run(str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
         withdrawn.append(staged.version)
     end_orphan_shadow(serving)
+    settle_orphan_watch(serving, tracking_uri, name, alias)
     return withdrawn
 
 
@@ -175,6 +190,131 @@ def disagreements(serving: str, tracking_uri: str, name: str, alias: str) -> lis
     if shadow is not None and is_alive(dict(shadow.get("by") or {})) is False:
         out.append(f"{serving}/SHADOW names {shadow.get('version')}, put in shadow by a command that is gone; the next "
                    "promote or rollback removes it")
+    watch = read_watch(serving)
+    if watch is not None and is_alive(dict(watch.get("by") or {})) is False:
+        out.append(f"{serving}/WATCH names {watch.get('version')}, watched by a command that is gone; the next promote "
+                   "or rollback settles its watch")
     if stale:
         out.append(f"{', '.join(stale)} staged by a command that is gone; the next promote or rollback withdraws it")
     return out
+
+
+@dataclass(frozen=True)
+class SwitchedBack:
+    """What `switch_back` did: from which version to which, the one withdrawn, and the alias's registered version."""
+
+    from_version: str
+    to_version: str
+    withdrawn: str | None
+    switched: bool
+    mlflow_version: str | None
+
+
+def switch_back(serving: str, tracking_uri: str, name: str, alias: str, still_locked: Callable[[], None],
+                to_version: str | None, reason: str | None, origin: dict[str, Any]) -> SwitchedBack:
+    """A rollback's switch, under the promotion lock (`podium.tasks.rollback.roll_back` holds it): CURRENT back to
+    the previous champion of the history (or `to_version`), the version left withdrawn, the registry made to
+    follow (`sync_registry`). `origin`: what started it, for the history record."""
+    current = layout.read_current(serving)
+    if current is None:
+        raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
+    try:
+        target_name, withdraws = rollback_target(layout.read_lineage(serving), current.version, to_version, serving)
+    except HistoryError as exc:
+        raise ServingError(str(exc)) from None
+    target = layout.read_version(serving, target_name)
+    if target is None:
+        raise ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
+    switched = target.version != current.version
+    if switched:
+        still_locked()
+        why = f"rollback from {current.version}" + (f": {reason}" if reason else "")
+        layout.switch_current(serving, target, why, action="rollback", withdrawn=withdraws, origin=origin)
+    mlflow_version = sync_registry(serving, tracking_uri, name, alias)
+    return SwitchedBack(current.version, target.version, withdraws, switched, mlflow_version)
+
+
+def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias: str) -> str | None:
+    """Make the registry say what the serving history says: the alias names the current version, every
+    withdrawn version is tagged `podium.withdrawn` (its model version and its checkpoint's record), the
+    current one is not. Idempotent; returns the registry version the alias names (None: not registered)."""
+    current = layout.read_current(serving)
+    if current is None:
+        return None
+    lineage = layout.read_lineage(serving)
+    for version_name, switch in lineage.withdrawn.items():
+        withdrawn_version = layout.read_version(serving, version_name)
+        if withdrawn_version is None:
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.at))
+        ledger.withdraw(tracking_uri, registered_model, withdrawn_version.manifest.get("version_uid"),
+                        withdrawn_version.uri, withdrawn_version.manifest.get("model_id"),
+                        f"withdrawn from {serving} ({version_name}) on {when}: {switch.reason}")
+    ledger.reinstate(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
+                     current.manifest.get("model_id"))
+    return sync_alias(serving, tracking_uri, registered_model, alias)
+
+
+def watch_limits(pointer: dict[str, Any]) -> WatchLimits:
+    """The limits a WATCH pointer carries (`promotion.watch`, as the promotion that started it read them)."""
+    limits = dict(pointer.get("limits") or {})
+    known = {k: limits[k] for k in ("max_error_rate_increase", "max_latency_p95_ratio", "min_requests") if k in limits}
+    return WatchLimits(**known)
+
+
+def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, pointer: dict[str, Any],
+                 verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> str:
+    """Carry out a watch's verdict, under the promotion lock: a limit broken rolls the watched version back to the
+    champion it replaced (the history record says why), if it still serves; then its registered version is tagged
+    with the outcome (`podium.watch`: rolled-back, passed, or ended when the champion changed meanwhile), the
+    WATCH pointer goes, and a rollback is announced (`podium.serving.rolled-back`, the verdict in its payload).
+    Returns the outcome's word."""
+    version, previous = str(pointer.get("version")), pointer.get("previous")
+    current = (layout.read_pointer(serving) or {}).get("version")
+    outcome = "passed"
+    back = None
+    if current != version:
+        outcome = "ended"  # a rollback or a promotion meanwhile: the watched champion no longer serves
+    elif verdict.state == BROKE:
+        back = switch_back(serving, tracking_uri, name, alias, still_locked, str(previous) if previous else None,
+                           verdict.reason, {**origin, "watch": verdict.as_dict()})
+        outcome = "rolled-back"
+    watched = layout.read_version(serving, version)
+    if watched is not None:
+        numbers = verdict.numbers.as_dict()
+        ledger.record_watch(tracking_uri, name, watched.manifest.get("version_uid"), watched.uri,
+                            {"podium.watch": outcome, "podium.watch.reason": verdict.reason[:5000],
+                             **{f"podium.watch.{k}": "" if v is None else repr(v) for k, v in numbers.items()}})
+    end_watch(serving, str(pointer.get("watch_id")))
+    if back is not None and back.switched:
+        model = str(pointer.get("model") or name)
+        emit_news(EVENT_ROLLED_BACK, model_resource(model), news_related(None, None, None, back.mlflow_version, name),
+                  {"model": model, "registered_model": name, "from_version": back.from_version,
+                   "to_version": back.to_version, "mlflow_version": back.mlflow_version, "withdrawn": back.withdrawn,
+                   "reason": verdict.reason, "watch": verdict.as_dict()})
+    return outcome
+
+
+def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:
+    """Settle a watch whose promoter is gone (seen from this host), on the numbers the replicas wrote by then: a
+    limit broken rolls the watched champion back, else it is final (`settle_watch`); the promoter's flow run ends
+    saying so. Returns the outcome's word; None when no watch was left. Call it under the promotion lock."""
+    pointer = read_watch(serving)
+    if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
+        return None
+    numbers = aggregate_watch(read_watch_tallies(serving, str(pointer.get("watch_id"))))
+    verdict = decide_watch(numbers, watch_limits(pointer), over=True)
+    cut = "its promoter ended during its watch, settled by the next command: "
+    verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)
+    origin = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid(),
+              "command": "settled a watch its promoter left"}
+    outcome = settle_watch(serving, tracking_uri, name, alias, pointer, verdict, lambda: None, origin)
+    version = pointer.get("version")
+    said = (f"rolled back {version} to {pointer.get('previous')}: {verdict.reason}" if outcome == "rolled-back"
+            else f"{version}: {verdict.reason}" if outcome == "passed"
+            else f"ended the watch of {version}: it no longer serves")
+    say("serving %s: %s", serving, said)
+    flow_run_id = dict(pointer.get("by") or {}).get("flow_run_id")
+    if flow_run_id:
+        _end_flow_run(str(flow_run_id), said)
+    return outcome

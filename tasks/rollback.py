@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from podium.errors import HistoryError, ServingError
+from podium.errors import ServingError
 from podium.serving import layout
-from podium.serving.history import rollback_target
 from podium.tasks.promote import origin, promotion_lock
-from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
-from podium.tracking import ledger
+from podium.tasks.reconcile import claim_location, switch_back, withdraw_orphans
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +42,10 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
     with promotion_lock(serving) as still_locked:
         claim_location(serving, tracking_uri, registered_model, alias)
         withdraw_orphans(serving, tracking_uri, registered_model, alias)
-        current = layout.read_current(serving)
-        assert current is not None  # the pointer exists, and only a promotion or a rollback writes it
-        try:
-            target_name, withdraws = rollback_target(layout.read_lineage(serving), current.version, to_version,
-                                                     serving)
-        except HistoryError as exc:
-            raise ServingError(str(exc)) from None
-        target = layout.read_version(serving, target_name)
-        if target is None:
-            raise ServingError(f"{serving}: version {target_name!r} does not exist or is incomplete")
-        switched = target.version != current.version
-        if switched:
-            still_locked()
-            why = f"rollback from {current.version}" + (f": {reason}" if reason else "")
-            layout.switch_current(serving, target, why, action="rollback", withdrawn=withdraws,
-                                  origin=origin("podium rollback"))
-        mlflow_version = sync_registry(serving, tracking_uri, registered_model, alias)
-    return RollbackOutcome(from_version=current.version, to_version=target.version, mlflow_version=mlflow_version,
-                           withdrawn=withdraws, switched=switched)
+        back = switch_back(serving, tracking_uri, registered_model, alias, still_locked, to_version, reason,
+                           origin("podium rollback"))
+    return RollbackOutcome(from_version=back.from_version, to_version=back.to_version,
+                           mlflow_version=back.mlflow_version, withdrawn=back.withdrawn, switched=back.switched)
 
 
 @task(name="roll-back", cache_policy=NO_CACHE)
@@ -71,24 +53,3 @@ def roll_back_task(serving: str, tracking_uri: str, registered_model: str, alias
                    reason: str | None = None) -> RollbackOutcome:
     """Point serving back one champion (or at `to_version`); the registry follows (`roll_back`)."""
     return roll_back(serving, tracking_uri, registered_model, alias, to_version, reason)
-
-
-def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias: str) -> str | None:
-    """Make the registry say what the serving history says: the alias names the current version, every
-    withdrawn version is tagged `podium.withdrawn` (its model version and its checkpoint's record), the
-    current one is not. Idempotent; returns the registry version the alias names (None: not registered)."""
-    current = layout.read_current(serving)
-    if current is None:
-        return None
-    lineage = layout.read_lineage(serving)
-    for name, switch in lineage.withdrawn.items():
-        withdrawn = layout.read_version(serving, name)
-        if withdrawn is None:
-            continue
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(switch.at))
-        ledger.withdraw(tracking_uri, registered_model, withdrawn.manifest.get("version_uid"), withdrawn.uri,
-                        withdrawn.manifest.get("model_id"),
-                        f"withdrawn from {serving} ({name}) on {when}: {switch.reason}")
-    ledger.reinstate(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
-                     current.manifest.get("model_id"))
-    return sync_alias(serving, tracking_uri, registered_model, alias)

@@ -98,6 +98,10 @@ def default_text(value: Any) -> str:
 
 
 def nested_model(tp: Any) -> type[BaseModel] | None:
+    """The model of a table (`ShadowConfig`), or of a table that is off unless given (`WatchConfig | None`)."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) == 1 and type(None) in typing.get_args(tp):
+        tp = args[0]
     return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
 

@@ -58,6 +58,7 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
         "promotion_reason": summary.promotion.reason,
         "comparison": summary.promotion.comparison,
         "shadow": summary.promotion.shadow,  # the shadow's verdict and numbers (promotion.rollout 'shadow')
+        "watch": summary.promotion.watch,  # the watch after the switch: passed or rolled back (promotion.watch)
         # a SIGINT / SIGTERM that came after the switch of CURRENT: the promotion stands (podium.flows.summary)
         "late_stop": summary.late_stop,
         "serving": serving,

@@ -10,6 +10,7 @@
 - `comparison`: which numbers a promotion compared, on which data (the same-data gate)
 - `approval`: a person's decision on a candidate awaiting approval, and what no decision in time means
 - `shadow`: a candidate's shadow on live requests: the replicas' tallies summed, and whether it passed
+- `watch`: a new champion's watch after its switch: the replicas' counts summed, and whether it stays
 - `traffic`: a replica's live requests per served version: counts, errors, latency quantiles from fixed buckets
 - `numbers`: finite or not, listed for people
 - `failures`: failure reasons as people read them

@@ -33,6 +33,10 @@ the champion's answer is made: the client waits for the champion only. That thre
 its answer with the champion's and adds both latencies to the replica's tally (podium.core.shadow.Tally), which
 the follower writes under the serving location every poll. Mirrored requests wait in a short queue; beyond it
 they are not mirrored (the shadow samples, the champion never waits).
+
+Watching a new champion (`[promotion.watch]`, podium.serving.watch): while the location's WATCH pointer names one,
+the follower writes this replica's counts of it and of the champion it replaced (from the same per-version counts
+as /version's) under the serving location every poll, when they changed; the promotion that watches reads them.
 """
 
 from __future__ import annotations
@@ -58,12 +62,14 @@ from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.core.shadow import Tally, compare_answers
+from podium.core.watch import WatchTally, counts_of
 from podium.errors import ServingError
 from podium.live.fast import FastModel, answer_batch, fast_model_of
 from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
 from podium.serving.staging import verify_files
+from podium.serving.watch import read_watch, write_watch_tally
 from podium.storage.locations import is_remote
 
 logger = logging.getLogger(__name__)
@@ -140,6 +146,7 @@ class ChampionServer:
         self._lock = threading.Lock()
         self._shadow: Shadowing | None = None
         self._shadow_refused: dict[str, str] = {}  # shadow id -> why its candidate did not load here
+        self._watch_written: tuple[str, Any, Any] | None = None  # the watch tally last written: id, both counts
         self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
         self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
         self._traffic = ReplicaTraffic(serving, self._replica)
@@ -156,6 +163,7 @@ class ChampionServer:
     def _follow_once(self) -> None:
         self._follow_current()
         self._follow_shadow()
+        self._follow_watch()
 
     def _follow_current(self) -> None:
         with self._lock:
@@ -223,6 +231,32 @@ class ChampionServer:
                                  float(pointer.get("agreement_tolerance") or 0.0))
         self._write_tally(self._shadow)
         logger.warning("podium serve: shadowing %s beside %s", loaded.version, active.version)
+
+    def _follow_watch(self) -> None:
+        """While WATCH names a new champion, write this replica's counts of it and of the champion it replaced (when
+        they changed): the promotion that watches it reads them."""
+        try:
+            pointer = read_watch(self._serving)
+        except Exception as exc:  # as for CURRENT: a store briefly unreachable changes nothing here
+            logger.warning("podium serve: cannot read %s/WATCH (%s)", self._serving, exc)
+            return
+        if pointer is None:
+            self._watch_written = None
+            return
+        versions = dict(self._traffic.tally.versions)
+        previous = pointer.get("previous")
+        tally = WatchTally(str(pointer.get("watch_id")), self._replica, str(pointer.get("version")),
+                           str(previous) if previous else None, counts_of(versions.get(str(pointer.get("version")))),
+                           counts_of(versions.get(str(previous))) if previous else {})
+        written = (tally.watch_id, tally.champion_counts.get("requests"), tally.previous_counts.get("requests"))
+        if written == self._watch_written:
+            return
+        try:
+            write_watch_tally(self._serving, tally)
+        except Exception as exc:  # the next poll writes it again
+            logger.warning("podium serve: watch tally not written (%s)", exc)
+            return
+        self._watch_written = written
 
     def _write_tally(self, shadowing: Shadowing | None, tally: Tally | None = None) -> None:
         if shadowing is not None:

@@ -48,8 +48,7 @@ def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champio
                  mark: dict[str, Any], **more: Any) -> None:
     """Put a staged candidate in shadow (`mark`: who runs the shadow, as a staged version's mark); refused while
     another is (`check_no_shadow`)."""
-    if not _NAME.match(shadow_id):
-        raise ServingError(f"shadow id {shadow_id!r}: expected letters, digits, '.', '_' and '-'")
+    safe_name(shadow_id, "shadow id")
     check_no_shadow(serving, shadow_id)
     write_json(join(normalize_location(serving), SHADOW_POINTER),
                {"shadow_id": shadow_id, "version": version.version, "manifest": version.manifest,
@@ -59,10 +58,15 @@ def start_shadow(serving: str, shadow_id: str, version: PromotedVersion, champio
 def end_shadow(serving: str, shadow_id: str) -> bool:
     """Remove the SHADOW pointer if it names `shadow_id` (the replicas stop mirroring at their next poll); whether
     it did. The tallies stay, as the evidence the decision was made on."""
-    pointer = read_shadow(serving)
-    if pointer is None or pointer.get("shadow_id") != shadow_id:
+    return remove_pointer(serving, SHADOW_POINTER, "shadow_id", shadow_id)
+
+
+def remove_pointer(serving: str, name: str, key: str, stage_id: str) -> bool:
+    """Remove the pointer `name` (SHADOW, WATCH) if its `key` is `stage_id`; whether it did."""
+    pointer = read_json(join(normalize_location(serving), name), ServingError)
+    if pointer is None or pointer.get(key) != stage_id:
         return False
-    fs, path = fsspec_filesystem(join(normalize_location(serving), SHADOW_POINTER))
+    fs, path = fsspec_filesystem(join(normalize_location(serving), name))
     try:
         fs.rm(path)
     except FileNotFoundError:
@@ -83,14 +87,24 @@ def candidate_of(serving: str, pointer: dict[str, Any]) -> PromotedVersion:
 
 def write_tally(serving: str, tally: Tally) -> None:
     """A replica's tally of a shadow, rewritten whole (atomically) every poll."""
-    if not _NAME.match(tally.shadow_id) or not _NAME.match(tally.replica):
-        raise ServingError(f"tally {tally.shadow_id!r}/{tally.replica!r}: expected letters, digits, '.', '_', '-'")
-    write_json(join(normalize_location(serving), TALLIES, tally.shadow_id, f"{tally.replica}.json"), tally.as_dict())
+    write_replica_tally(serving, TALLIES, tally.shadow_id, tally.replica, tally.as_dict())
 
 
 def read_tallies(serving: str, shadow_id: str) -> list[Tally]:
     """Every replica's tally of a shadow (none yet: an empty list)."""
-    folder = join(normalize_location(serving), TALLIES, shadow_id)
+    return [Tally.from_dict(doc) for doc in read_replica_tallies(serving, TALLIES, shadow_id)]
+
+
+def write_replica_tally(serving: str, folder: str, stage_id: str, replica: str, doc: dict[str, Any]) -> None:
+    """One replica's tally of a stage (a shadow, a watch) at `<serving>/<folder>/<stage id>/<replica>.json`."""
+    safe_name(stage_id, f"{folder} id")
+    safe_name(replica, "replica")
+    write_json(join(normalize_location(serving), folder, stage_id, f"{replica}.json"), doc)
+
+
+def read_replica_tallies(serving: str, folder: str, stage_id: str) -> list[dict[str, Any]]:
+    """Every replica's tally of a stage, by replica; none if none was written."""
+    folder = join(normalize_location(serving), folder, stage_id)
     fs, root = fsspec_filesystem(folder)
     try:
         names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
@@ -98,4 +112,11 @@ def read_tallies(serving: str, shadow_id: str) -> list[Tally]:
         return []
     docs = (read_json(join(folder, name), ServingError) for name in names
             if name.endswith(".json") and not name.startswith("."))
-    return [Tally.from_dict(doc) for doc in docs if doc]
+    return [doc for doc in docs if doc]
+
+
+def safe_name(name: str, what: str) -> str:
+    """`name` if it is safe as a file name at the location (a shadow's or watch's id, a replica); else raise."""
+    if not _NAME.match(name):
+        raise ServingError(f"{what} {name!r}: expected letters, digits, '.', '_' and '-'")
+    return name

@@ -12,6 +12,7 @@ every write of that mirror is here, named for what it records:
 | `withdraw_challenger`  | a candidate whose command is gone: `podium.approval = withdrawn`, `challenger` gone     |
 | `repair_alias`         | the alias moved back in line with what serves (a command stopped before it moved it)   |
 | `withdraw` / `reinstate` | a version a rollback left is tagged `podium.withdrawn` (and its LoggedModel), or not   |
+| `record_watch`         | the watch after a version's switch: `podium.watch` (passed, rolled-back), why, numbers  |
 
 Nothing else in podium calls MlflowClient's registry writes (tests/unit/test_ledger.py reads the package to
 check). Reads live in podium.tracking.registry.
@@ -198,6 +199,20 @@ def withdraw(tracking_uri: str, name: str, version_uid: str | None, served_uri: 
 def reinstate(tracking_uri: str, name: str, version_uid: str | None, served_uri: str, model_id: str | None) -> None:
     """Remove `withdraw`'s tags from a version that serves again (the current one, after a rollback to it)."""
     _mark_withdrawn(tracking_uri, name, version_uid, served_uri, model_id, None)
+
+
+@tracking_call("recording the watch of the champion")
+def record_watch(tracking_uri: str, name: str, version_uid: str | None, served_uri: str,
+                 tags: dict[str, str]) -> None:
+    """Tag the registered version of a watched serving version with its watch's outcome (`podium.watch`: passed or
+    rolled-back, `podium.watch.reason`, its numbers). A version never registered is skipped: the serving history
+    stays the source of truth."""
+    version = registered_version_for(tracking_uri, name, version_uid, served_uri)
+    if version is None:
+        return
+    client = tracking_client(tracking_uri)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
 
 
 def _mark_withdrawn(tracking_uri: str, name: str, version_uid: str | None, served_uri: str, model_id: str | None,

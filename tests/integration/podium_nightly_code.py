@@ -52,6 +52,8 @@ def weights(config: dict, epoch: int) -> dict:
     saved = {"w": [math.cos(theta), math.sin(theta), 0.0, 0.0], "epoch": epoch, "scale": scale}
     if config.get("nan_below") is not None:
         saved["nan_below"] = float(config["nan_below"])
+    if config.get("fail_below") is not None:
+        saved["fail_below"] = float(config["fail_below"])
     return saved
 
 
@@ -76,6 +78,28 @@ def load_linear(checkpoint_dir: str):
             return torch.stack([-z / 2, z / 2], dim=1)
 
     return Linear().eval()
+
+
+class FailingLinear:
+    """The linear model as an object with predict(DataFrame) (served through MLflow's pyfunc path): it answers the
+    labels the module would, but raises on a request with a row whose f1 is below `fail_below` (a value the data
+    never holds: validation does not see it, a live request can), so its server answers that request with an error."""
+
+    def __init__(self, saved: dict) -> None:
+        self.w = np.asarray(saved["w"], dtype="float64") * float(saved.get("scale", 1.0))
+        self.fail_below = saved.get("fail_below")
+
+    def predict(self, frame):  # type: ignore[no-untyped-def]
+        x = frame[FEATURES].to_numpy(dtype="float64")
+        if self.fail_below is not None and bool((x[:, 1] < self.fail_below).any()):
+            raise ValueError(f"f1 below {self.fail_below}: this model cannot answer it")
+        return ((x @ self.w) > 0).astype("int64")
+
+
+def load_failing(checkpoint_dir: str) -> FailingLinear:
+    """promotion.model_loader: the checkpoint's linear model as a FailingLinear (see it for `fail_below`)."""
+    with open(os.path.join(checkpoint_dir, "weights.json")) as f:
+        return FailingLinear(json.load(f))
 
 
 def train_func(config: dict) -> None:

@@ -1,0 +1,112 @@
+"""The watch after the switch (`[promotion.watch]`): once a promotion made its version current in place of a
+champion, the replicas of `podium serve` count the new champion's live answers and the previous one's; the
+promotion reads their tallies every second and decides (`podium.core.watch.decide_watch`). A limit broken rolls
+the new champion back at once, under the promotion lock (`podium.tasks.reconcile.settle_watch`): the history
+record, the registry's tags and a Prefect event say why, and the promotion's outcome too. A watch that passed
+leaves the promotion final, and says so.
+
+The watch holds no lock while it waits: a rollback or another promotion may run meanwhile, and the watch then ends
+(the champion it watched no longer serves). A stop asked for during the watch ends it without a verdict: the
+promotion stands (its switch was the point of no return). A kill leaves the WATCH pointer: the next command settles
+the watch on the numbers written by then (`podium.tasks.reconcile.settle_orphan_watch`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchVerdict, aggregate_watch, decide_watch
+from podium.progress import say
+from podium.serving import layout
+from podium.serving.staged import this_process
+from podium.serving.watch import end_watch, read_watch_tallies, start_watch
+from podium.tasks.carry_out import PromotionOutcome
+from podium.tasks.plan import RunPlan
+from podium.tasks.promote import origin, promotion_lock
+from podium.tasks.reconcile import settle_watch, watch_limits
+from podium.tracking.client import TrackingRun
+
+WATCH_POLL_S = 1.0  # how often the tallies are read (the replicas write theirs at their own poll_s)
+
+
+def is_watched(plan: RunPlan, outcome: PromotionOutcome) -> bool:
+    """Whether a promotion's outcome is watched: `[promotion.watch]` given, and a version made current in place of
+    a champion (the first promotion of a location has nothing to compare with)."""
+    return (plan.config.promotion.watch is not None and outcome.promoted is not None
+            and outcome.champion_before is not None and outcome.promoted.version != outcome.champion_before)
+
+
+def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
+                   stop_requested: Callable[[], bool] = lambda: False,
+                   poll_s: float = WATCH_POLL_S) -> PromotionOutcome:
+    """Watch the champion `outcome` made current for `promotion.watch.duration_s`; roll it back as soon as a limit
+    breaks. The outcome's `watch` holds the verdict and its numbers, its reason what became of the promotion."""
+    w, p = plan.config.promotion.watch, plan.config.promotion
+    assert w is not None and outcome.promoted is not None and outcome.champion_before is not None
+    version, previous = outcome.promoted.version, outcome.champion_before
+    watch_id = f"{version}-{uuid.uuid4().hex[:8]}"
+    limits = {"max_error_rate_increase": w.max_error_rate_increase, "max_latency_p95_ratio": w.max_latency_p95_ratio,
+              "min_requests": w.min_requests}
+    start_watch(plan.serving, watch_id, version, previous, w.duration_s, limits,
+                this_process(tracking.run_name, flow_run_id=_flow_run_id()), model=plan.config.model,
+                run_name=tracking.run_name)
+    pointer = {"watch_id": watch_id, "version": version, "previous": previous, "limits": limits,
+               "model": plan.config.model}
+    say("watch: %s serves in place of %s; watched for %g s (promotion.watch): rolled back if a limit breaks",
+        version, previous, w.duration_s)
+    started = time.monotonic()
+    deadline = started + w.duration_s
+    verdict = WatchVerdict(WATCHING, "watched: no live request answered yet", WatchNumbers())
+    stopped = False
+    while True:
+        numbers = aggregate_watch(read_watch_tallies(plan.serving, watch_id))
+        verdict = decide_watch(numbers, watch_limits(pointer), over=time.monotonic() >= deadline)
+        if verdict.state != WATCHING:
+            break
+        if (layout.read_pointer(plan.serving) or {}).get("version") != version:
+            break  # a rollback or a promotion meanwhile: settle_watch says the watch ended
+        if stop_requested():
+            stopped = True
+            break
+        time.sleep(poll_s)
+    if stopped:
+        end_watch(plan.serving, watch_id)
+        verdict = WatchVerdict(WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
+                                         f"limit broken ({_said(verdict)}): the promotion stands",
+                               verdict.numbers)
+        said, state = verdict.reason, "stopped"
+    else:
+        with promotion_lock(plan.serving) as still_locked:
+            state = settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, pointer, verdict,
+                                 still_locked, origin())
+        said = (verdict.reason if state in ("rolled-back", "passed")
+                else f"its watch ended after {time.monotonic() - started:.0f} s: {version} no longer serves "
+                     "(a rollback or a promotion meanwhile)")
+    if verdict.state == BROKE and state == "rolled-back":
+        say("watch: %s %s; %s serves again", version, said, previous)
+    else:
+        say("watch: %s %s", version, said)
+    record = {**verdict.as_dict(), "state": state, "reason": said,
+              "seconds": round(time.monotonic() - started, 3), "version": version, "previous": previous}
+    return outcome.model_copy(update={"watch": record, "reason": f"{outcome.reason}; {said}"})
+
+
+def _flow_run_id() -> str | None:
+    return str(flow_run.id) if flow_run.id else None
+
+
+def _said(verdict: WatchVerdict) -> str:
+    return verdict.reason.removeprefix("watched: ")
+
+
+@task(name="watch-champion", cache_policy=NO_CACHE)
+def watch_champion_task(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
+                        stop_requested: Callable[[], bool] = lambda: False) -> PromotionOutcome:
+    """Watch the new champion on live traffic; roll it back if a limit of `promotion.watch` breaks."""
+    return watch_champion(plan, tracking, outcome, stop_requested)

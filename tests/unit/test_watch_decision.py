@@ -1,0 +1,65 @@
+"""The watch after the switch, as pure decisions (podium.core.watch) and as configuration (promotion.watch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from podium.config import ConfigError, WatchConfig, build_config
+from podium.core.traffic import Traffic
+from podium.core.watch import BROKE, PASSED, WATCHING, WatchLimits, WatchTally, aggregate_watch, counts_of, decide_watch
+
+
+def _tally(replica: str, new: list[tuple[float, int]], old: list[tuple[float, int]]) -> WatchTally:
+    traffic = Traffic()
+    for ms, status in new:
+        traffic.add("v000002", ms, status)
+    for ms, status in old:
+        traffic.add("v000001", ms, status)
+    return WatchTally("w1", replica, "v000002", "v000001", counts_of(traffic.versions.get("v000002")),
+                      counts_of(traffic.versions.get("v000001")))
+
+
+def test_the_replicas_watch_tallies_add_up_requests_errors_and_latency():
+    numbers = aggregate_watch([_tally("a", [(3.0, 200)] * 10, [(3.0, 200)] * 30),
+                         _tally("b", [(3.0, 200)] * 8 + [(3.0, 500)] * 2, [(3.0, 400)])])
+    assert (numbers.requests, numbers.errors, numbers.previous_requests, numbers.previous_errors) == (20, 2, 31, 1)
+    assert numbers.replicas == 2 and numbers.latency_p95_ratio == pytest.approx(1.0)
+    assert numbers.error_rate == pytest.approx(0.1)
+
+
+def test_a_watch_breaks_on_an_error_rate_above_the_previous_champions_once_it_has_its_requests():
+    limits = WatchLimits(max_error_rate_increase=0.05, max_latency_p95_ratio=10.0, min_requests=20)
+    few = aggregate_watch([_tally("a", [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
+    assert decide_watch(few, limits, over=False).state == WATCHING  # 5 requests: not judged yet
+    many = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
+    verdict = decide_watch(many, limits, over=False)
+    assert verdict.state == BROKE and "error rate 25.0 % (5 of 20)" in verdict.reason, verdict.reason
+    assert verdict.reason.startswith("rolled back by its watch")
+    # the previous champion failed as often: no regression
+    same = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 30 + [(3.0, 500)] * 10)])
+    assert decide_watch(same, limits, over=False).state == WATCHING
+
+
+def test_a_watch_breaks_on_latency_and_passes_at_its_end_otherwise():
+    limits = WatchLimits(max_error_rate_increase=0.0, max_latency_p95_ratio=2.0, min_requests=10)
+    slow = aggregate_watch([_tally("a", [(90.0, 200)] * 20, [(3.0, 200)] * 20)])
+    verdict = decide_watch(slow, limits, over=False)
+    assert verdict.state == BROKE and "latency p95" in verdict.reason
+    good = aggregate_watch([_tally("a", [(3.0, 200)] * 20, [(3.0, 200)] * 20)])
+    assert decide_watch(good, limits, over=False).state == WATCHING
+    passed = decide_watch(good, limits, over=True)
+    assert passed.state == PASSED and passed.reason.startswith("final after its watch"), passed.reason
+    quiet = decide_watch(aggregate_watch([]), limits, over=True)
+    assert quiet.state == PASSED and "fewer than min_requests" in quiet.reason
+    # replicas that never counted the previous champion: its latency is not judged
+    alone = aggregate_watch([_tally("a", [(900.0, 200)] * 20, [])])
+    assert alone.latency_p95_ratio is None and decide_watch(alone, limits, over=True).state == PASSED
+
+
+def test_promotion_watch_is_off_unless_given_and_its_limits_are_checked():
+    base = {"model": "m", "storage": "/tmp/s", "serving": "/tmp/v", "data": {"train": "a", "val": "b"}}
+    assert build_config(base).promotion.watch is None
+    on = build_config({**base, "promotion": {"watch": {"duration_s": 30}}}).promotion.watch
+    assert on == WatchConfig(duration_s=30)
+    with pytest.raises(ConfigError, match="promotion.watch.max_error_rate_increase"):
+        build_config({**base, "promotion": {"watch": {"max_error_rate_increase": 2}}})
