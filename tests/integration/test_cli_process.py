@@ -313,12 +313,12 @@ FIRST_BEST, SECOND = 3, 4  # the two best of the first start: epochs 3 (9) and 4
 
 
 def _beta_run(project, dataset, env: dict[str, str], epochs: int, scores: list[int],
-              val_data: str) -> subprocess.CompletedProcess:
+              val_data: str, *extra: str) -> subprocess.CompletedProcess:
     return podium(["run", "--json", "--run-name", "kept", "--model", "beta", "--train-loop", "podium_user_code:train_func",
                    "--validate-fn", "podium_user_code:validate_fn", "--validate-kwargs", json.dumps({"scores": scores}),
                    "--loop-config", f"epochs={epochs}", "--loop-config", "epoch_s=0.5", "--num-workers", "1",
                    "--early-stop-patience", "3", "--keep-checkpoints", "2", "--metric", "score", "--mode", "max",
-                   "--train-data", dataset[0], "--val-data", val_data, "--storage", str(project.storage)],
+                   "--train-data", dataset[0], "--val-data", val_data, "--storage", str(project.storage), *extra],
                   env, check=False)
 
 
@@ -383,8 +383,9 @@ def _beta_out(beta) -> dict:
 @pytest.fixture(scope="module")
 def beta_resumed(beta, project, dataset, tmp_path_factory):
     """The next night's `podium run` of beta's run name: 2 more epochs (scored 10 and 11), other validation data,
-    on a local Ray of podium's own (no RAY_ADDRESS), which it releases early when nothing needs it any more; what
-    storage and MLflow held right after it."""
+    on a local Ray of podium's own (no RAY_ADDRESS), which it releases early when nothing needs it any more, with a
+    watch after its switch (`[promotion.watch]`, 2 s, no `podium serve` answering); what storage and MLflow held
+    right after it."""
     from podium.training.data import make_classification_data
 
     first = _beta_out(beta)
@@ -393,7 +394,9 @@ def beta_resumed(beta, project, dataset, tmp_path_factory):
     _, harder_val = make_classification_data(str(tmp_path_factory.mktemp("other")), train_rows=600, val_rows=600,
                                              seed=7)
     local = {k: v for k, v in project.env.items() if k != "RAY_ADDRESS"}
-    proc = _beta_run(project, dataset, local, n + 2, scores, harder_val)
+    watched = project.root / "watched.toml"
+    watched.write_text("[promotion.watch]\nduration_s = 2\nmin_requests = 5\n")
+    proc = _beta_run(project, dataset, local, n + 2, scores, harder_val, "--config", str(watched))
     out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     return types.SimpleNamespace(proc=proc, out=out, first=first, harder_val=harder_val, epochs=n + 2,
                                  storage=_storage_now(project), mlflow=_mlflow_now(project, first["mlflow_run_id"]))
@@ -494,6 +497,31 @@ def test_a_resume_keeps_the_new_best_and_the_served_champion_s_checkpoint(beta_r
     assert beta_resumed.storage.folders == sorted(os.path.basename(u) for u in kept)
     assert set(beta_resumed.storage.folders) <= beta_resumed.storage.named
     assert out["promoted"]["step"] == checkpoints[n + 1]["step"] and out["promoted"]["version"] == "v000002"
+
+
+def test_a_run_s_watch_with_no_live_traffic_ends_final_and_every_output_says_so(beta_resumed, project):
+    """`podium run` with `[promotion.watch]`: its new champion is watched for 2 s after the switch; with no
+    `podium serve` answering, the watch ends with fewer than min_requests and the promotion is final. The JSON, the
+    registered version's tags and the flow run's final message say so, and v000002 serves (the watch's rollback on
+    live errors, through `podium serve` and `podium promote`: test_watch)."""
+    import mlflow
+
+    out = _resumed_out(beta_resumed)
+    watch = out["watch"]
+    assert watch["state"] == "passed" and watch["version"] == "v000002" and watch["previous"] == "v000001", watch
+    assert "fewer than min_requests" in watch["reason"] and watch["reason"] in out["promotion_reason"], watch
+    client = mlflow.MlflowClient(project.env["MLFLOW_TRACKING_URI"])
+    version = client.get_model_version_by_alias("beta", "champion")
+    assert version.tags.get("podium.watch") == "passed", version.tags
+    from podium.serving.layout import read_current
+
+    assert read_current(str(project.home / "serving" / "beta")).version == "v000002"
+    flow_run_id = out["prefect_ui"].rsplit("/", 1)[-1]
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        state = prefect.read_flow_run(flow_run_id).state
+    assert state.is_completed() and "final after its watch" in (state.message or ""), state
 
 
 def test_the_next_night_s_run_re_scores_the_champion_on_its_validation_data_on_a_local_ray(beta_resumed):
