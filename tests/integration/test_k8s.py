@@ -12,9 +12,10 @@ import os
 import shlex
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers.commands import podium
@@ -90,22 +91,98 @@ def test_the_rayjobs_entrypoint_is_a_podium_command_that_reads_the_mounted_confi
     assert "Traceback" not in proc.stderr
 
 
-def test_watch_exits_with_podiums_code_for_the_rayjobs_end():
-    started = datetime.now(timezone.utc).isoformat()  # the watch reads the clock: a RayJob well within its deadline
-    failed = {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "failed": 2, "reason": "AppFailed",
-              "startTime": started}
-    running = {**failed, "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "failed": 0}
-    retrying = {**failed, "jobDeploymentStatus": "Retrying", "failed": 1}
-    with fake_kubernetes_api("podium", "podium-nightly", [rayjob(running), rayjob(retrying), rayjob(failed)]) as url:
-        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1"], dict(os.environ),
-                      check=False)
-    assert proc.returncode == 1, proc.stderr
-    assert [line.split(": ")[1] for line in proc.stdout.splitlines()] == ["Running (running)", "Retrying (retrying)",
-                                                                           "Failed (failed)"]
-    with fake_kubernetes_api("podium", "podium-nightly", [rayjob(running), None]) as url:
-        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1"], dict(os.environ),
-                      check=False)
-    assert proc.returncode == 3 and "deleted before its end" in proc.stdout
+def _flow_run(name: str, state) -> str:
+    """A flow run of `podium run`'s flow as its driver leaves it (Running: the driver is gone with its cluster)."""
+    from prefect import Flow
+    from prefect.client.orchestration import get_client
+
+    from podium.deployments.k8s_watch import NIGHTLY_FLOW
+
+    with get_client(sync_client=True) as client:
+        return str(client.create_flow_run(Flow(lambda: None, name=NIGHTLY_FLOW), name=name, state=state).id)
+
+
+def _flow_runs(name: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+
+
+def _status(deployment: str, job: str = "", started_s_ago: float = 60, **more) -> dict:
+    started = (datetime.now(timezone.utc) - timedelta(seconds=started_s_ago)).isoformat()
+    return {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": started, **more}
+
+
+HEAD_LOST = {"conditions": [{"type": "HeadPodReady", "status": "False"}]}
+# each case: the flow run the night's driver left (None: none), the RayJob's statuses as the API serves them,
+# the exit code, the lines of podium's phases, and the flow run's state (type, name) after the watch
+WATCHED = {
+    "stuck past its deadline": ("RUNNING", [rayjob(_status("Running", "RUNNING", started_s_ago=400), deadline_s=60)],
+                                1, ["TimedOut (stuck)"], ("FAILED", "TimedOut")),
+    "failed with backoff": ("RUNNING", [rayjob(_status("Running", "RUNNING")),
+                                        rayjob(_status("Retrying", "FAILED", failed=1)),
+                                        rayjob(_status("Failed", "FAILED", failed=2, reason="AppFailed",
+                                                       message="the training loop raised"))],
+                            1, ["Running (running)", "Retrying (retrying)", "Failed (failed)"], ("FAILED", "Failed")),
+    "head lost": ("RUNNING", [rayjob(_status("Running", "RUNNING")),
+                              rayjob(_status("Running", "RUNNING", rayClusterStatus=HEAD_LOST))],
+                  3, ["Running (running)", "Crashed (head_lost)"], ("CRASHED", "Crashed")),
+    "cleaned up after podium ended it": ("COMPLETED", [rayjob(_status("Running", "RUNNING")), None],
+                                         0, ["Running (running)", "Completed (cleaned_up)"],
+                                         ("COMPLETED", "Completed")),
+    "cleaned up with its driver gone": ("RUNNING", [rayjob(_status("Running", "RUNNING")), None],
+                                        3, ["Running (running)", "Crashed (cleaned_up)"], ("CRASHED", "Crashed")),
+    "deadline passed before podium started": (None, [rayjob(_status("Initializing", started_s_ago=3700)),
+                                                     rayjob(_status("Failed", "STOPPED", started_s_ago=3700,
+                                                                    reason="DeadlineExceeded"))],
+                                              1, ["Pending (pending)", "TimedOut (timed_out)"], ("FAILED", "TimedOut")),
+}
+
+
+@pytest.mark.parametrize("case", list(WATCHED))
+def test_watch_records_the_rayjobs_end_on_the_nightly_flow_run_and_exits_with_podiums_code(case, prefect_api):
+    """`podium k8s watch` through the real process, reading a fake Kubernetes API: its lines, its exit code, and the
+    state of the night's flow run on a real Prefect server afterwards."""
+    from prefect.states import Completed, Running
+
+    from podium.config import expand_run_name
+
+    left, sequence, code, phases, (state_type, state_name) = WATCHED[case]
+    template = f"k8s-{case.replace(' ', '-')}-{{date}}"
+    # a flow run `podium run` made is named at its start; one the watch makes, at the RayJob's
+    started = datetime.fromisoformat(sequence[0]["status"]["startTime"]) if left is None else datetime.now(timezone.utc)
+    name = f"{expand_run_name(template, started)}-run"
+    if left is not None:
+        _flow_run(name, Running() if left == "RUNNING" else Completed(message="promoted step 1 as v000001"))
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    with fake_kubernetes_api("podium", "podium-nightly", sequence) as url:
+        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1", "--run-name", template],
+                      env, check=False)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(": ")[1] for line in lines[:-1]] == phases, proc.stdout
+    (run,) = _flow_runs(name)
+    assert (run.state.type.value, run.state.name) == (state_type, state_name), run.state
+    if left == "COMPLETED":  # podium's own end stands
+        assert run.state.message == "promoted step 1 as v000001"
+        assert lines[-1] == f"podium/podium-nightly: flow run {name}: Completed, as podium run ended it"
+    else:  # the reason podium's last line gave
+        assert run.state.message == f"RayJob podium/podium-nightly: {lines[-2].split(': ', 2)[2]}", run.state.message
+        assert lines[-1].startswith(f"podium/podium-nightly: flow run {name}: ") and "recorded" in lines[-1]
+
+
+def test_watch_without_a_run_name_or_a_server_records_nothing_and_says_so():
+    done = [rayjob(_status("Complete", "SUCCEEDED"))]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    with fake_kubernetes_api("podium", "podium-nightly", done) as url:
+        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1"], env)
+        assert proc.stdout.splitlines()[-1] == ("podium/podium-nightly: not recorded in Prefect: give --config (or "
+                                                "--run-name) to name the run")
+        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--run-name", "n-{date}"], env)
+        assert proc.stdout.splitlines()[-1] == ("podium/podium-nightly: not recorded in Prefect: PREFECT_API_URL is "
+                                                "not set")
 
 
 def test_the_prefect_template_the_unit_tests_compare_with_is_the_commands(tmp_path):
