@@ -1,15 +1,18 @@
 """`podium k8s` through the real `podium` process: render writes the manifests (or refuses a config in one
-sentence, exit 2), the RayJob's entrypoint is a podium command the real process takes with the mounted config,
-and `podium k8s watch` exits with podium's code for a RayJob's end, read from a fake Kubernetes API.
+sentence, exit 2); the RayJob's entrypoint is a podium command the real process takes with the mounted config (as
+rendered, up to the cluster's Prefect server; with `promote` for `run`, against the test's servers, promoting a
+night's made checkpoints), and the serve Deployment's `podium serve` answers for the promoted version on the test's
+Ray; `podium k8s watch` records a RayJob's end, read from a fake Kubernetes API, on the night's flow run of a real
+Prefect server and exits with podium's code for it.
 
-No training here: the entrypoint runs through `podium run`'s checks of its config, data and code, and stops at
-the cluster's Prefect server (not on this machine), where a real pod would start the run."""
+No training here: the night's checkpoints are made (helpers.checkpoints), as its `podium run` would have left them."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -89,6 +92,95 @@ def test_the_rayjobs_entrypoint_is_a_podium_command_that_reads_the_mounted_confi
     assert proc.stderr.strip().splitlines()[-1] == ("podium: PREFECT_API_URL = 'http://prefect-server:4200/api': "
                                                     "the Prefect server does not answer at /health")
     assert "Traceback" not in proc.stderr
+
+
+NIGHT_CONFIG = """run_name = "k8s-night"
+model = "k8snight"
+[data]
+train = "/var/lib/podium/data/train.parquet"
+val = "/var/lib/podium/data/val.parquet"
+feature_columns = ["f0", "f1", "f2", "f3"]
+[training]
+train_loop = "podium_nightly_code:train_func"
+train_loop_config = { epochs = 2, angle_deg = 20.0 }
+[scaling]
+num_workers = 1
+[validation]
+fn = "podium_nightly_code:validate_fn"
+[promotion]
+metric = "accuracy"
+mode = "max"
+verify = "load"
+model_loader = "podium_nightly_code:load_linear"
+"""
+
+
+def test_the_rendered_commands_promote_a_made_run_and_serve_it_on_the_tests_ray(tmp_path, prefect_api, shared_ray,
+                                                                                mlflow_template_db):
+    """What the rendered pods run, run here: the RayJob's entrypoint (`podium run --config <the mounted ConfigMap>
+    --json`) with `promote` for `run` (no training: the night's checkpoints are made, as its `podium run` would have
+    left them on the shared volume), with the head pod's environment but for the servers (the test's Prefect,
+    MLflow store and Ray); then the Deployment's `podium serve` arguments, parsed by podium's own parser and run on
+    the test's Ray: the promoted model answers."""
+    from helpers.checkpoints import INTEGRATION, make_trained_run
+    from helpers.live import call, serving
+    from podium_nightly_code import FEATURES, write_data
+
+    from podium.cli.main import build_parser
+    from podium.config import expand_run_name
+    from podium.serving.layout import read_current
+
+    config, cluster = write_inputs(tmp_path)
+    config.write_text(NIGHT_CONFIG)
+    cluster.write_text('namespace = "ml"\n')  # the local-style defaults: every location on the shared volume
+    stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
+    docs = list(yaml.safe_load_all(stream))
+    kinds = {doc["kind"]: doc for doc in docs}
+    root = tmp_path / "pod"
+    mounted = lambda text: text.replace(MOUNT, str(root / MOUNT.strip("/"))).replace("/etc/podium",
+                                                                                   str(root / "etc/podium"))
+    (root / "etc/podium").mkdir(parents=True)
+    (root / "etc/podium/podium.json").write_text(mounted(kinds["ConfigMap"]["data"]["podium.json"]))
+    night = json.loads((root / "etc/podium/podium.json").read_text())
+    (root / MOUNT.strip("/") / "data").mkdir(parents=True)
+    write_data(night["data"]["train"], 100, 0.0, seed=1)
+    write_data(night["data"]["val"], 400, 0.1, seed=2)
+    shutil.copy(mlflow_template_db, tmp_path / "mlflow.db")
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert night["run_name"] == "k8s-night-{date}"
+    run_name = expand_run_name(night["run_name"], datetime.now(timezone.utc))  # as the entrypoint's command fills it
+    made = make_trained_run({**night, "run_name": run_name}, tracking_uri)
+    assert [r.status for r in made.records] == ["validated", "validated"], made.records
+
+    head = kinds["RayJob"]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env.update({e["name"]: mounted(e["value"]) for e in head["env"] if "value" in e})
+    # the cluster's servers (prefect-server, mlflow, the RayJob's own head) are the test's
+    assert (env["PREFECT_API_URL"], env["MLFLOW_TRACKING_URI"]) == ("http://prefect-server:4200/api",
+                                                                    "http://mlflow:5000")
+    env.update({"PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": tracking_uri, **shared_ray.driver_env(),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(INTEGRATION), os.environ.get("PYTHONPATH")]))})
+    argv = shlex.split(mounted(kinds["RayJob"]["spec"]["entrypoint"]))
+    assert argv[:2] == ["podium", "run"]
+    proc = podium(["promote", *argv[2:]], env, cwd=tmp_path)
+    promoted = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert promoted["run_name"] == run_name and promoted["promoted"]["version"] == "v000001", promoted
+    assert read_current(night["serving"]).version == "v000001"  # on the shared volume, where the serve pod reads
+
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "podium-serve"]
+    (main,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert main["command"] == ["podium"]
+    args = [mounted(a) for a in main["args"]]
+    parsed = build_parser().parse_args(args)
+    assert (parsed.command, parsed.serving, parsed.host, parsed.port) == ("serve", night["serving"], "0.0.0.0", 8000)
+    # the rendered flags but the location and the port (a free one here): --host, --replicas, --num-cpus
+    rest = [a for i, a in enumerate(args) if a not in ("--serving", "--port") and args[i - 1] not in ("--serving",
+                                                                                                        "--port")]
+    body = json.dumps({"dataframe_split": {"columns": FEATURES, "data": [[1.0, 0.2, 0.0, 0.0]]}}).encode()
+    with serving(night["serving"], env, *rest[1:]) as served:
+        answer = call(f"{served.url}/invocations", body)
+    assert (answer.status, answer.version) == (200, "v000001"), answer
+    assert len(json.loads(answer.body)["predictions"]) == 1, answer.body
 
 
 def _flow_run(name: str, state) -> str:
