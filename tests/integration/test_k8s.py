@@ -234,7 +234,8 @@ WATCHED = {
 
 
 @pytest.mark.parametrize("case", list(WATCHED))
-def test_watch_records_the_rayjobs_end_on_the_nightly_flow_run_and_exits_with_podiums_code(case, prefect_api):
+def test_watch_records_the_rayjobs_end_on_the_nightly_flow_run_and_exits_with_podiums_code(case, prefect_api,
+                                                                                             tmp_path):
     """`podium k8s watch` through the real process, reading a fake Kubernetes API: its lines, its exit code, and the
     state of the night's flow run on a real Prefect server afterwards."""
     from prefect.states import Completed, Running
@@ -249,9 +250,13 @@ def test_watch_records_the_rayjobs_end_on_the_nightly_flow_run_and_exits_with_po
     if left is not None:
         _flow_run(name, Running() if left == "RUNNING" else Completed(message="promoted step 1 as v000001"))
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    named = ["--run-name", template]
+    if case == "head lost":  # the run named by the config the manifests were rendered from, as the docs run it
+        (tmp_path / "podium.toml").write_text(f'run_name = "{template.removesuffix("-{date}")}"\n')
+        named = ["--config", str(tmp_path / "podium.toml")]
     with fake_kubernetes_api("podium", "podium-nightly", sequence) as url:
-        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1", "--run-name", template],
-                      env, check=False)
+        proc = podium(["k8s", "watch", "podium-nightly", "--api-url", url, "--poll-s", "0.1", *named], env,
+                      check=False, cwd=tmp_path)
     assert proc.returncode == code, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert [line.split(": ")[1] for line in lines[:-1]] == phases, proc.stdout
