@@ -9,19 +9,28 @@ one with neither).
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from podium.core.rayjob import RayJobOutcome, observe_rayjob, rayjob_outcome
+from podium import prefect_api
+from podium.config import RUN_NAME_PLACEHOLDERS, expand_run_name
+from podium.core.rayjob import RayJobOutcome, flow_run_end, observe_rayjob, rayjob_outcome
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 IN_CLUSTER_API = "https://kubernetes.default.svc"
+NIGHTLY_FLOW = "train-validate-promote"  # the flow `podium run` runs (podium.flows.pipeline; a unit test holds it)
+# the RayJob's start is the cluster's, before `podium run` makes its flow run: a flow run that seems to start up to
+# this long before it (the two clocks apart) is still this RayJob's
+CLOCK_SKEW = timedelta(minutes=2)
+PATTERNS = {"date": r"\d{8}", "datetime": r"\d{8}-\d{6}"}
 
 
 class KubernetesApiError(Exception):
@@ -71,3 +80,52 @@ def watch_rayjob(read: Callable[[], dict[str, Any] | None], poll_s: float = 10.0
             return outcome
         last = outcome
         sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The RayJob's end as podium says it and exits with, and one line saying what its flow run shows now."""
+
+    outcome: RayJobOutcome
+    line: str
+
+
+def flow_run_name_pattern(run_name: str) -> re.Pattern[str]:
+    """The names of the flow runs `podium run` makes for a run name ({date}, {datetime} filled: any night's)."""
+    pattern = re.escape(run_name)
+    for key in RUN_NAME_PLACEHOLDERS:
+        pattern = pattern.replace(re.escape("{" + key + "}"), PATTERNS[key])
+    return re.compile(pattern + "-run")
+
+
+def record_rayjob_end(outcome: RayJobOutcome, rayjob: str, run_name: str, started: datetime | None) -> Recorded:
+    """Record a RayJob's end (`outcome`, final) as the state of the nightly's Prefect flow run: the latest flow run
+    of `run_name` (the RayJob's config's, {date} filled at any night) that started after the RayJob did. Which
+    state it gets is `podium.core.rayjob.flow_run_end`'s; a RayJob that never started `podium run` gets a flow run
+    made in its end state. Nothing is recorded (the line says why) when the RayJob's start was never seen (its
+    flow run cannot be told from another night's) or the Prefect server does not answer."""
+    if started is None:
+        return Recorded(outcome, "not recorded in Prefect: the RayJob's start was never seen, so its flow run "
+                                 "cannot be told from another night's")
+    server = prefect_api.link().api_url
+    runs = prefect_api.flow_runs_named_like(NIGHTLY_FLOW, run_name.split("{", 1)[0], started - CLOCK_SKEW)
+    if runs is None:
+        return Recorded(outcome, f"not recorded in Prefect: the Prefect server {server} does not answer")
+    pattern = flow_run_name_pattern(run_name)
+    latest = next((r for r in runs if pattern.fullmatch(r.name)), None)
+    end = flow_run_end(outcome, latest.state_type if latest else None, latest.message if latest else "")
+    ended = end.outcome
+    kind = ended.prefect_state.capitalize()
+    state = kind if ended.prefect_state_name == kind else f"{ended.prefect_state_name} ({kind})"
+    message = f"RayJob {rayjob}: {ended.reason}"
+    if latest is not None and not end.write:
+        return Recorded(ended, f"flow run {latest.name}: {state}, as podium run ended it")
+    if latest is not None:
+        if prefect_api.record_flow_state(latest.id, ended.prefect_state, ended.prefect_state_name, message):
+            return Recorded(ended, f"flow run {latest.name}: {state} recorded")
+        return Recorded(ended, f"not recorded in Prefect: the Prefect server {server} did not take flow run "
+                               f"{latest.name}'s state")
+    name = f"{expand_run_name(run_name, started)}-run"
+    if prefect_api.create_ended_flow_run(NIGHTLY_FLOW, name, ended.prefect_state, ended.prefect_state_name, message):
+        return Recorded(ended, f"flow run {name}: {state} recorded (podium run never started one)")
+    return Recorded(ended, f"not recorded in Prefect: the Prefect server {server} did not take flow run {name}")

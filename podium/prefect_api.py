@@ -34,6 +34,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -579,22 +581,87 @@ def record_flow_end(flow_run_id: str | None, summary_line: str, failed: bool = F
     """Record the flow run's end, Completed (or Failed), where the engine cannot: it could not when the
     server was down then, or the process ends before the engine does (its Ray cluster lost). True if the
     server took it."""
+    return record_flow_state(flow_run_id, "FAILED" if failed else "COMPLETED", "Failed" if failed else "Completed",
+                             summary_line)
+
+
+def record_flow_state(flow_run_id: str | None, state_type: str, state_name: str, message: str) -> bool:
+    """Set a flow run's state (`state_type` a Prefect StateType's value, named `state_name`), forced: its end as
+    someone other than its engine knows it (the CLI after an outage, `podium k8s watch` after the RayJob's).
+    True if the server took it."""
     if not flow_run_id:
         return False
 
     def record() -> bool:
 
         from prefect.client.orchestration import get_client
-        from prefect.client.schemas.objects import State
-        from prefect.states import Completed, Failed
+        from prefect.client.schemas.objects import State, StateType
 
-        state: State = Failed(message=summary_line) if failed else Completed(message=summary_line)
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(UUID(flow_run_id), state, force=True)
+            client.set_flow_run_state(UUID(flow_run_id), State(type=StateType(state_type), name=state_name,
+                                                               message=message), force=True)
         return True
 
     current = link()
     return bool(current.probe(timeout=3.0) and current.call("recording the flow run's end", record))
 
 
+@dataclass(frozen=True)
+class FlowRunSeen:
+    """A flow run as a reader outside it sees it: its id, name, state type (None: no state yet) and message."""
 
+    id: str
+    name: str
+    state_type: str | None
+    message: str
+
+
+def flow_runs_named_like(flow_name: str, name_prefix: str, started_after: datetime) -> list[FlowRunSeen] | None:
+    """The flow runs of flow `flow_name` whose name starts with `name_prefix`, expected to start after
+    `started_after`, the latest first; None when the server does not answer."""
+
+    def read() -> list[FlowRunSeen]:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            FlowFilter,
+            FlowFilterName,
+            FlowRunFilter,
+            FlowRunFilterExpectedStartTime,
+            FlowRunFilterName,
+        )
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name_prefix),
+                                              expected_start_time=FlowRunFilterExpectedStartTime(after_=started_after)),
+                sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=50)
+        return [FlowRunSeen(str(r.id), r.name, r.state.type.value if r.state else None,
+                            (r.state.message or "") if r.state else "")
+                for r in runs if r.name.startswith(name_prefix)]
+
+    current = link()
+    return current.call("reading flow runs", read) if current.probe(timeout=3.0) else None
+
+
+def create_ended_flow_run(flow_name: str, flow_run_name: str, state_type: str, state_name: str,
+                          message: str) -> str | None:
+    """Make a flow run of flow `flow_name` that is already in its end state (a run whose process never started:
+    what happened shows in the UI where its flow run would be). Its id, or None when the server does not answer."""
+
+    def create() -> str:
+        from prefect import Flow
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.objects import State, StateType
+
+        def never_runs() -> None:
+            """The flow this run is recorded under; the run's code is elsewhere."""
+
+        with get_client(sync_client=True) as client:
+            run = client.create_flow_run(Flow(never_runs, name=flow_name), name=flow_run_name, tags=["podium"],
+                                         state=State(type=StateType(state_type), name=state_name, message=message))
+        return str(run.id)
+
+    current = link()
+    return current.call("recording a flow run", create) if current.probe(timeout=3.0) else None

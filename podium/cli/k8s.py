@@ -1,15 +1,16 @@
 """`podium k8s`: podium's jobs on Kubernetes.
 
     podium k8s render --config podium.toml [--cluster cluster.toml] [--out k8s/]
-    podium k8s watch podium-nightly [--namespace podium] [--api-url URL]
+    podium k8s watch podium-nightly --config podium.toml [--namespace podium] [--api-url URL]
 
 `render` writes the manifests (podium.deployments.k8s): with --out, one file each (the YAML resources, and the
 Prefect work pool's base job template in prefect/work-pool.json, a folder `kubectl apply -f` does not read);
 without, the Kubernetes resources as one YAML stream on stdout, for `kubectl apply -f -`. A config the pods
 could not run with is refused before anything is written.
 
-`watch` follows a RayJob until it is over and exits with the code `podium run` would have (0 done, 1 failed or
-timed out, 3 the cluster's head lost or the RayJob deleted before its end, 143 stopped).
+`watch` follows a RayJob until it is over, records its end as the state of the nightly's Prefect flow run (on
+PREFECT_API_URL; the run named by --config or --run-name), and exits with the code `podium run` would have (0 done,
+1 failed or timed out, 3 the cluster's head lost or the RayJob deleted before its end, 143 stopped).
 """
 
 from __future__ import annotations
@@ -17,14 +18,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from podium import prefect_api
 from podium.cli.errors import CliError
 from podium.config import load_config, load_table_file
-from podium.deployments.k8s_watch import KubernetesApiError, in_cluster_api, read_rayjob, watch_rayjob
+from podium.core.rayjob import RayJobOutcome, observe_rayjob
+from podium.deployments.k8s_watch import (
+    KubernetesApiError,
+    Recorded,
+    in_cluster_api,
+    read_rayjob,
+    record_rayjob_end,
+    watch_rayjob,
+)
 from podium.errors import ConfigError
 from podium.settings import PodiumSettings
 
@@ -48,6 +59,10 @@ def add_k8s_parser(sub: Any) -> None:
     watch.add_argument("--api-url", help="Kubernetes API (default: the pod's service account's, else kubectl "
                                          "proxy's http://127.0.0.1:8001).")
     watch.add_argument("--poll-s", type=float, default=10.0, help="Seconds between reads (default: %(default)s).")
+    named = watch.add_mutually_exclusive_group()
+    named.add_argument("--config", help="The podium config the manifests were rendered from (or the ConfigMap's "
+                                        "podium.json): its nightly run's flow run gets the RayJob's end.")
+    named.add_argument("--run-name", help="The RayJob's run name instead (as the ConfigMap has it: nightly-{date}).")
     watch.set_defaults(func=cmd_watch)
 
 
@@ -90,17 +105,55 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def nightly_run_name(args: argparse.Namespace) -> str | None:
+    """The run name of the RayJob's `podium run` ({date} unfilled), from --run-name or --config; None: neither."""
+    from podium.deployments.k8s import home_of, load_cluster_settings, nightly_config
+
+    if args.run_name:
+        return str(args.run_name)
+    if not args.config:
+        return None
+    try:
+        home = Path(home_of(load_cluster_settings({})))
+        return nightly_config(load_config(args.config, {}, PodiumSettings(home=home))).run_name
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
-    """Follow a RayJob; print each change of its state in podium's terms; exit with the final outcome's code."""
+    """Follow a RayJob; print each change of its state in podium's terms; record its end on the nightly's flow
+    run; exit with the final outcome's code."""
+    prefect_api.bound_client_settings(os.environ)  # before Prefect is imported
+    run_name = nightly_run_name(args)  # a config that does not load is refused before the watch
     api_url, token, context = in_cluster_api()
     if args.api_url:
         api_url, context = args.api_url, None
-    say = lambda o: print(f"{args.namespace}/{args.name}: {o.prefect_state_name} ({o.phase}): {o.reason}",
-                          flush=True)
+    rayjob = f"{args.namespace}/{args.name}"
+    say = lambda o: print(f"{rayjob}: {o.prefect_state_name} ({o.phase}): {o.reason}", flush=True)
+    last: list[dict[str, Any] | None] = [None]
+
+    def read() -> dict[str, Any] | None:
+        resource = read_rayjob(api_url, args.namespace, args.name, token, context)
+        if resource is not None:
+            last[0] = resource
+        return resource
+
     try:
-        outcome = watch_rayjob(lambda: read_rayjob(api_url, args.namespace, args.name, token, context),
-                               poll_s=args.poll_s, on_change=say)
+        # the final outcome is said once recorded: the flow run's own end may change it (a RayJob cleaned up)
+        outcome = watch_rayjob(read, poll_s=args.poll_s, on_change=lambda o: None if o.final else say(o))
     except KubernetesApiError as exc:
         raise CliError(str(exc)) from None
-    assert outcome.exit_code is not None  # a final outcome has one
-    return outcome.exit_code
+    recorded = record_end(outcome, rayjob, run_name, observe_rayjob(last[0]).start_time)
+    say(recorded.outcome)
+    print(f"{rayjob}: {recorded.line}", flush=True)
+    assert recorded.outcome.exit_code is not None  # a final outcome has one
+    return recorded.outcome.exit_code
+
+
+def record_end(outcome: RayJobOutcome, rayjob: str, run_name: str | None, started: datetime | None) -> Recorded:
+    """The RayJob's end recorded on its flow run where podium knows the run and the Prefect server."""
+    if run_name is None:
+        return Recorded(outcome, "not recorded in Prefect: give --config (or --run-name) to name the run")
+    if prefect_api.link().api_url is None:
+        return Recorded(outcome, "not recorded in Prefect: PREFECT_API_URL is not set")
+    return record_rayjob_end(outcome, rayjob, run_name, started)

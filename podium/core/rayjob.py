@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 # podium.errors' exit codes (docs/commands.md), here because the core imports nothing outside it; a unit test
 # holds them equal
@@ -20,6 +20,7 @@ EXIT_STOPPED = 143  # as `podium run` stopped by SIGTERM
 # checks the deadline on its own reconcile loop, not to the second
 DEADLINE_GRACE_S = 120.0
 
+StateType = Literal["PENDING", "RUNNING", "PAUSED", "COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
 Phase = Literal["pending", "running", "retrying", "suspended", "succeeded", "failed", "timed_out", "stuck",
                 "head_lost", "stopped", "cleaned_up"]
 
@@ -45,7 +46,7 @@ class RayJobOutcome:
     """A RayJob's state in podium's terms: a Prefect flow-run state (type and name) and, once final, an exit code."""
 
     phase: Phase
-    prefect_state: Literal["PENDING", "RUNNING", "PAUSED", "COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
+    prefect_state: StateType
     prefect_state_name: str
     exit_code: int | None  # None while the RayJob is not over
     reason: str
@@ -133,3 +134,36 @@ def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome |
         return RayJobOutcome("running", "RUNNING", "Running", None, "the training runs")
     return RayJobOutcome("pending", "PENDING", "Pending", None,
                          f"the Ray cluster is starting ({status or 'no status yet'})")
+
+
+# a flow run's end as an exit code, as `podium run` exits for it (docs/commands.md)
+FLOW_RUN_EXIT = {"COMPLETED": 0, "FAILED": EXIT_FAILED, "CRASHED": EXIT_UNREACHABLE, "CANCELLED": EXIT_STOPPED}
+
+
+@dataclass(frozen=True)
+class FlowRunEnd:
+    """What a RayJob's end does to the nightly's Prefect flow run: the outcome said and exited with, and whether
+    its state is written on the flow run (False: podium's own record of the run's end stands)."""
+
+    outcome: RayJobOutcome
+    write: bool
+
+
+def flow_run_end(outcome: RayJobOutcome, flow_state: str | None, flow_message: str = "") -> FlowRunEnd:
+    """The flow run's state once the RayJob is over (`outcome` final), given the state type the nightly's flow run
+    shows (None: the RayJob made none, `podium run` never started).
+
+    A flow run already ended (Completed, Failed, Crashed, Cancelled) was ended by `podium run` itself, which knows
+    what the run did: it stands. A RayJob cleaned up before its end was seen then ends as its flow run did (its
+    exit code is that state's). A flow run still Running, Pending or Paused was left so by a driver that is gone
+    with its cluster (head lost, the last attempt failed, the deadline passed, the RayJob deleted): it gets the
+    RayJob's outcome, with the reason. None: a flow run in the outcome's state is made, so the night shows."""
+    if flow_state is None or flow_state not in FLOW_RUN_EXIT:
+        return FlowRunEnd(outcome, write=True)
+    if outcome.phase == "cleaned_up":
+        said = f": {flow_message}" if flow_message else ""
+        name = flow_state.capitalize()
+        return FlowRunEnd(RayJobOutcome("cleaned_up", cast(StateType, flow_state), name, FLOW_RUN_EXIT[flow_state],
+                                        f"the RayJob was deleted after podium ended its flow run {name}{said}"),
+                          write=False)
+    return FlowRunEnd(outcome, write=False)

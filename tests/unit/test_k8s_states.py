@@ -10,8 +10,8 @@ from prefect.client.schemas.objects import State, StateType
 
 from podium import errors
 from podium.core import rayjob as states
-from podium.core.rayjob import DEADLINE_GRACE_S, observe_rayjob, rayjob_outcome
-from podium.deployments.k8s_watch import read_rayjob, watch_rayjob
+from podium.core.rayjob import DEADLINE_GRACE_S, FlowRunEnd, flow_run_end, observe_rayjob, rayjob_outcome
+from podium.deployments.k8s_watch import NIGHTLY_FLOW, flow_run_name_pattern, read_rayjob, watch_rayjob
 from tests.helpers.fake_kubernetes import fake_kubernetes_api, rayjob
 
 START = datetime(2026, 1, 1, 2, 0, tzinfo=timezone.utc)
@@ -79,3 +79,39 @@ def test_the_watcher_follows_the_fake_apis_sequence_to_its_end(sequence, phases,
                                on_change=lambda o: seen.append(o.phase), now=lambda: START + timedelta(minutes=5))
     assert seen == phases
     assert outcome.exit_code == code
+
+
+def _final(name: str):
+    seen, after_s, *_ = CASES[name]
+    return rayjob_outcome(observe_rayjob(rayjob(seen)), START + timedelta(seconds=after_s))
+
+
+@pytest.mark.parametrize("flow_state", ["RUNNING", "PENDING", "PAUSED", "SCHEDULED", None])
+@pytest.mark.parametrize("name", ["failed after backoff", "stuck past its deadline", "head lost", "succeeded"])
+def test_a_flow_run_its_driver_left_unended_gets_the_rayjobs_end(name, flow_state):
+    end = flow_run_end(_final(name), flow_state)
+    assert end.write and end.outcome == _final(name)
+
+
+@pytest.mark.parametrize("flow_state, code", [("COMPLETED", 0), ("FAILED", 1), ("CRASHED", 3), ("CANCELLED", 143)])
+def test_a_flow_run_podium_ended_stands_and_a_cleaned_up_rayjob_ends_as_it_did(flow_state, code):
+    assert flow_run_end(_final("head lost"), flow_state) == FlowRunEnd(_final("head lost"), write=False)
+    gone = rayjob_outcome(observe_rayjob(None), START,
+                          last=rayjob_outcome(observe_rayjob(rayjob(status("Running", "RUNNING"))), START))
+    end = flow_run_end(gone, flow_state, "nightly-20260101: done")
+    assert not end.write
+    assert (end.outcome.phase, end.outcome.prefect_state, end.outcome.exit_code) == ("cleaned_up", flow_state, code)
+    assert end.outcome.reason.endswith(f"ended its flow run {flow_state.capitalize()}: nightly-20260101: done")
+
+
+def test_the_flow_run_names_of_a_nightly_run_name():
+    pattern = flow_run_name_pattern("fraud.v2-{date}")
+    assert pattern.fullmatch("fraud.v2-20260101-run")
+    assert not pattern.fullmatch("fraudxv2-20260101-run") and not pattern.fullmatch("fraud.v2-20260101-promote")
+    assert flow_run_name_pattern("n-{datetime}").fullmatch("n-20260101-020000-run")
+
+
+def test_the_flow_the_watch_records_on_is_podium_runs():
+    from podium.flows.pipeline import train_validate_promote
+
+    assert NIGHTLY_FLOW == train_validate_promote.name
