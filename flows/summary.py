@@ -60,8 +60,8 @@ def run_shortfall(summary: RunSummary) -> str | None:
     if failure:
         return f"{failure}. Each reason is on its MLflow record and in `podium status`"
     approval = summary.promotion.approval
-    if approval and approval.get("via") == VIA_UNASKED:
-        return (f"{approval['reason']}: nothing was promoted; `podium promote --run-name {summary.run_name}` asks "
+    if approval and approval.via == VIA_UNASKED:
+        return (f"{approval.reason}: nothing was promoted; `podium promote --run-name {summary.run_name}` asks "
                 "again")
     return None
 
