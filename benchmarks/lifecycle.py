@@ -36,6 +36,7 @@ Operations (a sequence's plan is drawn from its seed before it starts; the plan,
   ctrl-c-after-switch  promote --always-promote, SIGINT to the process group right after the switch of CURRENT
                (the test-only hook PODIUM_TEST_PAUSE_AT=after-switch holds it there until the signal): the
                promotion stands and the command says so (`late_stop` in its JSON)                  0
+               Its run is one that switches: not the champion, its checkpoint not withdrawn (`switch_run`)
   promote-other-settings  `podium promote --run-name pool-acc` with a config that names no metric or mode:
                the run was made with metric accuracy, mode max, and is promoted by them        0, by accuracy
   sigterm      the same with SIGTERM                                                             143
