@@ -36,6 +36,7 @@ Operations (a sequence's plan is drawn from its seed before it starts; the plan,
   ctrl-c-after-switch  promote --always-promote, SIGINT to the process group right after the switch of CURRENT
                (the test-only hook PODIUM_TEST_PAUSE_AT=after-switch holds it there until the signal): the
                promotion stands and the command says so (`late_stop` in its JSON)                  0
+               Its run is one that switches: not the champion, its checkpoint not withdrawn (`switch_run`)
   promote-other-settings  `podium promote --run-name pool-acc` with a config that names no metric or mode:
                the run was made with metric accuracy, mode max, and is promoted by them        0, by accuracy
   sigterm      the same with SIGTERM                                                             143
@@ -613,10 +614,36 @@ class Sequence:
         step.commands.append(Command(["approve", "--run-name", op.run], answer,
                                      tuple(c for c in range(1, 256) if c != 0), "the run's process was killed", out))
 
+    def switch_run(self, op: Op, loc: Location) -> None:
+        """A run whose promotion switches CURRENT, for ctrl-c-after-switch (its signal lands after the switch): not the
+        location's champion (found in place, nothing switches) and with its checkpoint not withdrawn (a rollback, of
+        any sequence, withdrew it: the pool's runs are shared, and a withdrawn checkpoint is not promoted again). The
+        planned one if it is such a run, else the first of the pool in a seeded order; where none is, one that is not
+        the champion; where every run is, the planned one."""
+        from podium.serving.layout import read_current, withdrawn_checkpoints
+        from podium.tracking.records import list_records
+        from podium.tracking.runs import find_tracking_run
+
+        current = read_current(loc.serving) if os.path.exists(loc.serving) else None
+        champion = current.manifest.get("run_name") if current else None
+        withdrawn_here = withdrawn_checkpoints(loc.serving) if current else {}
+
+        def withdrawn(run: str) -> bool:
+            try:
+                records = list_records(find_tracking_run(self.world.tracking_uri, POOL_EXPERIMENT, run))
+            except LookupError:
+                return True
+            return bool(records) and all(r.withdrawn or r.uri in withdrawn_here for r in records)
+
+        others = [r for r in self.world.pool if r != champion and r != op.run]
+        random.Random(self.seed).shuffle(others)
+        candidates = ([op.run] if op.run != champion else []) + others
+        op.run = next((r for r in candidates if not withdrawn(r)), candidates[0] if candidates else op.run)
+
     def after_switch(self, step: Step, op: Op, loc: Location) -> None:
         """promote --always-promote held right after its switch of CURRENT (the test-only hook of
         podium.tasks.carry_out.pause_for_tests), then SIGINT to its process group: the promotion stands, exit 0."""
-        self.candidate_run(op, loc)
+        self.switch_run(op, loc)
         args = self.promote_args(op, loc)
         marker = self.folder / f"paused-{step.index}"
         attempt = Attempt(args, {**self.world.env, "PODIUM_TEST_PAUSE_AT": "after-switch",

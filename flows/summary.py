@@ -60,8 +60,8 @@ def run_shortfall(summary: RunSummary) -> str | None:
     if failure:
         return f"{failure}. Each reason is on its MLflow record and in `podium status`"
     approval = summary.promotion.approval
-    if approval and approval.get("via") == VIA_UNASKED:
-        return (f"{approval['reason']}: nothing was promoted; `podium promote --run-name {summary.run_name}` asks "
+    if approval and approval.via == VIA_UNASKED:
+        return (f"{approval.reason}: nothing was promoted; `podium promote --run-name {summary.run_name}` asks "
                 "again")
     return None
 
@@ -76,7 +76,7 @@ def outcome_in_words(summary: RunSummary) -> str:
     did = (f"promoted step {p.step} ({p.metric}={format_number(p.value)}) as {p.version}" if p and p.value is not None
            else f"promoted step {p.step} as {p.version}" if p else f"nothing promoted: {summary.promotion.reason}")
     watch = summary.promotion.watch  # the watch after the switch: final, or rolled back (podium.tasks.watch)
-    did = f"{did}; {watch.get('reason')}" if p and watch else did
+    did = f"{did}; {watch.reason}" if p and watch else did
     early = summary.stopped_early
     did = f"stopped early at step {early.step} ({early.reason}); {did}" if early else did
     return f"{did}; {summary.late_stop}" if summary.late_stop else did

@@ -53,9 +53,9 @@ def approval_form(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcom
              f"- **Candidate**: step {c.step}, {p.metric} = {format_number(c.value)} ({p.mode}), staged as serving "
              f"{c.version}, MLflow `{p.registered_model}` v{c.mlflow_version} @{challenger_alias(p.alias)}",
              f"- **Champion**: {champion}", f"- **Decision so far**: {c.reason}"]
-    lines += [f"- {check['text']}" for check in outcome.checks]
+    lines += [f"- {check.describe()}" for check in outcome.checks]
     if outcome.shadow:
-        lines.append(f"- **Shadow**: {outcome.shadow['reason']}")
+        lines.append(f"- **Shadow**: {outcome.shadow.reason}")
     if mlflow_ui:  # what deciding needs first: this candidate, and every checkpoint against the champion
         candidate = (f"[the candidate's metrics]({tracking.logged_model_url(mlflow_ui, c.model_id)}) · "
                      if c.model_id else "")

@@ -34,16 +34,20 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_serializer, field_validator
 
-from podium.core.approval import challenger_alias
+from podium.core.approval import Approval, challenger_alias
+from podium.core.comparison import Comparison, comparison_from_dict, comparison_to_dict
 from podium.core.numbers import format_number
+from podium.core.policy import Check, check_from_dict, check_to_dict
 from podium.core.promotion import Decision, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
+from podium.core.shadow import ShadowVerdict
+from podium.core.watch import WatchOutcome
 from podium.progress import say
 from podium.serving import layout, staging
 from podium.serving.location import ensure_location
@@ -110,12 +114,59 @@ class PromotionOutcome(BaseModel):
     # what the best was compared against: the champion's value and where it came from
     champion_before_value: float | None = None
     champion_before_run: str | None = None
-    comparison: dict[str, Any] | None = None  # which numbers were compared, on which data (podium.core.comparison)
-    checks: list[dict[str, Any]] = []  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
+    comparison: Comparison | None = None  # which numbers were compared, on which data (podium.core.comparison)
+    checks: tuple[Check, ...] = ()  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
     awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
-    approval: dict[str, Any] | None = None  # the decision on it (podium.core.approval.Approval), once made
-    shadow: dict[str, Any] | None = None  # its shadow's verdict and numbers (podium.core.shadow.ShadowVerdict)
-    watch: dict[str, Any] | None = None  # the watch after its switch: passed, rolled-back, ... (podium.tasks.watch)
+    approval: Approval | None = None  # the decision on it (podium.core.approval), once made
+    shadow: ShadowVerdict | None = None  # its shadow's verdict and numbers (podium.core.shadow)
+    watch: WatchOutcome | None = None  # the watch after its switch: passed, rolled-back, ... (podium.tasks.watch)
+
+    # the core types travel as they are; as data (the attempt record, `--json`, a Prefect result) each takes the
+    # form it always had: the plain data of its own `as_dict` / `check_to_dict` / `comparison_to_dict`
+    @field_validator("comparison", mode="before")
+    @classmethod
+    def _read_comparison(cls, value: Any) -> Any:
+        return comparison_from_dict(value) if isinstance(value, Mapping) else value
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _read_checks(cls, value: Any) -> Any:
+        return tuple(check_from_dict(c) if isinstance(c, Mapping) else c for c in value or ())
+
+    @field_validator("approval", mode="before")
+    @classmethod
+    def _read_approval(cls, value: Any) -> Any:
+        return Approval.from_dict(value) if isinstance(value, Mapping) else value
+
+    @field_validator("shadow", mode="before")
+    @classmethod
+    def _read_shadow(cls, value: Any) -> Any:
+        return ShadowVerdict.from_dict(value) if isinstance(value, Mapping) else value
+
+    @field_validator("watch", mode="before")
+    @classmethod
+    def _read_watch(cls, value: Any) -> Any:
+        return WatchOutcome.from_dict(value) if isinstance(value, Mapping) else value
+
+    @field_serializer("comparison")
+    def _comparison_data(self, value: Comparison | None) -> dict[str, Any] | None:
+        return comparison_to_dict(value) if value is not None else None
+
+    @field_serializer("checks")
+    def _checks_data(self, value: tuple[Check, ...]) -> list[dict[str, Any]]:
+        return [check_to_dict(c) for c in value]
+
+    @field_serializer("approval")
+    def _approval_data(self, value: Approval | None) -> dict[str, Any] | None:
+        return value.as_dict() if value is not None else None
+
+    @field_serializer("shadow")
+    def _shadow_data(self, value: ShadowVerdict | None) -> dict[str, Any] | None:
+        return value.as_dict() if value is not None else None
+
+    @field_serializer("watch")
+    def _watch_data(self, value: WatchOutcome | None) -> dict[str, Any] | None:
+        return value.as_dict() if value is not None else None
 
 
 class StopPoint(Protocol):

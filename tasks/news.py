@@ -14,6 +14,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.approval import VIA_SHADOW, challenger_alias
+from podium.core.policy import check_to_dict
 from podium.core.records import CheckpointRecord
 from podium.prefect_events import (
     EVENT_APPROVED,
@@ -44,8 +45,9 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": cfg.promotion.metric,
         "mode": cfg.promotion.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
         "champion_before_value": outcome.champion_before_value, "champion_before_run": outcome.champion_before_run,
-        "serving": plan.serving, "checks": outcome.checks, "approval": outcome.approval,
-        "shadow": outcome.shadow}
+        "serving": plan.serving, "checks": [check_to_dict(c) for c in outcome.checks],
+        "approval": outcome.approval.as_dict() if outcome.approval else None,
+        "shadow": outcome.shadow.as_dict() if outcome.shadow else None}
     if p is not None:
         payload.update({"version": p.version, "mlflow_version": p.mlflow_version, "step": p.step, "value": p.value,
                         "uri": p.uri, "checkpoint_uri": p.checkpoint_uri})
@@ -54,7 +56,7 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         payload.update({"version": c.version, "mlflow_version": c.mlflow_version, "step": c.step, "value": c.value,
                         "checkpoint_uri": c.checkpoint_uri, "alias": challenger_alias(cfg.promotion.alias)})
         return [EVENT_SHADOWING if c.shadow_id and outcome.shadow is None else EVENT_AWAITING_APPROVAL], payload
-    if outcome.approval is not None and outcome.approval.get("via") != VIA_SHADOW:
+    if outcome.approval is not None and outcome.approval.via != VIA_SHADOW:
         return ([EVENT_APPROVED, EVENT_PROMOTED] if p is not None else [EVENT_REJECTED]), payload
     return [EVENT_PROMOTED if p is not None else EVENT_REFUSED], payload
 

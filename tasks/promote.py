@@ -15,8 +15,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
-from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, checks_summary, comparison_summary, decide_promotion
+from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
+from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
 from podium.serving.shadow import check_no_shadow
 from podium.settings import current_user
@@ -133,7 +134,7 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
                             # the reference line of the chart: only a value of the same metric
                             champion_before_value=champion.value if champion and champion.metric == p.metric else None,
                             champion_before_run=champion.run_name if champion else None,
-                            comparison=comparison_summary(decision), checks=checks_summary(decision))
+                            comparison=decision.comparison, checks=decision.checks)
 
 
 def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
@@ -145,10 +146,11 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
     (`outcome.shadow`) go with the decision: manifest, history record, registry tags and the attempt record."""
     p, candidate = plan.config.promotion, outcome.awaiting
     assert candidate is not None
-    decided = approval.as_dict()
-    shadow = {"shadow": outcome.shadow} if outcome.shadow else {}  # the numbers the decision was made on
+    decided = approval.as_dict()  # as the manifest and the history record keep it
+    # the numbers the decision was made on, as they keep them
+    shadow = {"shadow": outcome.shadow.as_dict()} if outcome.shadow else {}
     # a person approving after a shadow: the reason says both (a shadow's own verdict says it already)
-    shadow_said = f"{outcome.shadow['reason']}; " if outcome.shadow and approval.via != VIA_SHADOW else ""
+    shadow_said = f"{outcome.shadow.reason}; " if outcome.shadow and approval.via != VIA_SHADOW else ""
     version = layout.PromotedVersion(version=candidate.version, uri=candidate.uri,
                                      manifest={**candidate.manifest, "approval": decided, **shadow})
     with promotion_lock(plan.serving) as still_locked:
@@ -183,7 +185,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
                                      challenger_alias(p.alias), candidate.model_id, promoted is not None,
                                      {**tags, "podium.decision": reason[:5000]}, discarded=discarded)
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
-                                             "approval": decided})
+                                             "approval": approval})
         record_attempt(plan.serving, tracking, settled)
     logger.info("promotion: %s", reason)
     return settled
@@ -211,14 +213,16 @@ def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidat
                        type(failed).__name__, failed)
 
 
-def shadow_tags(verdict: dict[str, Any] | None) -> dict[str, str]:
+def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
     """A shadow's verdict as registry tags (`podium.shadow`, `.requests`, `.error_rate`, ...): none without one."""
-    if not verdict:
+    if verdict is None:
         return {}
-    numbers = {k: verdict.get(k) for k in ("requests", "errors", "error_rate", "agreement", "latency_p95_ratio",
-                                           "champion_p95_s", "candidate_p95_s")}
-    return {"podium.shadow": "passed" if verdict.get("passed") else "refused",
-            "podium.shadow.reason": str(verdict.get("reason", ""))[:5000],
+    n = verdict.numbers
+    numbers = {"requests": n.requests, "errors": n.errors, "error_rate": n.error_rate, "agreement": n.agreement,
+               "latency_p95_ratio": n.latency_p95_ratio, "champion_p95_s": n.champion_p95_s,
+               "candidate_p95_s": n.candidate_p95_s}
+    return {"podium.shadow": "passed" if verdict.passed else "refused",
+            "podium.shadow.reason": verdict.reason[:5000],
             **{f"podium.shadow.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 
 

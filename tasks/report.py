@@ -9,6 +9,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from typing import Any, cast
 from uuid import UUID
 
@@ -21,8 +22,9 @@ from prefect.artifacts import (
 
 from podium import prefect_api
 from podium.charts import Mark, figure_png, metric_figure
+from podium.core.comparison import RESCORED, Comparison
 from podium.core.numbers import format_number, format_signed
-from podium.core.policy import LOADABLE, interval_text
+from podium.core.policy import LOADABLE, Check, interval_text
 from podium.core.promotion import REFUSED_BY_POLICY
 from podium.core.records import CheckpointRecord
 from podium.core.served import files_note
@@ -121,7 +123,7 @@ def outcome_texts(run_name: str, records: list[CheckpointRecord], metric: str,
         line = f"step {outcome.best_step} is the champion ({outcome.champion_before}), promoted earlier"
     elif outcome.reason.startswith(REFUSED_BY_POLICY):  # which checks refused it; the reason has their values
         line = "not promoted: " + outcome.reason.split(":", 1)[0]
-    elif any(c.get("kind") == LOADABLE and c.get("passed") is False for c in outcome.checks):  # the loadable gate
+    elif any(c.kind == LOADABLE and c.passed is False for c in outcome.checks):  # the loadable gate
         line = "not promoted: it would be served as files over a champion that loads as an MLflow model"
     else:
         line = "not promoted: " + outcome.reason.rsplit("; ", 1)[-1]
@@ -156,25 +158,23 @@ def promotion_markdown(run_name: str, outcome: PromotionOutcome, tracking_url: s
     return "\n".join(lines)
 
 
-def comparison_markdown(comparison: dict[str, Any] | None) -> list[str]:
+def comparison_markdown(comparison: Comparison | None) -> list[str]:
     """A table of the numbers the decision compared and the validation data each was measured on."""
-    if not comparison:
+    if comparison is None:
         return []
-    metric = comparison["metric"]
-    lines = ["", "## Compared on " + ("the same data" if _same_data(comparison) else "different data (see the note)"),
-             "", f"Current validation data: `{comparison['data']}`, digest `{comparison['digest']}`", "",
-             f"| | {metric} | measured on (digest) | how |", "|---|---|---|---|"]
-    for m in (comparison["candidate"], comparison.get("champion")):
-        if m:
-            how = m["how"] + (f" (before: {_fmt(m['stored_value'])} on `{m['stored_digest']}`)"
-                              if m["how"] == "re-scored" else "")
-            lines.append(f"| {m['who']} | {_fmt(m['value'])} | `{m['digest']}` | {how} |")
-    if comparison.get("note"):
-        lines += ["", f"Note: {comparison['note']}"]
+    lines = ["", "## Compared on " + ("the same data" if comparison.same_data else "different data (see the note)"),
+             "", f"Current validation data: `{comparison.data}`, digest `{comparison.digest}`", "",
+             f"| | {comparison.metric} | measured on (digest) | how |", "|---|---|---|---|"]
+    for m in (comparison.candidate, comparison.champion):
+        if m is not None:
+            how = m.how + (f" (before: {_fmt(m.stored_value)} on `{m.stored_digest}`)" if m.how == RESCORED else "")
+            lines.append(f"| {m.who} | {_fmt(m.value)} | `{m.digest}` | {how} |")
+    if comparison.note:
+        lines += ["", f"Note: {comparison.note}"]
     return lines
 
 
-def checks_markdown(checks: list[dict[str, Any]]) -> list[str]:
+def checks_markdown(checks: Sequence[Check]) -> list[str]:
     """The promotion policy's checks (thresholds, guards, confidence) as a table: both values, the limit,
     the bootstrap interval, and whether each held."""
     if not checks:
@@ -183,19 +183,14 @@ def checks_markdown(checks: list[dict[str, Any]]) -> list[str]:
              "|---|---|---|---:|---:|---:|---|---|"]
     for c in checks:
         interval = ""
-        if c.get("interval"):
-            interval = f"{interval_text(tuple(c['interval']))} at {c['level']:g}, {c['rows']} rows"
-        result = {True: "holds", False: "**fails**", None: "not checked"}[c["passed"]]
-        if c.get("note"):
-            result += f" ({c['note']})"
-        lines.append(f"| {c['kind']} | {c['metric']} | {c['rule']} | {c['limit']:g} | "
-                     f"{format_number(c.get('candidate'))} | {format_number(c.get('champion'))} | {interval} | {result} |")
+        if c.interval:
+            interval = f"{interval_text(c.interval)} at {c.level:g}, {c.rows} rows"
+        result = {True: "holds", False: "**fails**", None: "not checked"}[c.passed]
+        if c.note:
+            result += f" ({c.note})"
+        lines.append(f"| {c.kind} | {c.metric} | {c.rule} | {c.limit:g} | "
+                     f"{format_number(c.candidate)} | {format_number(c.champion)} | {interval} | {result} |")
     return lines
-
-
-def _same_data(comparison: dict[str, Any]) -> bool:
-    sides = [m for m in (comparison["candidate"], comparison.get("champion")) if m]
-    return comparison["digest"] is not None and all(m["digest"] == comparison["digest"] for m in sides)
 
 
 def lineage_lines(prov: dict[str, Any]) -> list[str]:

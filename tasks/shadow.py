@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from podium import prefect_api
 from podium.core.approval import Approval, shadowed, withdrawn
-from podium.core.shadow import ShadowLimits, ShadowNumbers, aggregate, decide_shadow
+from podium.core.shadow import ShadowLimits, ShadowNumbers, aggregate, decide_shadow, stopped_shadow
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.shadow import end_shadow, read_tallies
@@ -70,12 +70,8 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
             time.sleep(poll_s)
     finally:
         end_shadow(plan.serving, c.shadow_id)
-    if stopped:
-        verdict = {"passed": False, "stopped": True, "reason": "the run was stopped during the candidate's shadow",
-                   **numbers.as_dict()}
-    else:
-        verdict = decide_shadow(numbers, shadow_limits(plan), changed).as_dict()
-    say("shadow: %s %s", c.version, verdict["reason"])
+    verdict = stopped_shadow(numbers) if stopped else decide_shadow(numbers, shadow_limits(plan), changed)
+    say("shadow: %s %s", c.version, verdict.reason)
     return outcome.model_copy(update={"shadow": verdict})
 
 
@@ -84,38 +80,37 @@ def shadow_decision(plan: RunPlan, outcome: PromotionOutcome) -> Approval | None
     passed, promoted unless a person must approve it too (None: ask them, with the numbers)."""
     verdict = outcome.shadow
     assert verdict is not None
-    if verdict.get("stopped"):
-        return withdrawn(str(verdict["reason"]))
-    if not verdict["passed"] or plan.config.promotion.approval != "required":
-        return shadowed(bool(verdict["passed"]), str(verdict["reason"]))
+    if verdict.stopped:
+        return withdrawn(verdict.reason)
+    if not verdict.passed or plan.config.promotion.approval != "required":
+        return shadowed(verdict.passed, verdict.reason)
     return None
 
 
 def shadow_markdown(run_name: str, outcome: PromotionOutcome, limits: ShadowLimits) -> str:
     """The shadow comparison, as the Prefect artifact shows it."""
-    v, c = outcome.shadow or {}, outcome.awaiting
+    v, c = outcome.shadow, outcome.awaiting
+    n = v.numbers if v is not None else ShadowNumbers()
 
-    def pct(x: object) -> str:
-        return "n/a" if x is None else f"{100 * float(x):.1f} %"  # type: ignore[arg-type]
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f} %"
 
-    def ms(x: object) -> str:
-        return "n/a" if x is None else f"{1000 * float(x):.1f} ms"  # type: ignore[arg-type]
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{1000 * x:.1f} ms"
 
-    ratio = v.get("latency_p95_ratio")
-    rows = [("requests mirrored", str(v.get("requests", 0)), ""),
-            ("error rate", f"{pct(v.get('error_rate'))} ({v.get('errors', 0)})", f"≤ {pct(limits.max_error_rate)}"),
-            ("agreement", f"{pct(v.get('agreement'))} of {v.get('rows', 0)} predictions",
-             f"≥ {pct(limits.min_agreement)}"),
-            ("latency p95", f"{ms(v.get('candidate_p95_s'))} vs the champion's {ms(v.get('champion_p95_s'))}"
+    ratio = n.latency_p95_ratio
+    rows = [("requests mirrored", str(n.requests), ""),
+            ("error rate", f"{pct(n.error_rate)} ({n.errors})", f"≤ {pct(limits.max_error_rate)}"),
+            ("agreement", f"{pct(n.agreement)} of {n.rows} predictions", f"≥ {pct(limits.min_agreement)}"),
+            ("latency p95", f"{ms(n.candidate_p95_s)} vs the champion's {ms(n.champion_p95_s)}"
              + (f" (x{ratio:.2f})" if ratio is not None else ""), f"≤ x{limits.max_latency_p95_ratio:g}"),
-            ("replicas", str(v.get("replicas", 0)), "")]
+            ("replicas", str(n.replicas), "")]
     lines = [f"## Shadow of {c.version if c else 'the candidate'} ({run_name}) beside {outcome.champion_before}", "",
-             f"**{'Passed' if v.get('passed') else 'Refused'}**: {v.get('reason', '')}", "",
+             f"**{'Passed' if v is not None and v.passed else 'Refused'}**: {v.reason if v is not None else ''}", "",
              "| | candidate | limit |", "|---|---|---|", *(f"| {a} | {b} | {lim} |" for a, b, lim in rows)]
-    examples = v.get("error_examples") or []
-    if examples:
-        lines += ["", "Failures, first ones:", *(f"- `{e}`" for e in examples)]
-    for why in v.get("not_loaded") or []:
+    if n.error_examples:
+        lines += ["", "Failures, first ones:", *(f"- `{e}`" for e in n.error_examples)]
+    for why in n.not_loaded:
         lines += [f"- not loaded: {why}"]
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchVerdict, aggregate_watch, decide_watch
+from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchOutcome, WatchVerdict, aggregate_watch, decide_watch
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.staged import this_process
@@ -92,8 +92,7 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         say("watch: %s %s; %s serves again", version, said, previous)
     else:
         say("watch: %s %s", version, said)
-    record = {**verdict.as_dict(), "state": state, "reason": said,
-              "seconds": round(time.monotonic() - started, 3), "version": version, "previous": previous}
+    record = WatchOutcome(verdict, state, said, round(time.monotonic() - started, 3), version, previous)
     return outcome.model_copy(update={"watch": record, "reason": f"{outcome.reason}; {said}"})
 
 

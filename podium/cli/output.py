@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from podium.core.approval import VIA_SHADOW, Approval
+from podium.core.comparison import comparison_to_dict
 from podium.core.numbers import format_number
 from podium.core.served import files_note
 from podium.services import ui_url
@@ -41,7 +42,7 @@ def checkpoint_json(r: Any) -> dict[str, Any]:
 def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, Any]:
     """The outcome of a run as the JSON object `--json` prints: `promoted` is what this run promoted
     (null when it promoted nothing), `champion` the model's champion now."""
-    promoted = summary.promotion.promoted
+    promoted, comparison, shadow = summary.promotion.promoted, summary.promotion.comparison, summary.promotion.shadow
     return {
         "run_name": summary.run_name,
         **({"model": config.model, "champion": champion_json(config)} if config is not None else {}),
@@ -56,9 +57,11 @@ def summary_json(summary: Any, serving: str, config: Any = None) -> dict[str, An
                       "mlflow_version": promoted.mlflow_version, "served_as": promoted.served_as,
                       "load": promoted.load, **(promoted.provenance or {})} if promoted else None),
         "promotion_reason": summary.promotion.reason,
-        "comparison": summary.promotion.comparison,
-        "shadow": summary.promotion.shadow,  # the shadow's verdict and numbers (promotion.rollout 'shadow')
-        "watch": summary.promotion.watch,  # the watch after the switch: passed or rolled back (promotion.watch)
+        "comparison": comparison_to_dict(comparison) if comparison is not None else None,
+        # the shadow's verdict and numbers (promotion.rollout 'shadow')
+        "shadow": shadow.as_dict() if shadow is not None else None,
+        # the watch after the switch: passed or rolled back (promotion.watch)
+        "watch": summary.promotion.watch.as_dict() if summary.promotion.watch is not None else None,
         # a SIGINT / SIGTERM that came after the switch of CURRENT: the promotion stands (podium.flows.summary)
         "late_stop": summary.late_stop,
         "serving": serving,
@@ -161,8 +164,9 @@ def _started_by(origin: dict[str, Any]) -> str:
 
 def approval_text(approval: dict[str, Any]) -> str:
     """A recorded decision on a candidate (podium.core.approval.Approval as data), with its time."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(approval.get("at") or 0)))
-    return f"{Approval(**approval).describe()} ({when})"
+    decided = Approval.from_dict(approval)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(decided.at))
+    return f"{decided.describe()} ({when})"
 
 
 def served_note(serving: str, version: str | None) -> str:
@@ -206,4 +210,5 @@ def print_history(serving: str, switches: list[dict[str, Any]], current: str | N
         print(f"      by:  {_started_by(dict(switch.origin))}")
         approval = dict(switch.origin.get("approval") or {})
         if approval:  # a shadow's verdict, where no person was asked, is the decision of a shadow
-            print(f"      {'shadow' if approval.get('via') == VIA_SHADOW else 'approval'}: {approval_text(approval)}")
+            decided = Approval.from_dict(approval)
+            print(f"      {'shadow' if decided.via == VIA_SHADOW else 'approval'}: {approval_text(approval)}")

@@ -23,6 +23,7 @@ from typing import Any
 from podium.cli.errors import CliError, ServerUnreachable
 from podium.cli.output import approval_text
 from podium.core.numbers import format_number
+from podium.core.policy import check_from_dict
 from podium.errors import HistoryError, ServingError, TrackingUnavailable
 from podium.settings import PodiumSettings
 
@@ -62,7 +63,7 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
     if manifest.get("comparison"):
         lines.append("  promoted:   " + _gate().comparison_from_dict(manifest["comparison"]).describe())
     if manifest.get("checks"):
-        lines.append("  checks:     " + "; ".join(str(c.get("text", c)) for c in manifest["checks"]))
+        lines.append("  checks:     " + "; ".join(check_from_dict(c).describe() for c in manifest["checks"]))
     if manifest.get("approval"):
         lines.append("  approval:   " + approval_text(manifest["approval"]))
     if not lin and not manifest.get("datasets"):

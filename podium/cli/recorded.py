@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import logging
+import time
 import types
 import typing
 from collections.abc import Mapping
@@ -293,19 +294,26 @@ def with_run_settings(args: argparse.Namespace, config: PipelineConfig, settings
     return used, RunSettings(used.run_name, True, _used(used), overridden, unreadable)
 
 
-def promote_settings(args: argparse.Namespace, config: PipelineConfig, settings: PodiumSettings) -> PipelineConfig:
+def promote_settings(args: argparse.Namespace, config: PipelineConfig,
+                     settings: PodiumSettings) -> tuple[PipelineConfig, tuple[float, float] | None]:
     """`podium promote`'s configuration: the run's own settings under the command's (`with_run_settings`), read
     from the run's MLflow record before anything starts; the line saying which were used goes to the progress
     lines, and `--json`'s `settings` (args.run_settings). Without --run-name, the model's latest run (as `podium
-    status` shows it) is the run."""
+    status` shows it) is the run.
+
+    Also returns when the tracking URI was checked (`check_mlflow`: time.monotonic() at its start and end), so that
+    the command does not check it again; None where there was no store to check (then the command checks it)."""
     tracking_uri = settings.resolved_tracking_uri()
     recorded: dict[str, str] | None = None
+    checked: tuple[float, float] | None = None
     if store_exists(tracking_uri):  # MLflow's client would create an empty store: nothing has run here
         apply_http_retry_defaults()  # before the first MLflow request
+        began = time.monotonic()
         try:  # a server that does not answer as the command starts is a refusal (exit 2), as for `podium run`
             check_mlflow(tracking_uri)
         except ServiceError as exc:
             raise Refused(str(exc)) from None
+        checked = (began, time.monotonic())
         try:
             if "run_name" not in config.model_fields_set:
                 latest = latest_run_name(tracking_uri, config.experiment)
@@ -318,8 +326,8 @@ def promote_settings(args: argparse.Namespace, config: PipelineConfig, settings:
             raise ServerUnreachable(f"{exc}: run {config.run_name!r}'s settings could not be read; nothing was "
                                     "promoted") from None
     if recorded is None:
-        return config  # no such run: the promotion refuses it, naming what it searched
+        return config, checked  # no such run: the promotion refuses it, naming what it searched
     config, report = with_run_settings(args, config, settings, recorded)
     args.run_settings = report.to_dict()
     logging.getLogger("podium.progress").info("%s", report.line())
-    return config
+    return config, checked

@@ -204,11 +204,13 @@ def _plan(config: Any, settings: PodiumSettings, clock: StartupClock, written: l
     return plan
 
 
-def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers) -> tuple[str, str]:
+def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers: _Servers,
+             mlflow_checked: tuple[float, float] | None = None) -> tuple[str, str]:
     """What must come before the flow, in this thread while the servers start in theirs (`_start_servers`):
     the tracking URI's check, the serving location's, and (for a training run) torch; then wait for the servers.
     Returns (tracking_uri, api_url). The plan came first (`_plan`); the resume check is the flow's own
-    (`check_resume_task`), under the run's lock."""
+    (`check_resume_task`), under the run's lock. `mlflow_checked`: when the command checked the tracking URI
+    already (`podium promote`, as it read the run's settings: podium.cli.recorded.promote_settings), not again."""
     from podium import services
 
     tracking_uri = settings.resolved_tracking_uri()
@@ -216,11 +218,14 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     from podium.tracking.client import apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request
-    try:
-        services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
-    except ServiceError as exc:
-        raise Refused(str(exc)) from None
-    clock.record("mlflow_check", began)
+    if mlflow_checked is None:
+        try:
+            services.check_mlflow(tracking_uri)  # the flow opens the store while training runs
+        except ServiceError as exc:
+            raise Refused(str(exc)) from None
+        clock.record("mlflow_check", began)
+    else:
+        clock.record("mlflow_check", *mlflow_checked)
     _check_serving_location(config, tracking_uri)
     if servers.ray is not None:
         began = time.monotonic()
@@ -291,8 +296,9 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
+    mlflow_checked = None  # when the tracking URI was checked, if it was already
     if which == "promote":  # the run's own recorded settings, under the command's (podium.cli.recorded)
-        config = promote_settings(args, config, settings)
+        config, mlflow_checked = promote_settings(args, config, settings)
     created = _missing_local_folders(config.storage, config.serving)  # the plan creates them: a refusal removes them
     written: list[Path] = []  # the demo data, where the plan wrote it: a refusal removes it
     try:
@@ -308,7 +314,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
                   "the Prefect server and Ray" if which == "run" else "the Prefect server")
     servers = _start_servers(config, settings, which)
     try:
-        return _run_started(args, which, settings, clock, config, plan, servers)
+        return _run_started(args, which, settings, clock, config, plan, servers, mlflow_checked)
     except Refused:
         _stop_what_a_refusal_started(settings, servers)
         _remove_if_empty(created)
@@ -369,11 +375,11 @@ def _latest_run(config: Any, tracking_uri: str) -> Any:
 
 
 def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings, clock: StartupClock, config: Any,
-                 plan: Any, servers: _Servers) -> int:
-    """run_flow, once the servers are starting."""
+                 plan: Any, servers: _Servers, mlflow_checked: tuple[float, float] | None = None) -> int:
+    """run_flow, once the servers are starting (`mlflow_checked`: when the tracking URI was checked already)."""
     start = clock.start
     clock.record("config_and_servers", start)
-    tracking_uri, api_url = _prepare(config, settings, clock, servers)
+    tracking_uri, api_url = _prepare(config, settings, clock, servers, mlflow_checked)
     if which == "promote" and "run_name" not in config.model_fields_set:
         config = _latest_run(config, tracking_uri)  # the run `podium status` shows by default
         plan = plan if plan.run_name == config.run_name else None  # planned under another name: the flow plans

@@ -11,6 +11,7 @@ when and why.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -53,6 +54,12 @@ class Approval:
     def as_dict(self) -> dict[str, Any]:
         """The decision as plain data (manifest, history, outcome)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Approval:
+        """A decision read back from its plain data (`as_dict`'s)."""
+        return cls(approved=bool(data["approved"]), by=str(data["by"]), reason=str(data["reason"]),
+                   at=float(data.get("at") or 0), via=str(data["via"]))
 
     def tags(self) -> dict[str, str]:
         """The decision as registry tags (`podium.approval`, `.by`, `.reason`, `.at`, `.via`)."""

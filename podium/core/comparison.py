@@ -10,7 +10,8 @@ the comparison into words for the decision, the report and `podium status`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from podium.core.numbers import format_number
@@ -96,7 +97,12 @@ def rescored(m: Measure, value: float | None, digest: str | None) -> Measure:
     return Measure(who=m.who, value=value, digest=digest, how=RESCORED, stored_value=m.value, stored_digest=m.digest)
 
 
-def comparison_from_dict(d: dict[str, Any]) -> Comparison:
+def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
+    """A comparison as plain data (the manifest, the run tag, the outcome, `--json`)."""
+    return asdict(comparison)
+
+
+def comparison_from_dict(d: Mapping[str, Any]) -> Comparison:
     """A comparison read back from a manifest, a run tag or an attempt record."""
     champion = d.get("champion")
     return Comparison(metric=d["metric"], data=d.get("data"), digest=d.get("digest"), candidate=Measure(**d["candidate"]),

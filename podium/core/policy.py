@@ -233,3 +233,13 @@ def check_served_as_model(step: int, candidate_as_files: bool | None, champion: 
 def check_to_dict(check: Check) -> dict[str, Any]:
     """A check as plain data (the manifest, the outcome, the MLflow record), with its phrase."""
     return {**dataclasses.asdict(check), "text": check.describe()}
+
+
+def check_from_dict(data: Mapping[str, Any]) -> Check:
+    """A check read back from its plain data (`check_to_dict`'s: its phrase, `text`, is what `describe` says)."""
+    known = {f.name for f in dataclasses.fields(Check)}
+    fields = {k: v for k, v in data.items() if k in known}
+    if fields.get("interval") is not None:
+        low, high = fields["interval"]
+        fields["interval"] = (low, high)
+    return Check(**fields)

@@ -40,10 +40,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from podium.core.comparison import AT_VALIDATION as MEASURED_ON_THIS_DATA
-from podium.core.comparison import RESCORED, STORED, Comparison, Measure, needs_rescore, rescored, short
+from podium.core.comparison import (
+    RESCORED,
+    STORED,
+    Comparison,
+    Measure,
+    comparison_to_dict,
+    needs_rescore,
+    rescored,
+    short,
+)
 from podium.core.numbers import finite, format_number
 from podium.core.policy import (
     CONFIDENCE,
@@ -60,13 +69,14 @@ from podium.core.records import VALIDATED, Champion, CheckpointRecord
 Mode = Literal["min", "max"]
 REFUSED_BY_POLICY = "refused by the promotion policy"  # how a reason refused by a check starts
 
-# what a decision says to do
-NOTHING = "nothing to promote"  # no eligible checkpoint
-CURRENT = "already the champion"  # nothing to switch; the registry is brought in line with serving
-REFUSE = "refuse"  # a candidate that does not replace the champion
-PROMOTE = "promote"  # stage, verify, seal, switch, alias (podium.tasks.carry_out)
-AWAIT = "await approval"  # stage, verify, register as the challenger; a person (promotion.approval) or the shadow
-#                           (promotion.rollout) decides
+# what a decision says to do: the tag of a Decision (`Action`)
+NOTHING: Final = "nothing to promote"  # no eligible checkpoint
+CURRENT: Final = "already the champion"  # nothing to switch; the registry is brought in line with serving
+REFUSE: Final = "refuse"  # a candidate that does not replace the champion
+PROMOTE: Final = "promote"  # stage, verify, seal, switch, alias (podium.tasks.carry_out)
+AWAIT: Final = "await approval"  # stage, verify, register as the challenger; a person (promotion.approval) or the
+#                                  shadow (promotion.rollout) decides
+Action = Literal["nothing to promote", "already the champion", "refuse", "promote", "await approval"]
 
 # what the decision may still need measured (`missing_evidence`), in this order
 CANDIDATE_AGAIN, CHAMPION_AGAIN, PER_ROW = "candidate re-scored", "champion re-scored", "per-row values"
@@ -77,7 +87,7 @@ class Decision:
     """The promotion decision, for the caller to carry out: what to do (`action`), the reason in words for the
     report, the candidate and its value, the comparison and every check of the policy."""
 
-    action: str  # NOTHING, CURRENT, REFUSE, PROMOTE or AWAIT
+    action: Action  # NOTHING, CURRENT, REFUSE, PROMOTE or AWAIT
     reason: str
     candidate: CheckpointRecord | None = None
     value: float | None = None
@@ -463,8 +473,8 @@ def apply_checks(decision: Decision, checks: Sequence[Check], always: bool = Fal
 
 
 def comparison_summary(decision: Decision) -> dict[str, Any] | None:
-    """The decision's comparison as plain data (for the manifest and the outcome), or None."""
-    return dataclasses.asdict(decision.comparison) if decision.comparison else None
+    """The decision's comparison as plain data (for the manifest and the run tag), or None."""
+    return comparison_to_dict(decision.comparison) if decision.comparison else None
 
 
 def checks_summary(decision: Decision) -> list[dict[str, Any]]:

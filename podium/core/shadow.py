@@ -110,6 +110,49 @@ class ShadowNumbers:
                 "error_rate": self.error_rate, "agreement": self.agreement,
                 "latency_p95_ratio": self.latency_p95_ratio}
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ShadowNumbers:
+        """The numbers read back from their plain data (`as_dict`'s; the derived ones are computed again)."""
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        for listed in ("error_examples", "not_loaded"):
+            if listed in known:
+                known[listed] = tuple(known[listed] or ())
+        return cls(**known)
+
+
+STOPPED = "the run was stopped during the candidate's shadow"  # the reason of a shadow a stop ended
+
+
+@dataclass(frozen=True)
+class ShadowVerdict:
+    """Whether the candidate passed its shadow, why in words, and the numbers it was decided on. `stopped`: a stop
+    ended the shadow before any decision (`stopped_shadow`): the candidate is withdrawn, whatever the numbers say."""
+
+    passed: bool
+    reason: str
+    numbers: ShadowNumbers
+    failed: tuple[str, ...] = ()  # the limits it did not meet, in words
+    stopped: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The verdict as plain data: recorded in the history, the outcome, the registry's tags and the artifact (a
+        stopped shadow's: `stopped`, and no `failed`)."""
+        if self.stopped:
+            return {"passed": self.passed, "stopped": True, "reason": self.reason, **self.numbers.as_dict()}
+        return {"passed": self.passed, "reason": self.reason, "failed": list(self.failed), **self.numbers.as_dict()}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> ShadowVerdict:
+        """A verdict read back from its plain data (`as_dict`'s)."""
+        return cls(passed=bool(doc["passed"]), reason=str(doc.get("reason", "")),
+                   numbers=ShadowNumbers.from_dict(doc), failed=tuple(doc.get("failed") or ()),
+                   stopped=bool(doc.get("stopped", False)))
+
+
+def stopped_shadow(numbers: ShadowNumbers) -> ShadowVerdict:
+    """The verdict of a shadow a stop ended: not passed, no limit said (`ShadowVerdict.stopped`)."""
+    return ShadowVerdict(False, STOPPED, numbers, stopped=True)
+
 
 def p95(values: Sequence[float]) -> float | None:
     """The 95th percentile by nearest rank (a value that was measured), or None of nothing."""
@@ -131,18 +174,6 @@ def aggregate(tallies: Iterable[Tally]) -> ShadowNumbers:
                          not_loaded=tuple(sorted({t.not_loaded for t in tallies if t.not_loaded})))
 
 
-@dataclass(frozen=True)
-class ShadowVerdict:
-    """Whether the candidate passed its shadow, why in words, and the numbers it was decided on."""
-
-    passed: bool
-    reason: str
-    numbers: ShadowNumbers
-    failed: tuple[str, ...] = ()  # the limits it did not meet, in words
-
-    def as_dict(self) -> dict[str, Any]:
-        """The verdict as plain data: recorded in the history, the outcome, the registry's tags and the artifact."""
-        return {"passed": self.passed, "reason": self.reason, "failed": list(self.failed), **self.numbers.as_dict()}
 
 
 def _pct(x: float | None) -> str:

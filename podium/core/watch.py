@@ -138,6 +138,38 @@ class WatchVerdict:
         return {"state": self.state, "reason": self.reason, "failed": list(self.failed), **self.numbers.as_dict()}
 
 
+Settled = Literal["passed", "rolled-back", "stopped", "ended"]
+
+
+@dataclass(frozen=True)
+class WatchOutcome:
+    """What became of a watched promotion (the outcome's `watch`): the last verdict, and what the promoter did with
+    it (`state`: `passed`, final; `rolled-back`; `stopped` by a signal, the promotion standing; `ended` when another
+    command moved CURRENT meanwhile), in words, after how long, for which version and the champion before it."""
+
+    verdict: WatchVerdict
+    state: str
+    reason: str
+    seconds: float
+    version: str
+    previous: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """As plain data (`--json`'s `watch`, the attempt record): the verdict's numbers beside what became of it."""
+        return {**self.verdict.as_dict(), "state": self.state, "reason": self.reason, "seconds": self.seconds,
+                "version": self.version, "previous": self.previous}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> WatchOutcome:
+        """Read back from `as_dict`'s form (the verdict's own state is recomputed from `failed` and `state`)."""
+        numbers = WatchNumbers(**{k: doc[k] for k in WatchNumbers.__dataclass_fields__ if k in doc})
+        state = str(doc.get("state", WATCHING))
+        verdict_state: State = BROKE if doc.get("failed") else PASSED if state == "passed" else WATCHING
+        verdict = WatchVerdict(verdict_state, str(doc.get("reason", "")), numbers, tuple(doc.get("failed") or ()))
+        return cls(verdict, state, str(doc.get("reason", "")), float(doc.get("seconds", 0.0)), str(doc["version"]),
+                   doc.get("previous"))
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 

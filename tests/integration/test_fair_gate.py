@@ -90,7 +90,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(prefect_api, ray_
     one, _, train_1 = _night(tmp_path, locations, calls_log, 1, 36.0, vals[1])
     assert one.promotion.promoted.version == "v000001"
     assert one.promotion.promoted.value == pytest.approx(expected_accuracy(36, 0.0), abs=0.015)
-    assert one.promotion.comparison["candidate"]["digest"] == digests[1]
+    assert one.promotion.comparison.candidate.digest == digests[1]
     assert all(r.val_digest == digests[1] for r in one.checkpoints)
     v1 = read_current(serving).manifest
     assert v1["datasets"]["val"]["digest"] == digests[1] and v1["datasets"]["train"]["digest"] == train_1
@@ -101,11 +101,11 @@ def test_champion_and_challenger_are_compared_on_the_same_data(prefect_api, ray_
     assert not _old_rule(two, one.promotion.promoted.value)
     assert two.promotion.promoted is not None and two.promotion.promoted.version == "v000002"
     c = two.promotion.comparison
-    assert (c["digest"], c["candidate"]["digest"], c["champion"]["digest"]) == (digests[2],) * 3
-    assert c["champion"]["how"] == "re-scored" and c["champion"]["stored_digest"] == digests[1]
-    assert c["champion"]["stored_value"] == pytest.approx(one.promotion.promoted.value)
-    assert c["champion"]["value"] == pytest.approx(expected_accuracy(36, 0.3), abs=0.015)
-    assert c["candidate"]["value"] == pytest.approx(expected_accuracy(18, 0.3), abs=0.015)
+    assert (c.digest, c.candidate.digest, c.champion.digest) == (digests[2],) * 3
+    assert c.champion.how == "re-scored" and c.champion.stored_digest == digests[1]
+    assert c.champion.stored_value == pytest.approx(one.promotion.promoted.value)
+    assert c.champion.value == pytest.approx(expected_accuracy(36, 0.3), abs=0.015)
+    assert c.candidate.value == pytest.approx(expected_accuracy(18, 0.3), abs=0.015)
     assert len(_rescores(calls_log, calls)) == 1, "one validation more: the champion's, on its served copy"
     for digest in (digests[1], digests[2]):  # the decision names the data of every number it used
         assert digest[:12] in two.promotion.reason
@@ -139,9 +139,9 @@ def test_champion_and_challenger_are_compared_on_the_same_data(prefect_api, ray_
     assert _old_rule(three, two.promotion.promoted.value)
     assert three.promotion.promoted is None
     c = three.promotion.comparison
-    assert c["champion"]["how"] == "re-scored" and c["champion"]["digest"] == digests[3]
-    assert c["champion"]["value"] == pytest.approx(expected_accuracy(18, 0.0), abs=0.015)
-    assert c["candidate"]["value"] == pytest.approx(expected_accuracy(54, 0.0), abs=0.015)
+    assert c.champion.how == "re-scored" and c.champion.digest == digests[3]
+    assert c.champion.value == pytest.approx(expected_accuracy(18, 0.0), abs=0.015)
+    assert c.candidate.value == pytest.approx(expected_accuracy(54, 0.0), abs=0.015)
     assert digests[3][:12] in three.promotion.reason and digests[2][:12] in three.promotion.reason
     assert len(_rescores(calls_log, calls)) == 1
     assert read_current(serving).version == "v000002"
@@ -150,7 +150,7 @@ def test_champion_and_challenger_are_compared_on_the_same_data(prefect_api, ray_
     calls = len(open(calls_log).read().split())
     four, _, _ = _night(tmp_path, locations, calls_log, 4, 9.0, vals[2])
     c = four.promotion.comparison
-    assert c["champion"]["how"] == "stored" and c["champion"]["digest"] == c["digest"] == digests[2]
+    assert c.champion.how == "stored" and c.champion.digest == c.digest == digests[2]
     assert _rescores(calls_log, calls) == []
     assert four.promotion.promoted.version == "v000003"
 
@@ -217,7 +217,7 @@ def test_a_champion_that_cannot_be_scored_any_more_is_the_configured_decision(ra
                                                         "feature_columns": FEATURES}, "data": {"val": data}})
     outcome = promote_best_checkpoint(plan, _record(tracking_uri, "new", new, 0.95, data))
     c = outcome.comparison
-    assert c["champion"]["how"] == "stored" and c["champion"]["digest"] is None
+    assert c.champion.how == "stored" and c.champion.digest is None
     assert "champion v000001 could not be re-scored" in outcome.reason and "weights.json" in outcome.reason
     if rescore == "refuse":
         assert outcome.promoted is None and "promotion.rescore = 'refuse'" in outcome.reason

@@ -91,13 +91,12 @@ def test_what_the_gathering_tells_the_gate_from_the_settings_and_the_checkpoint_
 
 
 def test_the_run_s_outcome_line_says_the_gate_refused_it():
-    from podium.core.promotion import checks_summary
     from podium.tasks.promote import PromotionOutcome
     from podium.tasks.report import outcome_texts
 
     decision = decide_promotion(evidence(True, False), POLICY)
     outcome = PromotionOutcome(promoted=None, reason=decision.reason, best_step=5, champion_before="v000001",
-                               checks=checks_summary(decision))
+                               checks=decision.checks)
     line, description = outcome_texts("r", [BEST], "accuracy", outcome)
     assert line == "not promoted: it would be served as files over a champion that loads as an MLflow model"
     assert "Why: not promoted: step 5 would be served as files" in description

@@ -226,13 +226,13 @@ def test_the_report_and_the_runs_table_name_the_checks_that_refused():
     champ = Champion(version="v000002", step=1, metric="accuracy", value=0.795, source="/old", mode="max")
     decision = apply_checks(compare_with_champion(rec(accuracy=0.805), champ, "accuracy", "max"), checks)
     outcome = PromotionOutcome(promoted=None, reason=decision.reason, best_step=5, champion_before="v000002",
-                               checks=[check_to_dict(c) for c in decision.checks])
+                               checks=decision.checks)
     line, _ = outcome_texts("gate-3", [rec(accuracy=0.805)], "accuracy", outcome)
     assert line == "not promoted: refused by the promotion policy (confidence accuracy)"
     report = promotion_markdown("gate-3", outcome, None)
     assert "## Promotion policy" in report and "| threshold | accuracy | min | 0.5 | 0.8050 | none |  | holds |" in report
     assert f"| {interval_text(checks[1].interval)} at 0.95, 200 rows | **fails** |" in report
-    lines = version_lines("v000003", {"step": 5, "checks": outcome.checks}, True)
+    lines = version_lines("v000003", {"step": 5, "checks": [check_to_dict(c) for c in outcome.checks]}, True)
     assert any(line.startswith("  checks:     threshold accuracy min 0.5: candidate 0.8050, holds") for line in lines)
 
 

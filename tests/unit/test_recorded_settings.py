@@ -136,3 +136,18 @@ def test_a_run_without_recorded_settings_or_with_ones_no_longer_valid_keeps_the_
     config, report = with_run_settings(args, command, settings, stale)
     assert config is command and not report.from_run
     assert report.why_not.startswith("its recorded settings do not make a valid configuration now (promotion.min_delta")
+
+
+def test_promote_hands_on_when_it_checked_the_tracking_store_so_the_command_does_not_check_it_again(
+        tmp_path, monkeypatch):
+    from podium.cli.recorded import promote_settings
+    from podium.services import prepare_mlflow
+
+    monkeypatch.setenv("PODIUM_HOME", str(tmp_path / "home"))
+    settings = PodiumSettings()
+    command = load_config(None, {"run_name": "nightly", "model": "churn"}, settings)
+    config, checked = promote_settings(args_of("--run-name", "nightly"), command, settings)
+    assert config is command and checked is None  # no store yet: nothing was checked, the command checks it
+    prepare_mlflow(settings.resolved_tracking_uri())
+    config, checked = promote_settings(args_of("--run-name", "nightly"), command, settings)  # no such run in it
+    assert config is command and checked is not None and checked[0] <= checked[1]  # checked once, and when

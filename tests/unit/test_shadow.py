@@ -18,11 +18,13 @@ from podium.core.approval import VIA_SHADOW, VIA_STOP, shadowed
 from podium.core.shadow import (
     ShadowLimits,
     ShadowNumbers,
+    ShadowVerdict,
     Tally,
     aggregate,
     compare_answers,
     decide_shadow,
     p95,
+    stopped_shadow,
 )
 from podium.errors import ConfigError
 from podium.live.server import VERSION_HEADER, ChampionServer
@@ -205,8 +207,9 @@ def test_a_shadow_left_by_a_killed_promotion_is_ended_by_the_next_command_and_a_
 
 def test_a_passed_shadow_is_handed_to_the_person_when_approval_is_required_and_a_refused_one_never_is(
         tmp_path, data):
-    def outcome(passed: bool, **more) -> PromotionOutcome:
-        return PromotionOutcome(promoted=None, reason="", shadow={"passed": passed, "reason": "numbers", **more})
+    def outcome(passed: bool, stopped: bool = False) -> PromotionOutcome:
+        verdict = stopped_shadow(_numbers()) if stopped else ShadowVerdict(passed, "numbers", _numbers())
+        return PromotionOutcome(promoted=None, reason="", shadow=verdict)
 
     unattended, attended = _plan(tmp_path, data), _plan(tmp_path, data, approval="required")
     assert shadow_decision(attended, outcome(True)) is None  # the person decides, with the numbers
@@ -228,8 +231,8 @@ def test_a_shadow_ends_refused_as_soon_as_the_champion_changes_during_it(tmp_pat
                         step=9, value=0.9, checkpoint_uri="/ckpt-9", reason="better", shadow_id="s7")
     outcome = PromotionOutcome(promoted=None, reason="", champion_before=v1.version, awaiting=waiting)
     verdict = watch_shadow(plan, outcome, poll_s=0.05).shadow  # duration_s is 600 s: it ends long before
-    assert verdict is not None and not verdict["passed"] and read_shadow(plan.serving) is None
-    assert f"the champion changed during its shadow ({v1.version} -> {v3.version})" in verdict["reason"]
+    assert verdict is not None and not verdict.passed and read_shadow(plan.serving) is None
+    assert f"the champion changed during its shadow ({v1.version} -> {v3.version})" in verdict.reason
 
 
 def test_a_shadow_during_which_the_champion_changed_is_refused_whatever_its_numbers():
