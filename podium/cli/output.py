@@ -129,6 +129,10 @@ def print_summary(summary: Any, config: Any, settings: Any, tracking_uri: str, a
     if summary.late_stop:
         print(f"  {summary.late_stop}")
     registered = config.promotion
+    watch = summary.promotion.watch
+    if p and watch is not None and watch.state == "rolled-back":  # what serves now is the champion before it
+        print(f"rolled back by its watch: {watch.previous} serves again, and @{registered.alias} names it")
+        p = None
     if p and p.mlflow_version:
         print(f"  MLflow: models:/{registered.registered_model}@{registered.alias} = version {p.mlflow_version}")
     if p and p.load:
