@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from podium.core.traffic import latency_ratio
+
 
 @dataclass(frozen=True)
 class ShadowLimits:
@@ -98,11 +100,7 @@ class ShadowNumbers:
     @property
     def latency_p95_ratio(self) -> float | None:
         """The candidate's p95 latency over the champion's, on the same requests (None: no request)."""
-        if self.champion_p95_s is None or self.candidate_p95_s is None:
-            return None
-        if self.champion_p95_s <= 0:
-            return 1.0 if self.candidate_p95_s <= 0 else math.inf
-        return self.candidate_p95_s / self.champion_p95_s
+        return latency_ratio(self.candidate_p95_s, self.champion_p95_s)
 
     def as_dict(self) -> dict[str, Any]:
         """The numbers as plain data, the derived ones included (history, outcome, artifact)."""

@@ -107,5 +107,15 @@ def quantile_from_buckets(counts: Sequence[int], boundaries: Sequence[float], q:
     return highest
 
 
+def latency_ratio(new: float | None, old: float | None) -> float | None:
+    """One version's latency over another's (the shadow's candidate over its champion, a watched champion over the
+    one it replaced): None where either has no number; a zero `old` gives 1 for a zero `new`, else infinity."""
+    if new is None or old is None:
+        return None
+    if old <= 0:
+        return 1.0 if new <= 0 else math.inf
+    return new / old
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from podium.core.traffic import LATENCY_BUCKETS_MS, VersionTraffic
+from podium.core.traffic import LATENCY_BUCKETS_MS, VersionTraffic, latency_ratio
 
 State = Literal["watching", "broke", "passed"]
 WATCHING: Final = "watching"
@@ -102,11 +102,7 @@ class WatchNumbers:
     @property
     def latency_p95_ratio(self) -> float | None:
         """The new champion's p95 latency over the previous one's (None: either has no number)."""
-        if self.p95_ms is None or self.previous_p95_ms is None:
-            return None
-        if self.previous_p95_ms <= 0:
-            return 1.0 if self.p95_ms <= 0 else math.inf
-        return self.p95_ms / self.previous_p95_ms
+        return latency_ratio(self.p95_ms, self.previous_p95_ms)
 
     def as_dict(self) -> dict[str, Any]:
         """The numbers as plain data, the derived ones included (outcome, history, registry, event)."""
