@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
+from podium.core.exits import EXIT_UNREACHABLE, exit_for_signal
 from podium.progress import say
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class StopRequest:
 STOP = StopRequest()  # one per process: signals are
 
 
-LOST_EXIT = 3  # as for a tracking server that stopped answering: the run resumes when it is run again
+LOST_EXIT = EXIT_UNREACHABLE  # as for a tracking server that stopped answering: the run resumes when it is run again
 
 
 def exit_at_once(message: str, code: int) -> NoReturn:
@@ -97,9 +98,7 @@ def exit_at_once(message: str, code: int) -> NoReturn:
     os._exit(code)
 
 
-def exit_code(signum: int) -> int:
-    """The shell's convention for a process ended by a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
-    return 128 + signum
+exit_code = exit_for_signal  # the shell's convention: 128 + the signal's number (130 SIGINT, 143 SIGTERM)
 
 
 _BEFORE_RUN: list[int] = []  # signals taken by the handler of `stop_before_the_run`, in this process

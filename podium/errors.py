@@ -27,12 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# What a command's exit code says: defined once, in podium.core.exits (re-exported here for callers of podium's API)
+from podium.core.exits import EXIT_FAILED, EXIT_NOT_RECORDED, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE  # noqa: F401
 from podium.core.redaction import redact_uri
-
-# What a command's exit code says (docs/exit codes): the work finished; the run reached its end without doing its
-# work; refused or bad input, nothing started; a server podium records to stopped answering (the run resumes); the
-# work finished, but the Prefect server did not record its end
-EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_NOT_RECORDED = 0, 1, 2, 3, 4
 
 
 class PodiumError(Exception):

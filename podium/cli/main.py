@@ -24,6 +24,7 @@ from podium.cli.options import (
     option_help,
     whole_number,
 )
+from podium.core.exits import exit_for_signal
 from podium.settings import count_start
 
 
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         signum = start_up_signal()
         if signum is not None:  # a start-up signal's exception, wrapped where it landed (a class body's __set_name__)
             print(f"podium: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}", file=sys.stderr)
-            return 128 + signum
+            return exit_for_signal(signum)
         failure = known_failure(exc)  # a failure podium knows, met where its command did not map it (in a flow)
         if failure is None:
             raise

@@ -17,5 +17,6 @@
 - `redaction`: credentials kept out of messages, logs and records
 - `served`: how a promoted version is served (an MLflow model, or its files), in the words every output uses
 - `version`: podium's version
+- `exits`: podium's exit codes, defined once
 - `rayjob`: what a KubeRay RayJob's status means for podium: a Prefect flow-run state and an exit code
 """

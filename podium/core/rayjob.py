@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
-# podium.errors' exit codes (docs/commands.md), here because the core imports nothing outside it; a unit test
-# holds them equal
-EXIT_FAILED, EXIT_UNREACHABLE = 1, 3
-EXIT_STOPPED = 143  # as `podium run` stopped by SIGTERM
+from podium.core.exits import EXIT_FAILED, EXIT_UNREACHABLE
+from podium.core.exits import EXIT_SIGTERM as EXIT_STOPPED  # as `podium run` stopped by SIGTERM
+
 # how long past activeDeadlineSeconds a RayJob may still show Running before podium calls it stuck: the operator
 # checks the deadline on its own reconcile loop, not to the second
 DEADLINE_GRACE_S = 120.0
