@@ -26,6 +26,7 @@ from podium.cli.errors import CliError
 from podium.cli.options import use_ray_address
 from podium.config import default_serving
 from podium.errors import ServingError
+from podium.live.port import PortHeld, claim_port
 from podium.progress import say
 from podium.settings import PodiumSettings
 
@@ -85,6 +86,17 @@ def _checked(args: argparse.Namespace) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     serving = _checked(args)
+    try:  # before Ray starts: Serve's proxy would share a held port with its holder (SO_REUSEPORT)
+        claim = claim_port(args.host, args.port, serving)
+    except PortHeld as exc:
+        raise CliError(str(exc)) from None
+    try:
+        return _serve(args, serving)
+    finally:
+        claim.release()  # once Serve's proxy and the Ray it started are down
+
+
+def _serve(args: argparse.Namespace, serving: str) -> int:
     use_ray_address(args.ray_address)
     try:
         from ray import serve

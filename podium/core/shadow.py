@@ -2,11 +2,11 @@
 requests say, and whether it may replace the champion. Pure, no I/O.
 
 Each replica of `podium serve` keeps one `Tally` of the shadow: on the requests the champion answered (200), how
-many it mirrored to the candidate, how many of those the candidate failed (an exception, an answer other than 200,
-a NaN or infinite prediction), how many predictions (rows) it was compared on and agreed with the champion, and
-both models' latencies on each request. `aggregate` sums the replicas' tallies into `ShadowNumbers`;
-`decide_shadow` compares them with the limits (`ShadowLimits`, from `promotion.shadow`) and says, in words,
-whether the candidate passed.
+many it mirrored to the candidate, how many of those the candidate failed (an exception, a 5xx answer, a NaN or
+infinite prediction; a 4xx, a request its schema refuses, is not compared and not held against it), how many
+predictions (rows) it was compared on and agreed with the champion, and both models' latencies on each request.
+`aggregate` sums the replicas' tallies into `ShadowNumbers`; `decide_shadow` compares them with the limits
+(`ShadowLimits`, from `promotion.shadow`) and says, in words, whether the candidate passed.
 """
 
 from __future__ import annotations

@@ -2,16 +2,19 @@
 Pure, no I/O.
 
 A `Traffic` keeps, for each version that answered, how many requests it answered, how many of those were errors
-(an answer other than 200, by status) and how long each took, in fixed latency buckets (`LATENCY_BUCKETS_MS`,
-the boundaries of the Prometheus histogram too), so its size does not grow with the requests it counts. Its p50
-and p95 are estimated from the buckets as Prometheus' `histogram_quantile` does (linearly within a bucket), kept
-within the fastest and slowest latencies measured: accurate to a bucket's width.
+(an answer other than 200, by status: a 4xx is the client's bad request, a 5xx the model's failure) and how long
+each took, in fixed latency buckets (`LATENCY_BUCKETS_MS`, the boundaries of the Prometheus histogram too), so its
+size does not grow with the requests it counts. Its p50 and p95 are estimated from the buckets as Prometheus'
+`histogram_quantile` does (linearly within a bucket), kept within the fastest and slowest latencies measured:
+accurate to a bucket's width. A `VersionWindow` keeps what the watch compares: a version's requests past its
+warm-up, and its last stretch of them.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +56,11 @@ class VersionTraffic:
         """Requests answered with a status other than 200."""
         return sum(self.error_statuses.values())
 
+    @property
+    def failures(self) -> int:
+        """Requests the version failed (a 5xx): what counts against it, not a client's bad request (a 4xx)."""
+        return sum(n for status, n in self.error_statuses.items() if is_failure(status))
+
     def latency_quantile_ms(self, q: float) -> float | None:
         """The `q` quantile (0 to 1) of the latencies, estimated from the buckets (None: no request)."""
         return quantile_from_buckets(self.buckets, self.boundaries, q, self.fastest_ms, self.slowest_ms)
@@ -85,6 +93,50 @@ class Traffic:
         return {version: counted.as_dict() for version, counted in sorted(dict(self.versions).items())}
 
 
+def is_failure(status: int) -> bool:
+    """Whether an answer's status is the model's failure (5xx), not the client's bad request (4xx) or an answer."""
+    return status >= 500
+
+
+WARMUP_REQUESTS = 10  # a version's first requests on a replica, kept apart: cold caches, a first batch
+RECENT_S = 60.0  # the stretch of a version's last requests a watch compares a new champion with
+RECENT_MAX = 50_000  # requests kept of that stretch, at most
+
+
+class VersionWindow:
+    """One version's requests on one replica as a watch compares them: its first `WARMUP_REQUESTS` apart (the
+    warm-up after it loads), then every later one (`settled`), and the last `RECENT_S` seconds of those (`recent`:
+    what a version that no longer serves answered just before it was replaced). `fast`: how many of the settled
+    requests the fast path answered."""
+
+    def __init__(self, boundaries: Sequence[float] = LATENCY_BUCKETS_MS):
+        self.boundaries = tuple(boundaries)
+        self.warmup, self.settled = VersionTraffic(self.boundaries), VersionTraffic(self.boundaries)
+        self.fast = 0
+        self.recent: deque[tuple[float, float, int, bool]] = deque(maxlen=RECENT_MAX)
+
+    def add(self, at_s: float, latency_ms: float, status: int, fast: bool) -> None:
+        """One request answered at `at_s` (a monotonic clock), in `latency_ms`, with `status`; `fast`: by the fast
+        path."""
+        if self.warmup.requests < WARMUP_REQUESTS:
+            self.warmup.add(latency_ms, status)
+            return
+        self.settled.add(latency_ms, status)
+        self.fast += fast
+        self.recent.append((at_s, latency_ms, status, fast))
+        while self.recent[0][0] < at_s - RECENT_S:
+            self.recent.popleft()
+
+    def last_stretch(self) -> tuple[VersionTraffic, int]:
+        """The settled requests of the version's last `RECENT_S` seconds of answers, and how many of them the fast
+        path answered."""
+        counted, fast = VersionTraffic(self.boundaries), 0
+        for _, latency_ms, status, on_fast in list(self.recent):
+            counted.add(latency_ms, status)
+            fast += on_fast
+        return counted, fast
+
+
 def quantile_from_buckets(counts: Sequence[int], boundaries: Sequence[float], q: float, lowest: float,
                           highest: float) -> float | None:
     """The `q` quantile of values counted in buckets (`counts[i]`: values up to `boundaries[i]` and above the one
@@ -105,6 +157,43 @@ def quantile_from_buckets(counts: Sequence[int], boundaries: Sequence[float], q:
             return min(max(estimate, lowest), highest)
         below += count
     return highest
+
+
+def count_above(counts: Sequence[int], boundaries: Sequence[float], threshold: float) -> int:
+    """How many values counted in buckets (as `quantile_from_buckets` takes them) are above `threshold`: those of
+    the buckets above it, and the share of the bucket it falls in that lies above it (linearly, as a quantile is
+    estimated), rounded down. The last bucket has no upper bound: all of it or none."""
+    above = 0.0
+    for i, count in enumerate(counts):
+        low = boundaries[i - 1] if i > 0 else 0.0
+        high = boundaries[i] if i < len(boundaries) else math.inf
+        if low >= threshold:
+            above += count
+        elif high > threshold and math.isfinite(high):
+            above += count * (high - threshold) / (high - low)
+    return int(above + 1e-9)
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how likely `k` or more of `n` requests are past a line that each passes
+    with probability `p`."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p
+                        + (n - i) * log_q)
+        total += term
+        if i > n * p and term < total * 1e-12:  # past the mode the terms only shrink
+            break
+    return min(total, 1.0)
 
 
 def latency_ratio(new: float | None, old: float | None) -> float | None:

@@ -5,6 +5,16 @@ Each replica of `podium serve` counts the requests every version answered (podiu
 runs it writes its counts of the new champion and of the previous one (`WatchTally`). `aggregate_watch` sums the replicas'
 counts into `WatchNumbers`; `decide_watch` compares the new champion with the previous one against the limits
 (`WatchLimits`, from `promotion.watch`) and says, in words, whether it broke one, passed, or is still watched.
+
+Like with like: both versions are counted under the same live traffic, next to the switch. The new champion's
+requests after its warm-up (its first `WARMUP_REQUESTS` on each replica: cold caches, a first batch) are compared
+with the previous champion's last `RECENT_S` seconds of answers before it was replaced (not its whole life on the
+replica). Only the model's failures (5xx) count as errors, not a client's bad request (4xx). A latency limit broken
+rolls back only where the numbers support it: the new champion's p95 above `max_latency_p95_ratio` times the
+previous one's, and more of its requests past that line than chance would put there if its p95 were within it (a
+binomial test at `SIGNIFICANCE`), so one slow answer among a few cannot decide. Latency is not judged where one
+version answered mostly on the fast path and the other mostly through MLflow's pyfunc code (not like with like),
+nor where the previous champion has fewer than `min_requests` requests to compare with; the verdict says so.
 """
 
 from __future__ import annotations
@@ -14,12 +24,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from podium.core.traffic import LATENCY_BUCKETS_MS, VersionTraffic, latency_ratio
+from podium.core.traffic import (
+    LATENCY_BUCKETS_MS,
+    VersionTraffic,
+    binomial_tail,
+    count_above,
+    latency_ratio,
+)
 
 State = Literal["watching", "broke", "passed"]
 WATCHING: Final = "watching"
 BROKE: Final = "broke"
 PASSED: Final = "passed"
+
+SIGNIFICANCE = 0.001  # how unlikely by chance a latency difference must be to roll a champion back
+TAIL = 0.05  # the share of requests a p95 leaves above it
 
 
 @dataclass(frozen=True)
@@ -31,12 +50,14 @@ class WatchLimits:
     min_requests: int = 20
 
 
-def counts_of(traffic: VersionTraffic | None) -> dict[str, Any]:
-    """One version's counts on one replica as plain data (a watch tally's entry); empty without a request."""
+def counts_of(traffic: VersionTraffic | None, fast: int = 0, warmup: int = 0) -> dict[str, Any]:
+    """One version's counts on one replica as plain data (a watch tally's entry): `fast`, how many of them the fast
+    path answered; `warmup`, the requests kept apart before them. Empty without a request."""
     if traffic is None or not traffic.requests:
-        return {}
+        return {"warmup": warmup} if warmup else {}
     return {"requests": traffic.requests, "error_statuses": {str(k): v for k, v in traffic.error_statuses.items()},
-            "buckets": list(traffic.buckets), "fastest_ms": traffic.fastest_ms, "slowest_ms": traffic.slowest_ms}
+            "buckets": list(traffic.buckets), "fastest_ms": traffic.fastest_ms, "slowest_ms": traffic.slowest_ms,
+            "fast": fast, "warmup": warmup}
 
 
 def traffic_of(counts: Iterable[Mapping[str, Any]]) -> VersionTraffic:
@@ -55,10 +76,14 @@ def traffic_of(counts: Iterable[Mapping[str, Any]]) -> VersionTraffic:
     return total
 
 
+def _summed(counts: Iterable[Mapping[str, Any]], key: str) -> int:
+    return sum(int(c.get(key) or 0) for c in counts)
+
+
 @dataclass
 class WatchTally:
     """One replica's account of one watch (as written under `<serving>/watch/<watch id>/<replica>.json`): its
-    counts of the new champion and of the previous one, since the replica started."""
+    counts of the new champion since its warm-up, and of the previous one over its last stretch of answers."""
 
     watch_id: str
     replica: str
@@ -79,7 +104,10 @@ class WatchTally:
 
 @dataclass(frozen=True)
 class WatchNumbers:
-    """The replicas' tallies of one watch, summed: the new champion's and the previous one's live numbers."""
+    """The replicas' tallies of one watch, summed: the new champion's and the previous one's live numbers. `errors`
+    are the model's failures (5xx), `client_errors` the new champion's 4xx (not counted against it), `warmup` its
+    requests kept apart; `fast_requests`, those the fast path answered; `buckets`, the new champion's latency
+    buckets (what the latency test counts; not recorded)."""
 
     requests: int = 0
     errors: int = 0
@@ -88,6 +116,11 @@ class WatchNumbers:
     previous_errors: int = 0
     previous_p95_ms: float | None = None
     replicas: int = 0
+    client_errors: int = 0
+    warmup: int = 0
+    fast_requests: int = 0
+    previous_fast_requests: int = 0
+    buckets: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def error_rate(self) -> float | None:
@@ -104,19 +137,31 @@ class WatchNumbers:
         """The new champion's p95 latency over the previous one's (None: either has no number)."""
         return latency_ratio(self.p95_ms, self.previous_p95_ms)
 
+    @property
+    def like_with_like(self) -> bool:
+        """Whether both versions answered mostly on the same path (the fast path, or MLflow's pyfunc code)."""
+        if not self.requests or not self.previous_requests:
+            return True
+        return (2 * self.fast_requests >= self.requests) == (2 * self.previous_fast_requests >= self.previous_requests)
+
     def as_dict(self) -> dict[str, Any]:
         """The numbers as plain data, the derived ones included (outcome, history, registry, event)."""
-        return {**asdict(self), "error_rate": self.error_rate, "previous_error_rate": self.previous_error_rate,
-                "latency_p95_ratio": self.latency_p95_ratio}
+        said = {k: v for k, v in asdict(self).items() if k != "buckets"}
+        return {**said, "error_rate": self.error_rate, "previous_error_rate": self.previous_error_rate,
+                "latency_p95_ratio": self.latency_p95_ratio, "like_with_like": self.like_with_like}
 
 
 def aggregate_watch(tallies: Iterable[WatchTally]) -> WatchNumbers:
     """The replicas' tallies summed."""
     tallies = list(tallies)
-    new, old = traffic_of(t.champion_counts for t in tallies), traffic_of(t.previous_counts for t in tallies)
-    return WatchNumbers(requests=new.requests, errors=new.errors, p95_ms=new.latency_quantile_ms(0.95),
-                        previous_requests=old.requests, previous_errors=old.errors,
-                        previous_p95_ms=old.latency_quantile_ms(0.95), replicas=len(tallies))
+    news, olds = [t.champion_counts for t in tallies], [t.previous_counts for t in tallies]
+    new, old = traffic_of(news), traffic_of(olds)
+    return WatchNumbers(requests=new.requests, errors=new.failures, p95_ms=new.latency_quantile_ms(0.95),
+                        previous_requests=old.requests, previous_errors=old.failures,
+                        previous_p95_ms=old.latency_quantile_ms(0.95), replicas=len(tallies),
+                        client_errors=new.errors - new.failures, warmup=_summed(news, "warmup"),
+                        fast_requests=_summed(news, "fast"), previous_fast_requests=_summed(olds, "fast"),
+                        buckets=tuple(new.buckets))
 
 
 @dataclass(frozen=True)
@@ -171,42 +216,73 @@ def _pct(x: float | None) -> str:
 
 
 def describe_watch(n: WatchNumbers) -> str:
-    """The numbers in one phrase: `120 request(s), error rate 0.0 % (the previous champion's 0.0 %), latency p95
-    4.1 ms vs 3.9 ms (x1.05)`."""
+    """The numbers in one phrase: `120 request(s) after a warm-up of 10, error rate 0.0 % (the previous champion's
+    0.0 %), latency p95 4.1 ms vs 3.9 ms (x1.05)`."""
     if not n.requests:
-        return "no live request answered yet"
-    said = f"{n.requests} request(s), error rate {_pct(n.error_rate)} (the previous champion's {_pct(n.previous_error_rate)})"
+        return "no live request answered yet" + (f" past its warm-up ({n.warmup} request(s))" if n.warmup else "")
+    said = f"{n.requests} request(s)"
+    if n.warmup:
+        said += f" after a warm-up of {n.warmup}"
+    said += f", error rate {_pct(n.error_rate)} (the previous champion's {_pct(n.previous_error_rate)})"
+    if n.client_errors:
+        said += f", {n.client_errors} bad request(s) from clients (4xx, not counted)"
     ratio = n.latency_p95_ratio
     if ratio is None or not math.isfinite(ratio) or n.p95_ms is None or n.previous_p95_ms is None:
         return said
     return f"{said}, latency p95 {n.p95_ms:.1f} ms vs {n.previous_p95_ms:.1f} ms (x{ratio:.2f})"
 
 
+def judge_latency(numbers: WatchNumbers, limits: WatchLimits) -> tuple[str | None, str | None]:
+    """The latency limit on these numbers: (the limit broken, in words; None: not broken) and (why it was not
+    judged, or why a p95 above the limit did not decide; None: nothing to say)."""
+    ratio, limit = numbers.latency_p95_ratio, limits.max_latency_p95_ratio
+    if ratio is None or ratio <= limit or numbers.previous_p95_ms is None:
+        return None, None
+    if not numbers.like_with_like:
+        new = "the fast path" if 2 * numbers.fast_requests >= numbers.requests else "MLflow's pyfunc code"
+        old = "MLflow's pyfunc code" if new == "the fast path" else "the fast path"
+        return None, (f"latency not judged: the new champion answered mostly through {new}, the previous one "
+                      f"through {old} (not like with like)")
+    if numbers.previous_requests < limits.min_requests:
+        return None, (f"latency not judged: the previous champion has {numbers.previous_requests} request(s) to "
+                      f"compare with, fewer than min_requests {limits.min_requests}")
+    line = limit * numbers.previous_p95_ms
+    slower = count_above(numbers.buckets, LATENCY_BUCKETS_MS, line) if numbers.buckets else numbers.requests
+    chance = binomial_tail(slower, numbers.requests, TAIL)
+    said = (f"{slower} of {numbers.requests} request(s) slower than {line:.1f} ms (x{limit:g} the previous "
+            f"champion's p95), p = {chance:.2g}")
+    if chance < SIGNIFICANCE:
+        return (f"latency p95 x{ratio:.2f} the previous champion's, above max_latency_p95_ratio {limit:g} ({said})",
+                None)
+    return None, f"latency p95 x{ratio:.2f} not held against it: {said}, as chance allows"
+
+
 def decide_watch(numbers: WatchNumbers, limits: WatchLimits, over: bool) -> WatchVerdict:
     """Where the watch of a new champion stands on these numbers (`over`: its duration has passed).
 
-    Limits are judged once the new champion answered `min_requests` requests, at every read: its error rate may
-    exceed the previous champion's by at most `max_error_rate_increase`, and its p95 latency may be at most
-    `max_latency_p95_ratio` times the previous one's (not judged where the replicas have no latency of the
+    Limits are judged once the new champion answered `min_requests` requests past its warm-up, at every read: its
+    error rate (5xx) may exceed the previous champion's by at most `max_error_rate_increase`, and its latency must
+    not be shown above `max_latency_p95_ratio` times the previous one's p95 (`judge_latency`: a difference the
+    numbers support, between versions on the same path; not judged where the replicas have no latency of the
     previous champion, e.g. they started after the switch). A value equal to its limit passes. A limit broken:
     `broke`, at once. None broken by the end: `passed`, saying so when fewer than `min_requests` came."""
-    failed = []
+    failed, notes = [], []
     if numbers.requests >= limits.min_requests:
         rate, before = numbers.error_rate or 0.0, numbers.previous_error_rate or 0.0
         if rate - before > limits.max_error_rate_increase + 1e-12:
             failed.append(f"error rate {_pct(rate)} ({numbers.errors} of {numbers.requests}) above the previous "
                           f"champion's {_pct(before)} by more than max_error_rate_increase "
                           f"{_pct(limits.max_error_rate_increase)}")
-        ratio = numbers.latency_p95_ratio
-        if ratio is not None and not ratio <= limits.max_latency_p95_ratio:
-            failed.append(f"latency p95 x{ratio:.2f} the previous champion's, above max_latency_p95_ratio "
-                          f"{limits.max_latency_p95_ratio:g}")
+        broken, note = judge_latency(numbers, limits)
+        failed += [broken] if broken else []
+        notes += [note] if note else []
     if failed:
         return WatchVerdict(BROKE, f"rolled back by its watch: {'; '.join(failed)} ({describe_watch(numbers)})", numbers,
                             tuple(failed))
+    said = describe_watch(numbers) + "".join(f"; {note}" for note in notes)
     if not over:
-        return WatchVerdict(WATCHING, f"watched: {describe_watch(numbers)}", numbers)
+        return WatchVerdict(WATCHING, f"watched: {said}", numbers)
     if numbers.requests < limits.min_requests:
-        return WatchVerdict(PASSED, f"final after its watch: {describe_watch(numbers)}, fewer than min_requests "
+        return WatchVerdict(PASSED, f"final after its watch: {said}, fewer than min_requests "
                                     f"{limits.min_requests}: no limit judged", numbers)
-    return WatchVerdict(PASSED, f"final after its watch: {describe_watch(numbers)}", numbers)
+    return WatchVerdict(PASSED, f"final after its watch: {said}", numbers)

@@ -35,8 +35,9 @@ the follower writes under the serving location every poll. Mirrored requests wai
 they are not mirrored (the shadow samples, the champion never waits).
 
 Watching a new champion (`[promotion.watch]`, podium.serving.watch): while the location's WATCH pointer names one,
-the follower writes this replica's counts of it and of the champion it replaced (from the same per-version counts
-as /version's) under the serving location every poll, when they changed; the promotion that watches reads them.
+the follower writes this replica's counts of it (past its warm-up) and of the champion it replaced (its last stretch
+of answers before the switch: podium.core.traffic.VersionWindow) under the serving location every poll, when they
+changed; the promotion that watches reads them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
 from podium.core.shadow import Tally, compare_answers
+from podium.core.traffic import is_failure
 from podium.core.watch import WatchTally, counts_of
 from podium.errors import ServingError
 from podium.live.fast import FastModel, answer_batch, fast_model_of
@@ -147,6 +149,7 @@ class ChampionServer:
         self._shadow: Shadowing | None = None
         self._shadow_refused: dict[str, str] = {}  # shadow id -> why its candidate did not load here
         self._watch_written: tuple[str, Any, Any] | None = None  # the watch tally last written: id, both counts
+        self._watch_previous: tuple[str | None, dict[str, Any]] = (None, {})  # a watch's previous champion, counted
         self._mirrors = ThreadPoolExecutor(max_workers=1, thread_name_prefix="podium-shadow")
         self._backlog = threading.BoundedSemaphore(MIRROR_BACKLOG)
         self._traffic = ReplicaTraffic(serving, self._replica)
@@ -243,11 +246,19 @@ class ChampionServer:
         if pointer is None:
             self._watch_written = None
             return
-        versions = dict(self._traffic.tally.versions)
-        previous = pointer.get("previous")
-        tally = WatchTally(str(pointer.get("watch_id")), self._replica, str(pointer.get("version")),
-                           str(previous) if previous else None, counts_of(versions.get(str(pointer.get("version")))),
-                           counts_of(versions.get(str(previous))) if previous else {})
+        version, previous = str(pointer.get("version")), pointer.get("previous")
+        windows = dict(self._traffic.windows)
+        new, old = windows.get(version), windows.get(str(previous)) if previous else None
+        champion_counts = counts_of(new.settled, new.fast, new.warmup.requests) if new is not None else {}
+        watch_id = str(pointer.get("watch_id"))
+        if self._watch_previous[0] == watch_id:  # its last stretch, counted once the replica switched away from it
+            previous_counts = self._watch_previous[1]
+        else:
+            previous_counts = counts_of(*old.last_stretch(), old.warmup.requests) if old is not None else {}
+            if self._active is not None and self._active.version == version:
+                self._watch_previous = (watch_id, previous_counts)
+        tally = WatchTally(watch_id, self._replica, version, str(previous) if previous else None,
+                           champion_counts, previous_counts)
         written = (tally.watch_id, tally.champion_counts.get("requests"), tally.previous_counts.get("requests"))
         if written == self._watch_written:
             return
@@ -326,7 +337,7 @@ class ChampionServer:
             answer = await asyncio.to_thread(_invoke, active, body, content_type)
         if answer.status == 200 and shadowing is not None and shadowing.candidate is not active:
             self._mirror(shadowing, body, content_type, answer)
-        self._traffic.record(active.version, time.perf_counter() - started, answer.status)
+        self._traffic.record(active.version, time.perf_counter() - started, answer.status, rows is not None)
         return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.media_type)
 
     async def _answer_alone(self, request: Fast) -> Answer:
@@ -351,8 +362,10 @@ class ChampionServer:
     def _shadow_one(self, shadowing: Shadowing, body: bytes, content_type: str, champion: Answer) -> None:
         try:
             answer = invoke(shadowing.candidate, body, content_type)
+            # the candidate's failure (5xx) counts against it; a request its schema refuses (4xx) is not compared
             failure, rows, agreed = (_compared(champion, answer, shadowing.tolerance) if answer.status == 200
-                                     else (f"answered {answer.status}: {answer.message()}", 0, 0))
+                                     else (f"answered {answer.status}: {answer.message()}", 0, 0)
+                                     if is_failure(answer.status) else (None, 0, 0))
             with shadowing.lock:
                 shadowing.tally.add(champion.seconds, answer.seconds, failure, rows, agreed)
         finally:
@@ -435,21 +448,47 @@ def invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
 
 
 def _invoke(serving: Serving, body: bytes, content_type: str) -> Answer:
-    """MLflow's scoring server's own handling of one request (parsing, schema, predictions to JSON, errors), timed:
-    an exception the model raises is the scoring server's answer too (an error status)."""
+    """MLflow's scoring server's own handling of one request (parsing, schema, predictions to JSON, errors), timed.
+
+    A client's bad request (a body MLflow cannot parse, rows its schema refuses) is MLflow's answer, a 4xx. An
+    exception the model itself raises is a 500 (MLflow's server answers 400 to it, as to a bad request): the model
+    failed, not the client, and only that counts against a version in the shadow and the watch."""
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import invocations
 
     started = time.perf_counter()
+    model = _Predicting(serving.model)
     try:
-        result = invocations(body, content_type, serving.model, serving.input_schema)
+        result = invocations(body, content_type, model, serving.input_schema)
     except MlflowException as exc:
-        return Answer(exc.serialize_as_json(), exc.get_http_status_code(), "application/json",
-                      time.perf_counter() - started)
+        if model.raised is None or isinstance(model.raised, MlflowException):  # MLflow's own: the rows, the schema
+            return Answer(exc.serialize_as_json(), exc.get_http_status_code(), "application/json",
+                          time.perf_counter() - started)
+        return _model_failed(model.raised, started)
     except Exception as exc:  # what MLflow's server would answer 500 to, kept as an answer for the shadow's count
-        return Answer(json.dumps({"error_code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"}), 500,
-                      "application/json", time.perf_counter() - started)
+        return _model_failed(exc, started)
     return Answer(result.response, result.status, result.mimetype, time.perf_counter() - started)
+
+
+def _model_failed(exc: BaseException, started: float) -> Answer:
+    return Answer(json.dumps({"error_code": "INTERNAL_ERROR", "message": f"the model failed: {type(exc).__name__}: "
+                              f"{exc}"}), 500, "application/json", time.perf_counter() - started)
+
+
+class _Predicting:
+    """A pyfunc model as MLflow's scoring code calls it (`metadata`, `predict`), remembering what its `predict`
+    raised: MLflow's own exception (a schema the rows do not meet) is the client's; any other, the model's."""
+
+    def __init__(self, model: Any):
+        self.model, self.metadata = model, model.metadata
+        self.raised: BaseException | None = None
+
+    def predict(self, data: Any, params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self.model.predict(data, params=params)
+        except Exception as exc:
+            self.raised = exc
+            raise
 
 
 def _compared(champion: Answer, candidate: Answer, tolerance: float) -> tuple[str | None, int, int]:

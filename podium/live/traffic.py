@@ -15,6 +15,9 @@ Two views of the same counts:
 - The replica's own tally (podium.core.traffic.Traffic), since it started, which its `/version` and `/health`
   answers carry: a look without Prometheus.
 
+And, for the watch after a switch, each version's requests past its warm-up and its last stretch of them
+(podium.core.traffic.VersionWindow).
+
 Only client requests to /invocations that a version answered count: not the requests answered 503 before any
 version is loaded, nor the copies a shadow's candidate gets (the shadow's tally counts those).
 """
@@ -29,7 +32,7 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.metrics import Counter, Histogram  # Ray Serve's own: they carry the replica's tags
 
 from podium.core.redaction import redact_uri
-from podium.core.traffic import LATENCY_BUCKETS_MS, Traffic
+from podium.core.traffic import LATENCY_BUCKETS_MS, Traffic, VersionWindow
 
 REQUESTS_METRIC = "podium_serve_requests"
 ERRORS_METRIC = "podium_serve_errors"
@@ -47,6 +50,7 @@ class ReplicaTraffic:
             pass
         self.replica, self.since = replica, time.time()
         self.tally = Traffic()
+        self.windows: dict[str, VersionWindow] = {}  # version -> what the watch compares
         # Ray Serve annotates tag_keys as a one-tuple (Tuple[str]); any tuple of names is what it takes
         by_version: Any = ("serving", "serving_version")
         self._requests = Counter(REQUESTS_METRIC, "Requests to /invocations answered by each served version.",
@@ -61,13 +65,16 @@ class ReplicaTraffic:
             metric.set_default_tags(dict(defaults))
         self._tags: dict[str, dict[str, str]] = {}  # version -> its tags, made once
 
-    def record(self, version: str, seconds: float, status: int) -> None:
-        """One request `version` answered with `status`, in `seconds` (on the request's path: no lock, no I/O)."""
+    def record(self, version: str, seconds: float, status: int, fast: bool = False) -> None:
+        """One request `version` answered with `status`, in `seconds` (`fast`: on the fast path), on the request's
+        path: no lock, no I/O."""
         ms = seconds * 1000.0
         tags = self._tags.get(version)
         if tags is None:
             tags = self._tags[version] = {"serving_version": version}
+            self.windows[version] = VersionWindow()
         self.tally.add(version, ms, status)
+        self.windows[version].add(time.monotonic(), ms, status, fast)
         self._requests.inc(1, tags)
         self._latency.observe(ms, tags)
         if status != 200:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -231,3 +232,33 @@ def test_bad_batch_settings_are_refused_naming_each_before_ray_starts(tmp_path):
                   dict(os.environ), check=False)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "--max-batch-size 0: expected 1 or more; --batch-wait-ms -1.0: expected 0 or more" in proc.stderr, proc.stderr
+
+
+def test_a_second_podium_serve_on_a_held_port_is_refused_naming_the_server_that_holds_it(switched, tmp_path):
+    """The module's server holds its port: a second `podium serve` of another location on that port is refused
+    before Ray starts (Serve's proxy would share the port with the first, and answer its clients with another
+    model), and the first one's clients still get the first one's answers."""
+    port = switched.served.url.rsplit(":", 1)[1]
+    other = tmp_path / "other-serving"
+    other.mkdir()
+    proc = podium(["serve", "--serving", str(other), "--port", port], dict(os.environ), check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    said = proc.stderr.strip()
+    assert f"port {port} is held by another `podium serve` (process {switched.served.proc.pid}, serving " \
+           f"{switched.location})" in said and "Traceback" not in said and len(said.splitlines()) == 1, said
+    answer = call(f"{switched.served.url}/invocations", BODY)
+    assert answer.status == 200 and answer.version == "v000001", answer
+
+
+def test_a_port_another_program_holds_is_refused_naming_the_program(tmp_path):
+    other = tmp_path / "serving"
+    other.mkdir()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        proc = podium(["serve", "--serving", str(other), "--port", port], dict(os.environ), check=False)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    said = proc.stderr.strip()
+    assert f"port {port} on 127.0.0.1 is held by another program (process {os.getpid()}: " in said, said
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said

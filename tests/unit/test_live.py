@@ -7,6 +7,7 @@ fast path (podium.live.fast) against MLflow's own scoring code on the same model
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -211,3 +212,22 @@ def test_a_model_podium_did_not_build_has_no_fast_path(tmp_path, data, checkpoin
     assert active is not None
     assert fast_model_of(object(), active.input_schema) is None
     assert fast_model_of(active.model, None) is None
+
+
+def test_a_model_that_raises_answers_500_and_a_client_s_bad_request_400(tmp_path, data, checkpoint):
+    """MLflow's scoring code answers 400 to both; a model's own failure is the server's (500), and only that counts
+    against a version in the shadow and the watch."""
+    _, active = _fast_server(tmp_path, data, checkpoint)
+
+    class Raising:
+        metadata = active.model.metadata
+
+        def predict(self, data, params=None):
+            raise ValueError("f1 out of range")
+
+    failing = dataclasses.replace(active, model=Raising(), fast=None)
+    answer = _invoke(failing, _rows(data), "application/json")
+    assert answer.status == 500 and answer.message() == "the model failed: ValueError: f1 out of range", answer
+    for bad in (b"not json", json.dumps({"dataframe_split": {"columns": ["nope"], "data": [["x"]]}}).encode()):
+        refused = _invoke(active, bad, "application/json")
+        assert refused.status == 400, (bad, refused)

@@ -9,7 +9,17 @@ import random
 
 import pytest
 
-from podium.core.traffic import LATENCY_BUCKETS_MS, Traffic, VersionTraffic, quantile_from_buckets
+from podium.core.traffic import (
+    LATENCY_BUCKETS_MS,
+    RECENT_S,
+    WARMUP_REQUESTS,
+    Traffic,
+    VersionTraffic,
+    VersionWindow,
+    binomial_tail,
+    count_above,
+    quantile_from_buckets,
+)
 
 
 def test_each_version_counts_its_own_requests_and_errors_by_status():
@@ -69,3 +79,27 @@ def test_a_quantile_interpolates_within_its_bucket_as_prometheus_does():
 def test_a_version_with_no_request_has_no_latency():
     assert VersionTraffic().as_dict() == {"requests": 0, "errors": 0, "error_statuses": {},
                                           "latency_ms": {"p50": None, "p95": None, "max": None}}
+
+
+def test_a_version_s_warm_up_is_kept_apart_and_its_last_stretch_is_its_last_seconds_of_answers():
+    window = VersionWindow()
+    for i in range(WARMUP_REQUESTS):
+        window.add(float(i), 500.0, 200, fast=False)  # cold: slow, through MLflow's code
+    for i in range(100):
+        window.add(100.0 + i, 5.0, 500 if i == 0 else 200, fast=True)
+    assert window.warmup.requests == WARMUP_REQUESTS and window.warmup.slowest_ms == 500.0
+    assert (window.settled.requests, window.settled.failures, window.fast) == (100, 1, 100)
+    last, fast = window.last_stretch()
+    assert last.requests == fast == int(RECENT_S) + 1 and last.failures == 0 and last.slowest_ms == 5.0
+
+
+def test_values_above_a_line_are_counted_from_buckets_and_a_binomial_tail_says_how_likely():
+    counts = VersionTraffic()
+    for ms in [1.0] * 10 + [35.0] * 10 + [90.0] * 5:
+        counts.add(ms, 200)
+    assert count_above(counts.buckets, LATENCY_BUCKETS_MS, 50.0) == 5  # the 90 ms ones, a bucket above
+    assert count_above(counts.buckets, LATENCY_BUCKETS_MS, 35.0) == 5 + 5  # half of (30, 40]
+    assert binomial_tail(0, 10, 0.05) == 1.0 and binomial_tail(11, 10, 0.05) == 0.0
+    assert binomial_tail(1, 1, 0.05) == pytest.approx(0.05)
+    assert binomial_tail(2, 30, 0.05) == pytest.approx(1 - 0.95 ** 30 - 30 * 0.05 * 0.95 ** 29)
+    assert binomial_tail(20, 20, 0.05) < 1e-20

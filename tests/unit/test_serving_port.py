@@ -1,0 +1,38 @@
+"""One `podium serve` per port (podium.live.port): the claim a server holds for its life, and a port another
+program listens on, each refused in one sentence naming the holder."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from podium.live.port import PortHeld, claim_port
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_claimed_port_is_refused_to_a_second_claim_until_released():
+    port = _free_port()
+    first = claim_port("127.0.0.1", port, "/srv/a")
+    with pytest.raises(PortHeld, match=rf"port {port} is held by another `podium serve` \(process {os.getpid()}, "
+                                       r"serving /srv/a\)"):
+        claim_port("127.0.0.1", port, "/srv/b")
+    first.release()
+    claim_port("127.0.0.1", port, "/srv/b").release()
+
+
+def test_a_port_another_program_listens_on_is_refused_naming_its_process():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(PortHeld, match=rf"port {port} on 127.0.0.1 is held by another program \(process "
+                                           rf"{os.getpid()}: "):
+            claim_port("127.0.0.1", port, "/srv/a")
+    claim_port("127.0.0.1", port, "/srv/a").release()  # its lock went with the refusal
