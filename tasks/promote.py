@@ -221,7 +221,7 @@ def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
     numbers = {"requests": n.requests, "errors": n.errors, "error_rate": n.error_rate, "agreement": n.agreement,
                "latency_p95_ratio": n.latency_p95_ratio, "champion_p95_s": n.champion_p95_s,
                "candidate_p95_s": n.candidate_p95_s}
-    return {"podium.shadow": "passed" if verdict.passed else "refused",
+    return {"podium.shadow": verdict.outcome,
             "podium.shadow.reason": verdict.reason[:5000],
             **{f"podium.shadow.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 

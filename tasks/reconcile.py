@@ -257,9 +257,7 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
 
 def watch_limits(pointer: dict[str, Any]) -> WatchLimits:
     """The limits a WATCH pointer carries (`promotion.watch`, as the promotion that started it read them)."""
-    limits = dict(pointer.get("limits") or {})
-    known = {k: limits[k] for k in ("max_error_rate_increase", "max_latency_p95_ratio", "min_requests") if k in limits}
-    return WatchLimits(**known)
+    return WatchLimits.from_dict(dict(pointer.get("limits") or {}))
 
 
 def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, pointer: dict[str, Any],

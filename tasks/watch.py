@@ -21,7 +21,18 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from podium.core.watch import BROKE, WATCHING, WatchNumbers, WatchOutcome, WatchVerdict, aggregate_watch, decide_watch
+from podium.core.watch import (
+    BROKE,
+    WATCHING,
+    Settled,
+    WatchLimits,
+    WatchNumbers,
+    WatchOutcome,
+    WatchVerdict,
+    aggregate_watch,
+    as_settled,
+    decide_watch,
+)
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.staged import this_process
@@ -29,7 +40,7 @@ from podium.serving.watch import end_watch, read_watch_tallies, start_watch
 from podium.tasks.carry_out import PromotionOutcome
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import origin, promotion_lock
-from podium.tasks.reconcile import settle_watch, watch_limits
+from podium.tasks.reconcile import settle_watch
 from podium.tracking.client import TrackingRun
 
 WATCH_POLL_S = 1.0  # how often the tallies are read (the replicas write theirs at their own poll_s)
@@ -42,6 +53,14 @@ def is_watched(plan: RunPlan, outcome: PromotionOutcome) -> bool:
             and outcome.champion_before is not None and outcome.promoted.version != outcome.champion_before)
 
 
+def watch_limits(plan: RunPlan) -> WatchLimits:
+    """What the decision reads of `promotion.watch`."""
+    w = plan.config.promotion.watch
+    assert w is not None
+    return WatchLimits(max_error_rate_increase=w.max_error_rate_increase,
+                       max_latency_p95_ratio=w.max_latency_p95_ratio, min_requests=w.min_requests)
+
+
 def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutcome,
                    stop_requested: Callable[[], bool] = lambda: False,
                    poll_s: float = WATCH_POLL_S) -> PromotionOutcome:
@@ -51,22 +70,21 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     assert w is not None and outcome.promoted is not None and outcome.champion_before is not None
     version, previous = outcome.promoted.version, outcome.champion_before
     watch_id = f"{version}-{uuid.uuid4().hex[:8]}"
-    limits = {"max_error_rate_increase": w.max_error_rate_increase, "max_latency_p95_ratio": w.max_latency_p95_ratio,
-              "min_requests": w.min_requests}
+    limits = watch_limits(plan)
     start_watch(plan.serving, watch_id, version, previous, w.duration_s, limits,
                 this_process(tracking.run_name, flow_run_id=_flow_run_id()), model=plan.config.model,
                 run_name=tracking.run_name)
-    pointer = {"watch_id": watch_id, "version": version, "previous": previous, "limits": limits,
-               "model": plan.config.model}
+    pointer = {"watch_id": watch_id, "version": version, "previous": previous, "model": plan.config.model}
     say("watch: %s serves in place of %s; watched for %g s (promotion.watch): rolled back if a limit breaks",
         version, previous, w.duration_s)
     started = time.monotonic()
     deadline = started + w.duration_s
     verdict = WatchVerdict(WATCHING, "watched: no live request answered yet", WatchNumbers())
     stopped = False
+    state: Settled
     while True:
         numbers = aggregate_watch(read_watch_tallies(plan.serving, watch_id))
-        verdict = decide_watch(numbers, watch_limits(pointer), over=time.monotonic() >= deadline)
+        verdict = decide_watch(numbers, limits, over=time.monotonic() >= deadline)
         if verdict.state != WATCHING:
             break
         if (layout.read_pointer(plan.serving) or {}).get("version") != version:
@@ -83,8 +101,8 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         said, state = verdict.reason, "stopped"
     else:
         with promotion_lock(plan.serving) as still_locked:
-            state = settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, pointer, verdict,
-                                 still_locked, origin())
+            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, pointer,
+                                            verdict, still_locked, origin()))
         said = (verdict.reason if state in ("rolled-back", "passed")
                 else f"its watch ended after {time.monotonic() - started:.0f} s: {version} no longer serves "
                      "(a rollback or a promotion meanwhile)")

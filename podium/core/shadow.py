@@ -132,6 +132,11 @@ class ShadowVerdict:
     failed: tuple[str, ...] = ()  # the limits it did not meet, in words
     stopped: bool = False
 
+    @property
+    def outcome(self) -> Literal["passed", "refused", "stopped"]:
+        """The verdict in a word (the registry's `podium.shadow` tag): a stopped shadow was not refused."""
+        return "stopped" if self.stopped else "passed" if self.passed else "refused"
+
     def as_dict(self) -> dict[str, Any]:
         """The verdict as plain data: recorded in the history, the outcome, the registry's tags and the artifact (a
         stopped shadow's: `stopped`, and no `failed`)."""

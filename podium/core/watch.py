@@ -49,6 +49,15 @@ class WatchLimits:
     max_latency_p95_ratio: float = 2.0
     min_requests: int = 20
 
+    def as_dict(self) -> dict[str, Any]:
+        """As plain data (what the WATCH pointer carries, for a command that settles a watch its promoter left)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> WatchLimits:
+        """Read back from `as_dict`'s form (unknown keys ignored, missing ones the defaults)."""
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
 
 def counts_of(traffic: VersionTraffic | None, fast: int = 0, warmup: int = 0) -> dict[str, Any]:
     """One version's counts on one replica as plain data (a watch tally's entry): `fast`, how many of them the fast
@@ -189,7 +198,7 @@ class WatchOutcome:
     command moved CURRENT meanwhile), in words, after how long, for which version and the champion before it."""
 
     verdict: WatchVerdict
-    state: str
+    state: Settled
     reason: str
     seconds: float
     version: str
@@ -204,11 +213,22 @@ class WatchOutcome:
     def from_dict(cls, doc: Mapping[str, Any]) -> WatchOutcome:
         """Read back from `as_dict`'s form (the verdict's own state is recomputed from `failed` and `state`)."""
         numbers = WatchNumbers(**{k: doc[k] for k in WatchNumbers.__dataclass_fields__ if k in doc})
-        state = str(doc.get("state", WATCHING))
+        state = as_settled(doc.get("state"))
         verdict_state: State = BROKE if doc.get("failed") else PASSED if state == "passed" else WATCHING
         verdict = WatchVerdict(verdict_state, str(doc.get("reason", "")), numbers, tuple(doc.get("failed") or ()))
         return cls(verdict, state, str(doc.get("reason", "")), float(doc.get("seconds", 0.0)), str(doc["version"]),
                    doc.get("previous"))
+
+
+SETTLED: tuple[Settled, ...] = ("passed", "rolled-back", "stopped", "ended")
+
+
+def as_settled(word: Any) -> Settled:
+    """A recorded outcome's word as a `Settled` (one recorded before the words were fixed: `ended`)."""
+    for settled in SETTLED:
+        if word == settled:
+            return settled
+    return "ended"
 
 
 def _pct(x: float | None) -> str:

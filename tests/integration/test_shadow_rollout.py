@@ -265,6 +265,7 @@ def test_a_promotion_stopped_during_its_shadow_withdraws_the_candidate(world, se
     assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
     _, tags = _registered(env, candidate)
     assert tags["podium.approval"] == "withdrawn" and _alias(env, "challenger") is None
+    assert tags["podium.shadow"] == "stopped", tags  # nothing refused it
     said = _replica_shows(server, "shadow", None)
     assert said["shadow"] is None and said["version"] == champion
 

@@ -112,6 +112,12 @@ def test_a_shadows_verdict_is_recorded_as_the_decision_on_the_candidate():
     assert decision.tags()["podium.approval"] == "shadow refused"
 
 
+def test_a_stopped_shadow_is_stopped_in_a_word_not_refused():
+    assert stopped_shadow(ShadowNumbers(requests=3)).outcome == "stopped"
+    assert decide_shadow(ShadowNumbers(), ShadowLimits(on_no_traffic="refuse")).outcome == "refused"
+    assert decide_shadow(ShadowNumbers(), ShadowLimits(on_no_traffic="promote")).outcome == "passed"
+
+
 def test_the_shadow_config_is_checked_naming_the_field():
     config = build_config({"promotion": {"rollout": "shadow", "shadow": {"requests": 20, "duration_s": 5}}})
     assert config.promotion.rollout == "shadow" and config.promotion.shadow.requests == 20
