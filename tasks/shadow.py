@@ -12,7 +12,6 @@ to the next command (`podium.tasks.reconcile.withdraw_orphans`).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from prefect import task
@@ -23,8 +22,8 @@ from podium import prefect_api
 from podium.core.approval import Approval, shadowed, withdrawn
 from podium.core.shadow import ShadowLimits, ShadowNumbers, aggregate, decide_shadow, stopped_shadow
 from podium.progress import say
-from podium.serving import layout
 from podium.serving.shadow import end_shadow, read_tallies
+from podium.tasks.live import poll_live
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
 from podium.tasks.report import artifact_key
@@ -51,26 +50,16 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
     assert c is not None and c.shadow_id is not None
     say("shadow: %s answers a copy of the live requests beside %s until %d request(s) or %g s (promotion.shadow)",
         c.version, outcome.champion_before, s.requests, s.duration_s)
-    deadline = time.monotonic() + s.duration_s
-    stopped, changed, numbers = False, None, ShadowNumbers()
     try:
-        while True:
-            numbers = aggregate(read_tallies(plan.serving, c.shadow_id))
-            if numbers.requests >= s.requests or (numbers.replicas and len(numbers.not_loaded) >= numbers.replicas):
-                break
-            if stop_requested():
-                stopped = True
-                break
-            current = (layout.read_pointer(plan.serving) or {}).get("version")
-            if current != outcome.champion_before:  # a rollback meanwhile: compared with another, no need to wait
-                changed = f"{outcome.champion_before} -> {current}"
-                break
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(poll_s)
+        polled = poll_live(plan.serving, lambda: aggregate(read_tallies(plan.serving, c.shadow_id)),
+                           lambda n, _: n.requests >= s.requests or bool(n.replicas and len(n.not_loaded) >= n.replicas),
+                           outcome.champion_before, s.duration_s, stop_requested, poll_s)
     finally:
         end_shadow(plan.serving, c.shadow_id)
-    verdict = stopped_shadow(numbers) if stopped else decide_shadow(numbers, shadow_limits(plan), changed)
+    # a rollback meanwhile: compared with another champion, no need to wait
+    changed = f"{outcome.champion_before} -> {polled.current}" if polled.ended == "moved" else None
+    verdict = (stopped_shadow(polled.numbers) if polled.ended == "stopped"
+               else decide_shadow(polled.numbers, shadow_limits(plan), changed))
     say("shadow: %s %s", c.version, verdict.reason)
     return outcome.model_copy(update={"shadow": verdict})
 

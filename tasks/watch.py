@@ -26,7 +26,6 @@ from podium.core.watch import (
     WATCHING,
     Settled,
     WatchLimits,
-    WatchNumbers,
     WatchOutcome,
     WatchVerdict,
     aggregate_watch,
@@ -34,10 +33,10 @@ from podium.core.watch import (
     decide_watch,
 )
 from podium.progress import say
-from podium.serving import layout
 from podium.serving.staged import this_process
 from podium.serving.watch import end_watch, read_watch_tallies, start_watch
 from podium.tasks.carry_out import PromotionOutcome
+from podium.tasks.live import poll_live
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import origin, promotion_lock
 from podium.tasks.reconcile import settle_watch
@@ -78,21 +77,13 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     say("watch: %s serves in place of %s; watched for %g s (promotion.watch): rolled back if a limit breaks",
         version, previous, w.duration_s)
     started = time.monotonic()
-    deadline = started + w.duration_s
-    verdict = WatchVerdict(WATCHING, "watched: no live request answered yet", WatchNumbers())
-    stopped = False
+    polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watch_id)),
+                       lambda n, over: decide_watch(n, limits, over).state != WATCHING, version, w.duration_s,
+                       stop_requested, poll_s)
+    # the verdict on the last numbers, however the poll ended (a rollback meanwhile: settle_watch says it ended)
+    verdict = decide_watch(polled.numbers, limits, polled.over)
+    stopped = polled.ended == "stopped"
     state: Settled
-    while True:
-        numbers = aggregate_watch(read_watch_tallies(plan.serving, watch_id))
-        verdict = decide_watch(numbers, limits, over=time.monotonic() >= deadline)
-        if verdict.state != WATCHING:
-            break
-        if (layout.read_pointer(plan.serving) or {}).get("version") != version:
-            break  # a rollback or a promotion meanwhile: settle_watch says the watch ended
-        if stop_requested():
-            stopped = True
-            break
-        time.sleep(poll_s)
     if stopped:
         end_watch(plan.serving, watch_id)
         verdict = WatchVerdict(WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
