@@ -31,6 +31,9 @@ from podium.progress import say
 from podium.settings import PodiumSettings
 
 APP = "podium"
+# what answers clients in front of the replicas: Ray Serve's Python HTTP proxy (its HAProxy ingress,
+# RAY_SERVE_ENABLE_HA_PROXY, is not used yet: see docs/serving-live.md, "Ingress")
+INGRESS = "ray-serve-http-proxy"
 DEFAULT_ONGOING = 8  # requests a replica takes in at once, at least (Ray Serve's own default is 5)
 
 
@@ -53,6 +56,9 @@ def add_parser(sub: Any, model_default: str | None) -> None:
                             "waiting (default: %(default)s).")
     serve.add_argument("--poll-s", type=float, default=1.0,
                        help="How often each replica reads CURRENT, in seconds (default: %(default)s).")
+    serve.add_argument("--access-log", action="store_true",
+                       help="Log a line per request in Ray Serve's logs (default: off; each line costs the replica "
+                            "and the proxy time on every request).")
     serve.add_argument("--ray-address", help="Ray cluster to serve on (default: RAY_ADDRESS, else a local Ray).")
     serve.set_defaults(func=cmd_serve)
 
@@ -115,12 +121,15 @@ def _serve(args: argparse.Namespace, serving: str) -> int:
         signal.signal(signum, lambda *_: stop.set())
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # its per-start INFO lines; this command says what serves
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        logging_config = {"enable_access_log": args.access_log}
+        serve.start(http_options={"host": args.host, "port": args.port}, logging_config=logging_config)
         # a replica takes in two batches' worth of requests: one batch in the model while the next gathers
         deployment = serve.deployment(name="champion", num_replicas=args.replicas,
                                       max_ongoing_requests=max(2 * args.max_batch_size, DEFAULT_ONGOING),
-                                      ray_actor_options={"num_cpus": args.num_cpus})(ChampionServer)
-        handle = serve.run(deployment.bind(serving, args.poll_s, None, args.max_batch_size, args.batch_wait_ms / 1000),
+                                      ray_actor_options={"num_cpus": args.num_cpus},
+                                      logging_config=logging_config)(ChampionServer)
+        handle = serve.run(deployment.bind(serving, args.poll_s, None, args.max_batch_size, args.batch_wait_ms / 1000,
+                                           INGRESS),
                            name=APP, route_prefix="/")
         url = f"http://{args.host}:{args.port}"
         said: dict[str, Any] = {}

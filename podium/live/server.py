@@ -132,11 +132,12 @@ class Shadowing:
 class ChampionServer:
     """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module),
     and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix);
-    `max_batch_size` and `batch_wait_s` size the fast path's batches."""
+    `max_batch_size` and `batch_wait_s` size the fast path's batches; `ingress` says what answers clients in front
+    of the replicas (on /health)."""
 
     def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None,
-                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S):
-        self._serving, self._poll_s = serving, poll_s
+                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S, ingress: str | None = None):
+        self._serving, self._poll_s, self._ingress = serving, poll_s, ingress
         # outside a replica (a test calling the class) there is no batch queue: each request is its own batch
         self._batched: Callable[[Fast], Awaitable[Answer]] = self._answer_alone
         if in_replica():  # this instance's own batch queue: Ray Serve's, made on the first request, in the replica's loop
@@ -292,7 +293,7 @@ class ChampionServer:
         if shadowing is not None:
             shadow = {"version": shadowing.candidate.version, "shadow_id": shadowing.tally.shadow_id,
                       "requests": shadowing.tally.requests}
-        return {"serving": self._serving, "version": active.version if active else None,
+        return {"serving": self._serving, "ingress": self._ingress, "version": active.version if active else None,
                 "version_uid": active.uid if active else None, "since": active.since if active else None,
                 "fast_path": active is not None and active.fast is not None,
                 "refused": dict(self._refused), "shadow": shadow, "shadow_refused": dict(self._shadow_refused)}

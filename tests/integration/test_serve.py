@@ -90,6 +90,7 @@ def switched(live):
     with serving(location, env) as served:
         health = json.loads(call(f"{served.url}/health").body)
         assert health["version"] == "v000001" and health["refused"] == {}, health
+        assert health["ingress"] == "ray-serve-http-proxy", health  # which ingress answers clients
         with Load(served.url, BODY) as load:
             load.wait_for("v000001", after=0)
             # the other checkpoint, promoted over it: the replica loads it beside v000001, then switches
