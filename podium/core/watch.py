@@ -64,7 +64,8 @@ def counts_of(traffic: VersionTraffic | None, fast: int = 0, warmup: int = 0) ->
     path answered; `warmup`, the requests kept apart before them. Empty without a request."""
     if traffic is None or not traffic.requests:
         return {"warmup": warmup} if warmup else {}
-    return {"requests": traffic.requests, "error_statuses": {str(k): v for k, v in traffic.error_statuses.items()},
+    statuses = dict(traffic.error_statuses)  # one copy: a replica's event loop may add a status meanwhile
+    return {"requests": traffic.requests, "error_statuses": {str(k): v for k, v in statuses.items()},
             "buckets": list(traffic.buckets), "fastest_ms": traffic.fastest_ms, "slowest_ms": traffic.slowest_ms,
             "fast": fast, "warmup": warmup}
 
