@@ -145,6 +145,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="podium-watch-soak-"))
     (root / "code").mkdir()
     (root / "code" / "soak_code.py").write_text(SLOW_CODE)
+    sys.path.insert(0, str(root / "code"))  # the runs are planned here too: their loader must import
     write_data(str(root / "train.parquet"), 100, 0.0, seed=1)
     write_data(str(root / "val.parquet"), 400, 0.1, seed=2)
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"

