@@ -50,12 +50,13 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
     assert c is not None and c.shadow_id is not None
     say("shadow: %s answers a copy of the live requests beside %s until %d request(s) or %g s (promotion.shadow)",
         c.version, outcome.champion_before, s.requests, s.duration_s)
+    shadow_id = c.shadow_id  # a str, for the reader below
     try:
-        polled = poll_live(plan.serving, lambda: aggregate(read_tallies(plan.serving, c.shadow_id)),
+        polled = poll_live(plan.serving, lambda: aggregate(read_tallies(plan.serving, shadow_id)),
                            lambda n, _: n.requests >= s.requests or bool(n.replicas and len(n.not_loaded) >= n.replicas),
                            outcome.champion_before, s.duration_s, stop_requested, poll_s)
     finally:
-        end_shadow(plan.serving, c.shadow_id)
+        end_shadow(plan.serving, shadow_id)
     # a rollback meanwhile: compared with another champion, no need to wait
     changed = f"{outcome.champion_before} -> {polled.current}" if polled.ended == "moved" else None
     verdict = (stopped_shadow(polled.numbers) if polled.ended == "stopped"
