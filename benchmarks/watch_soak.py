@@ -1,7 +1,10 @@
 """The watch after the switch under load, many times: good champions are never rolled back, bad ones always are.
 
     python benchmarks/watch_soak.py                          # 20 good promotions, 4 bad, a 10 s watch each
-    python benchmarks/watch_soak.py --good 20 --bad 4 --write
+    python benchmarks/watch_soak.py --good 6 --bad 2 --watch-s 8 --write
+
+Each promotion is a `podium promote` process (its imports, its Prefect flow run, the copy, the registry) plus its
+watch: about 45-60 s on 2 shared cores, so the default 24 take about 25 minutes there.
 
 One `podium serve` (its own Ray) serves a location while clients in threads post requests at a steady pace (half
 of them carrying a value training never saw, f1 = -50). `podium promote --always-promote` then makes, again and
