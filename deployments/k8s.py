@@ -39,6 +39,9 @@ PART_OF = "podium"
 # object stores by the schemes podium accepts for them (podium.storage.backends)
 STORE_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # an RFC 1123 label: names, namespaces
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# registry[:port]/path[:tag]: the path lower-case (distribution's reference grammar, simplified)
+NAME_REF_RE = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
 
 
 class SecretKey(BaseModel):
@@ -56,8 +59,10 @@ class ClusterSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     namespace: str = Field("podium", description="Namespace of every resource.")
-    image: str = Field(f"podium:{podium_version}", min_length=1, description="Image with podium installed "
-                       f"(and Ray {RAY_VERSION}, the Ray of every node and of the driver).")
+    image: str | None = Field(None, description="podium's image (deployments/image/Containerfile: podium with the "
+                              f"k8s extra, Ray {RAY_VERSION} on every node and the driver), in a registry the cluster "
+                              "pulls from: registry/repository:tag, or better registry/repository@sha256:<digest>, "
+                              "which every pod then runs unchanged. Required to render.")
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
     service_account: str = Field("podium", description="Service account of podium's pods and of the Prefect worker.")
     prefect_api_url: str = Field("http://prefect-server:4200/api", description="PREFECT_API_URL of every pod.")
@@ -102,6 +107,13 @@ class ClusterSettings(BaseModel):
     serve_memory: str = Field("4Gi", description="Memory of the `podium serve` pod.")
     serve_port: int = Field(8000, ge=1, le=65535, description="HTTP port of `podium serve` and its Service.")
 
+    @field_validator("image")
+    @classmethod
+    def _check_image(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_image(v)
+        return v
+
     @field_validator("namespace", "service_account")
     @classmethod
     def _check_name(cls, v: str) -> str:
@@ -123,6 +135,21 @@ class ClusterSettings(BaseModel):
         if not v.startswith("/"):
             raise ValueError("expected an absolute path")
         return v.rstrip("/") or "/"
+
+
+def check_image(image: str) -> None:
+    """Refuse (ValueError) an image reference a cluster could not pull reproducibly: one without a registry (a bare
+    `podium:0.1.0` means Docker Hub's library, which holds no podium), or a digest that is not a sha256 one."""
+    name, _, digest = image.partition("@")
+    if digest and not DIGEST_RE.match(digest):
+        raise ValueError(f"{image!r} has a malformed digest: expected @sha256: and 64 hex digits")
+    first, slash, _ = name.partition("/")
+    if not slash or not ("." in first or ":" in first or first == "localhost"):
+        raise ValueError(f"{image!r} names no registry: expected registry/repository:tag or "
+                         "registry/repository@sha256:<digest> (e.g. registry.example.com/ml/podium:0.1.0), the image "
+                         "built from deployments/image/Containerfile and pushed where the cluster pulls from")
+    if not NAME_REF_RE.match(name):
+        raise ValueError(f"{image!r} is not an image reference: expected registry/repository[:tag][@sha256:<digest>]")
 
 
 def load_cluster_settings(data: dict[str, Any]) -> ClusterSettings:
@@ -158,6 +185,10 @@ def store_of(uri: str) -> str | None:
 def check_renderable(config: PipelineConfig, cluster: ClusterSettings) -> None:
     """Refuse, in one sentence (ConfigError), a config whose pods could not run: a local path that pods on other
     nodes cannot reach, an object store without the Secret of its credentials."""
+    if cluster.image is None:
+        raise ConfigError("the cluster settings give no image: expected image = \"<registry>/<repository>@sha256:"
+                          "<digest>\" (or :<tag>), podium's image built from deployments/image/Containerfile and "
+                          "pushed where the cluster pulls from (or --image)")
     mount = PurePosixPath(cluster.shared_mount)
     for field, uri in config_locations(config).items():
         store = store_of(uri)

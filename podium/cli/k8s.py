@@ -49,7 +49,8 @@ def add_k8s_parser(sub: Any) -> None:
     render.add_argument("--config", help="TOML or JSON podium config (as for `podium run`).")
     render.add_argument("--cluster", help="TOML or JSON cluster settings: image, namespace, servers, Secrets "
                                           "(see the Production profile page; default: every default).")
-    render.add_argument("--image", help="Image with podium installed (overrides the cluster settings').")
+    render.add_argument("--image", help="podium's image in a registry, best by digest: registry/repository@sha256:"
+                                        "<digest> (overrides the cluster settings').")
     render.add_argument("--namespace", help="Namespace of every resource (overrides the cluster settings').")
     render.add_argument("--out", help="Folder to write one file per manifest to (default: the YAML on stdout).")
     render.set_defaults(func=cmd_render)

@@ -25,6 +25,7 @@ from tests.helpers.commands import podium
 from tests.helpers.fake_kubernetes import fake_kubernetes_api, rayjob
 
 MOUNT = "/var/lib/podium"
+IMAGE = "registry.example.com/ml/podium:0.1.0"
 
 
 def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
@@ -32,7 +33,8 @@ def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
     config.write_text('run_name = "fraud"\nstorage = "s3://models/fraud/storage"\nserving = "s3://models/fraud/serving"\n'
                       '[data]\ntrain = "s3://data/train"\nval = "s3://data/val"\n[scaling]\nuse_gpu = true\n')
     cluster = tmp_path / "cluster.toml"
-    cluster.write_text('namespace = "ml"\nshared_volume_claim = "podium-shared"\n[store_secrets]\ns3 = "minio-creds"\n')
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\nshared_volume_claim = "podium-shared"\n'
+                       '[store_secrets]\ns3 = "minio-creds"\n')
     return config, cluster
 
 
@@ -67,7 +69,7 @@ def test_the_rayjobs_entrypoint_is_a_podium_command_that_reads_the_mounted_confi
     """The entrypoint, run by the real `podium` with the rendered pod's environment and the ConfigMap's config at
     the path the pod mounts it (here under tmp_path): it reads the config and checks the run's inputs."""
     config, cluster = write_inputs(tmp_path)
-    cluster.write_text('namespace = "ml"\n')  # the local-style defaults: every location on the shared volume
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\n')  # the local-style defaults: every location on the shared volume
     config.write_text('run_name = "nightly"\n[training]\nepochs = 1\n')
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all(stream)}
@@ -132,7 +134,7 @@ def test_the_rendered_commands_promote_a_made_run_and_serve_it_on_the_tests_ray(
 
     config, cluster = write_inputs(tmp_path)
     config.write_text(NIGHT_CONFIG)
-    cluster.write_text('namespace = "ml"\n')  # the local-style defaults: every location on the shared volume
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\n')  # the local-style defaults: every location on the shared volume
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     docs = list(yaml.safe_load_all(stream))
     kinds = {doc["kind"]: doc for doc in docs}

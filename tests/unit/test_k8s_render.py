@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 from prefect.client.schemas.objects import FlowRun
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
@@ -35,13 +36,15 @@ from podium.errors import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 RAYJOB_SCHEMA = json.loads((REPO / "deployments" / "k8s_schemas" / "rayjob.schema.json").read_text())
 HOME = "/var/lib/podium/home"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+IMAGE = f"registry.example.com/ml/podium@{DIGEST}"
 
 
 def local_defaults() -> tuple[PipelineConfig, ClusterSettings]:
     """Everything default: locations on the shared volume, an `mlflow server` and a Prefect server by name."""
     config = build_config({"storage": f"{HOME}/storage", "serving": f"{HOME}/serving/podium",
                            "data": {"train": f"{HOME}/data/train.parquet", "val": f"{HOME}/data/val.parquet"}})
-    return config, ClusterSettings()
+    return config, ClusterSettings(image=IMAGE)
 
 
 def s3_postgres_gpu() -> tuple[PipelineConfig, ClusterSettings]:
@@ -52,7 +55,7 @@ def s3_postgres_gpu() -> tuple[PipelineConfig, ClusterSettings]:
                            "scaling": {"num_workers": 4, "use_gpu": True, "cpus_per_worker": 4},
                            "validation": {"concurrency": 2, "num_gpus": 0.5}})
     cluster = load_cluster_settings({
-        "namespace": "ml", "image": "registry.example.com/ml/podium:0.1.0", "shared_volume_claim": None,
+        "namespace": "ml", "image": IMAGE, "shared_volume_claim": None,
         "mlflow_tracking_uri_secret": {"name": "mlflow-db", "key": "uri"}, "store_secrets": {"s3": "minio-creds"},
         "s3_endpoint_url": "http://minio.storage:9000", "worker_memory": "32Gi"})
     return config, cluster
@@ -63,7 +66,7 @@ def gcs_shadow() -> tuple[PipelineConfig, ClusterSettings]:
     config = build_config({"model": "churn", "storage": "gs://ml/churn/storage", "serving": "gs://ml/churn/serving",
                            "data": {"train": "gs://ml/churn/train.parquet", "val": "gs://ml/churn/val.parquet"},
                            "promotion": {"rollout": "shadow", "shadow": {"requests": 500}}})
-    cluster = load_cluster_settings({"store_secrets": {"gcs": "gcs-key"}, "mlflow_auth_secret": "mlflow-auth",
+    cluster = load_cluster_settings({"image": IMAGE, "store_secrets": {"gcs": "gcs-key"}, "mlflow_auth_secret": "mlflow-auth",
                                      "mlflow_tracking_uri": "https://mlflow.example.com", "serve_replicas": 3,
                                      "ray_address": "podium-head-svc:6379", "shared_volume_claim": None})
     return config, cluster
@@ -242,3 +245,52 @@ def test_a_config_the_pods_could_not_run_is_refused_in_one_sentence(change, fiel
 def test_credentials_in_the_cluster_settings_are_refused():
     with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
         load_cluster_settings({"mlflow_tracking_uri": "postgresql://u:secret@db/mlflow"})
+
+
+def containers_of(manifests: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every container of every pod the manifests make (the RayJob's templates, the Deployments')."""
+    found = []
+    for doc in resources(manifests):
+        if doc["kind"] == "RayJob":
+            found += [c for t in pod_templates(doc) for c in t["spec"]["containers"]]
+        elif doc["kind"] == "Deployment":
+            found += doc["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def test_every_pod_runs_the_image_by_its_digest(rendered):
+    assert {c["image"] for c in containers_of(rendered)} == {IMAGE}
+    assert rendered["prefect/work-pool.json"]["variables"]["properties"]["image"]["default"] == IMAGE
+
+
+@pytest.mark.parametrize("image, expected", [
+    (None, "the cluster settings give no image"),
+    ("podium:0.1.0", "names no registry"),
+    ("registry.example.com/ml/podium@sha256:abc", "malformed digest"),
+    ("registry.example.com/ml/Podium:0.1.0", "not an image reference"),
+])
+def test_an_image_a_cluster_could_not_pull_is_refused_in_one_sentence(image, expected):
+    config, _ = local_defaults()
+    with pytest.raises(ConfigError) as caught:
+        check_renderable(config, load_cluster_settings({} if image is None else {"image": image}))
+    assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("image", ["localhost/podium:0.1.0", "registry.example.com:5000/ml/podium:0.1.0",
+                                   f"ghcr.io/team/podium:0.1.0@{DIGEST}"])
+def test_registry_references_are_taken(image):
+    assert load_cluster_settings({"image": image}).image == image
+
+
+def test_the_image_installs_the_k8s_extra_which_names_what_every_pod_runs():
+    """The Containerfile installs podium[k8s]; the extra brings Ray's dashboard (job submission, `ray start`), the
+    Prefect Kubernetes worker and Ray Serve, each pinned by constraints.txt (the image's build installs with it)."""
+    containerfile = (REPO / "deployments" / "image" / "Containerfile").read_text()
+    assert 'ARG EXTRAS=k8s' in containerfile and '"podium[${EXTRAS}]"' in containerfile
+    assert "--no-index" in containerfile and "-c /tmp/podium/constraints.txt" in containerfile
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    k8s = " ".join(extras["k8s"])
+    assert "ray[default]" in k8s and "prefect-kubernetes" in k8s and "serve" in k8s
+    pinned = {line.split("==")[0].lower().replace("_", "-") for line in (REPO / "constraints.txt").read_text().split()
+              if "==" in line}
+    assert {"ray", "prefect-kubernetes", "aiohttp-cors", "opencensus", "py-spy", "uvicorn"} <= pinned
