@@ -10,7 +10,8 @@ could not run with is refused before anything is written.
 
 `watch` follows a RayJob until it is over, records its end as the state of the nightly's Prefect flow run (on
 PREFECT_API_URL; the run named by --config or --run-name), and exits with the code `podium run` would have (0 done,
-1 failed or timed out, 3 the cluster's head lost or the RayJob deleted before its end, 143 stopped).
+1 failed or timed out, 2 refused by KubeRay's validation, 3 the cluster's head lost or the RayJob deleted before its
+end, 143 stopped).
 """
 
 from __future__ import annotations

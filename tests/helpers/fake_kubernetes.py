@@ -19,6 +19,50 @@ def rayjob(status: dict[str, Any] | None, deadline_s: int = 3600, backoff_limit:
             "spec": {"activeDeadlineSeconds": deadline_s, "backoffLimit": backoff_limit}, "status": status}
 
 
+# The statuses KubeRay 1.7's RayJob controller writes, each as the code that writes it sets its fields
+# (ray-project/kuberay, ray-operator/controllers/ray/rayjob_controller.go; the constants in
+# ray-operator/apis/ray/v1/rayjob_types.go: JobDeploymentStatus, JobFailedReason). `startTime` is set once per
+# attempt by initRayJobStatusIfNeed (New -> Initializing); a test adds it.
+KUBERAY = {
+    # initRayJobStatusIfNeed: JobStatusNew (""), then Initializing while the RayCluster is not Ready
+    "initializing": {"jobDeploymentStatus": "Initializing", "jobStatus": ""},
+    # Reconcile, case JobDeploymentStatusRunning: jobStatus copied from the dashboard's GetJobInfo
+    "running": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+    # the same, the head pod lost: the RayCluster's status (HeadPodReady False) is copied into rayClusterStatus;
+    # the deployment stays Running while KubeRay recreates the head
+    "head not ready": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                       "rayClusterStatus": {"conditions": [{"type": "HeadPodReady", "status": "False"}]}},
+    # the same: a terminal jobStatus in K8sJobMode keeps the deployment Running until the submitter has finished
+    # (`isJobTerminal = isJobTerminal && finishedAt != nil`)
+    "stopped while deploying": {"jobDeploymentStatus": "Running", "jobStatus": "STOPPED"},
+    # the same, terminal: jobStatus SUCCEEDED or STOPPED -> Complete; FAILED -> Failed with reason AppFailed
+    "succeeded": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+    "stopped": {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"},
+    "app failed": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                   "message": "the training loop raised"},
+    # checkBackoffLimitAndUpdateStatusIfNeeded: Failed, failed < backoffLimit + 1, reason not DeadlineExceeded
+    "retrying": {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "reason": "AppFailed"},
+    # validateRayJob failing: JobDeploymentStatusValidationFailed, reason ValidationFailed, message the error;
+    # Reconcile returns without requeueing
+    "validation failed": {"jobDeploymentStatus": "ValidationFailed", "jobStatus": "", "reason": "ValidationFailed",
+                          "message": "The RayJob metadata is invalid: RayJob name should be no more than 47 "
+                                     "characters"},
+    # checkActiveDeadlineAndUpdateStatusIfNeeded: only jobDeploymentStatus, reason and message change, so jobStatus
+    # keeps what the last read of the dashboard gave (RUNNING); never retried (checkBackoffLimit...)
+    "deadline exceeded": {"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING", "reason": "DeadlineExceeded",
+                          "message": "The RayJob has passed the activeDeadlineSeconds."},
+    # checkSubmitterAndUpdateStatusIfNeeded, K8sJobMode: the submitter Job failed and jobStatus is not FAILED
+    "submission failed": {"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING", "reason": "SubmissionFailed",
+                          "message": "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has "
+                                     "reached the specified backoff limit"},
+    # the reason the issue on KubeRay 1.7 names for a head lost while the operator polls the job's status (its
+    # GET of the job timed out); the controller source the tests could read has no such constant: written as the
+    # other Failed reasons are (deployment Failed, jobStatus as last read)
+    "status check timed out": {"jobDeploymentStatus": "Failed", "jobStatus": "RUNNING",
+                               "reason": "JobStatusCheckTimeoutExceeded"},
+}
+
+
 @contextmanager
 def fake_kubernetes_api(namespace: str, name: str, sequence: list[dict[str, Any] | None]) -> Iterator[str]:
     """The fake API's URL while the block runs; it serves `sequence` (RayJob resources, None for a 404) at the

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.helpers.commands import podium
-from tests.helpers.fake_kubernetes import fake_kubernetes_api, rayjob
+from tests.helpers.fake_kubernetes import KUBERAY, fake_kubernetes_api, rayjob
 
 MOUNT = "/var/lib/podium"
 IMAGE = "registry.example.com/ml/podium:0.1.0"
@@ -204,12 +204,11 @@ def _flow_runs(name: str) -> list:
         return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
 
 
-def _status(deployment: str, job: str = "", started_s_ago: float = 60, **more) -> dict:
+def _status(jobDeploymentStatus: str, jobStatus: str = "", started_s_ago: float = 60, **more) -> dict:
     started = (datetime.now(timezone.utc) - timedelta(seconds=started_s_ago)).isoformat()
-    return {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": started, **more}
+    return {"jobDeploymentStatus": jobDeploymentStatus, "jobStatus": jobStatus, "startTime": started, **more}
 
 
-HEAD_LOST = {"conditions": [{"type": "HeadPodReady", "status": "False"}]}
 # each case: the flow run the night's driver left (None: none), the RayJob's statuses as the API serves them,
 # the exit code, the lines of podium's phases, and the flow run's state (type, name) after the watch
 WATCHED = {
@@ -220,9 +219,13 @@ WATCHED = {
                                         rayjob(_status("Failed", "FAILED", failed=2, reason="AppFailed",
                                                        message="the training loop raised"))],
                             1, ["Running (running)", "Retrying (retrying)", "Failed (failed)"], ("FAILED", "Failed")),
-    "head lost": ("RUNNING", [rayjob(_status("Running", "RUNNING")),
-                              rayjob(_status("Running", "RUNNING", rayClusterStatus=HEAD_LOST))],
-                  3, ["Running (running)", "Crashed (head_lost)"], ("CRASHED", "Crashed")),
+    # as KubeRay's controller writes it (tests/helpers/fake_kubernetes.KUBERAY): the head not ready is read and
+    # waited out; the submitter's failure ends the RayJob (SubmissionFailed)
+    "head lost": ("RUNNING", [rayjob(_status(**KUBERAY["running"])), rayjob(_status(**KUBERAY["head not ready"])),
+                              rayjob(_status(**KUBERAY["submission failed"], failed=2))],
+                  3, ["Running (running)", "Running (head_not_ready)", "Crashed (head_lost)"], ("CRASHED", "Crashed")),
+    "refused by KubeRay's validation": (None, [rayjob(_status(**KUBERAY["validation failed"]))],
+                                        2, ["Invalid (invalid)"], ("FAILED", "Invalid")),
     "cleaned up after podium ended it": ("COMPLETED", [rayjob(_status("Running", "RUNNING")), None],
                                          0, ["Running (running)", "Completed (cleaned_up)"],
                                          ("COMPLETED", "Completed")),
