@@ -37,6 +37,10 @@ StateType = Literal["PENDING", "RUNNING", "PAUSED", "COMPLETED", "FAILED", "CRAS
 Phase = Literal["pending", "running", "head_not_ready", "stopping", "retrying", "suspended", "succeeded", "failed",
                 "invalid", "timed_out", "stuck", "head_lost", "stopped", "cleaned_up"]
 
+# the deployment statuses after which KubeRay changes nothing but deletions (IsJobDeploymentTerminal, and
+# ValidationFailed, which Reconcile never requeues)
+TERMINAL_DEPLOYMENT = frozenset({"Complete", "Failed", "ValidationFailed"})
+
 # KubeRay's failure reasons that mean the Ray cluster (its head, with the driver) was lost, not the training
 DRIVER_LOST = {
     "SubmissionFailed": "the RayJob's submitter lost the Ray head (KubeRay: SubmissionFailed)",
