@@ -1,6 +1,7 @@
 """The deployments podium declares: scheduled training, validation of announced checkpoints, promotion.
 
     python -m podium.deployments deploy --pool podium [--config podium.toml] [--cron "0 2 * * *"] [--timezone UTC]
+                                        [--home /var/lib/podium/home]
 
 registers them against PREFECT_API_URL on a process work pool (created if missing);
 `prefect worker start --pool podium` (or `podium worker`) then runs them.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
@@ -204,6 +206,14 @@ def register_deployments(deployments: list[RunnerDeployment], work_pool: str = W
     return [cast(UUID, d.apply(work_pool_name=work_pool)) for d in deployments]
 
 
+def load_deployed_config(path: str | None, home: str | None, settings: PodiumSettings) -> PipelineConfig:
+    """The deployments' config: its default locations (storage, serving) filled from `home`, the PODIUM_HOME of
+    the machines the runs execute on (a Kubernetes work pool's pods: their shared volume's), else this machine's.
+    A deployment's parameters travel to the worker as they are: a path of the machine that deployed them would
+    mean nothing in a pod."""
+    return load_config(path, {}, PodiumSettings(home=Path(home)) if home else settings)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Register podium's deployments on a work pool, or serve them from this process."""
 
@@ -216,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timezone", default="UTC", help="Time zone of the schedule.")
     parser.add_argument("--pool", default=WORK_POOL, help=f"Process work pool to deploy to (default: {WORK_POOL}).")
     parser.add_argument("--ray-address", help="serve: run on this Ray cluster (sets RAY_ADDRESS).")
+    parser.add_argument("--home", help="PODIUM_HOME where the runs execute, which the config's default locations "
+                        "are filled from (a Kubernetes work pool's: the shared volume's, e.g. /var/lib/podium/home; "
+                        "default: this machine's).")
     parser.add_argument("--notify-webhook", metavar="URL", help="Send news of every decision (promoted, refused, "
                         "a failed validation, a rollback) to this webhook, as JSON {subject, text}.")
     parser.add_argument("--notify-slack", metavar="URL", help="Send that news to this Slack incoming webhook.")
@@ -224,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("notify needs --notify-webhook URL or --notify-slack URL")
     settings = PodiumSettings()
     try:
-        config = load_config(args.config, {}, settings)
+        config = load_deployed_config(args.config, args.home, settings)
         # the configured Prefect API, else the embedded local server (as `podium run` does)
         api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
     except (ConfigError, ServiceError) as exc:

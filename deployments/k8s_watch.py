@@ -22,7 +22,7 @@ from typing import Any
 
 from podium import prefect_api
 from podium.config import RUN_NAME_PLACEHOLDERS, expand_run_name
-from podium.core.rayjob import RayJobOutcome, flow_run_end, observe_rayjob, rayjob_outcome
+from podium.core.rayjob import TERMINAL_DEPLOYMENT, RayJobOutcome, flow_run_end, observe_rayjob, rayjob_outcome
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 IN_CLUSTER_API = "https://kubernetes.default.svc"
@@ -46,23 +46,74 @@ def in_cluster_api() -> tuple[str, str | None, ssl.SSLContext | None]:
     return "http://127.0.0.1:8001", None, None  # kubectl proxy's default address
 
 
-def read_rayjob(api_url: str, namespace: str, name: str, token: str | None = None,
-                context: ssl.SSLContext | None = None, timeout_s: float = 10.0) -> dict[str, Any] | None:
-    """The RayJob resource, or None when the API says it does not exist (404)."""
-    url = f"{api_url.rstrip('/')}/apis/ray.io/v1/namespaces/{namespace}/rayjobs/{name}"
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+def _call(api_url: str, path: str, token: str | None, context: ssl.SSLContext | None, method: str = "GET",
+          body: dict[str, Any] | None = None, timeout_s: float = 10.0) -> tuple[int, dict[str, Any] | None]:
+    """(status, JSON body) of one request to the Kubernetes API; KubernetesApiError when it does not answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"{api_url.rstrip('/')}{path}", data=data, method=method,
+                                     headers={"Accept": "application/json", "Content-Type": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
-            return json.loads(response.read())
+            return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise KubernetesApiError(f"the Kubernetes API at {api_url} answered {exc.code} for RayJob "
-                                 f"{namespace}/{name}") from None
+        return exc.code, None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise KubernetesApiError(f"the Kubernetes API at {api_url} did not answer ({exc})") from None
+
+
+def rayjobs_path(namespace: str, name: str = "") -> str:
+    """The API path of a namespace's RayJobs, or of one."""
+    return f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs" + (f"/{name}" if name else "")
+
+
+def read_rayjob(api_url: str, namespace: str, name: str, token: str | None = None,
+                context: ssl.SSLContext | None = None, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The RayJob resource, or None when the API says it does not exist (404)."""
+    code, body = _call(api_url, rayjobs_path(namespace, name), token, context, timeout_s=timeout_s)
+    if code == 404:
+        return None
+    if code != 200 or body is None:
+        raise KubernetesApiError(f"the Kubernetes API at {api_url} answered {code} for RayJob {namespace}/{name}")
+    return body
+
+
+def night_name(template: dict[str, Any], when: datetime) -> str:
+    """Tonight's RayJob's name: the template's generateName with the date and minute (one night, one name: a
+    CronJob's pod started again finds the RayJob it made)."""
+    prefix = str((template.get("metadata") or {}).get("generateName") or "podium-nightly-")
+    return f"{prefix}{when:%Y%m%d-%H%M}"
+
+
+def create_rayjob(api_url: str, namespace: str, template: dict[str, Any], name: str, token: str | None = None,
+                  context: ssl.SSLContext | None = None) -> bool:
+    """Make the RayJob `name` of the template; False when it already exists (this night's was made already)."""
+    meta = {k: v for k, v in (template.get("metadata") or {}).items() if k != "generateName"}
+    body = {**template, "metadata": {**meta, "name": name, "namespace": namespace}}
+    code, _ = _call(api_url, rayjobs_path(namespace), token, context, method="POST", body=body)
+    if code == 409:
+        return False
+    if code not in (200, 201):
+        raise KubernetesApiError(f"the Kubernetes API at {api_url} answered {code} to making RayJob "
+                                 f"{namespace}/{name}")
+    return True
+
+
+def prune_rayjobs(api_url: str, namespace: str, prefix: str, keep: int, token: str | None = None,
+                  context: ssl.SSLContext | None = None) -> list[str]:
+    """Delete the finished RayJobs named `prefix…` beyond the `keep` newest (by name: the night's date and time);
+    the RayJobs still running are never touched. Returns the names deleted."""
+    code, body = _call(api_url, rayjobs_path(namespace), token, context)
+    if code != 200 or body is None:
+        raise KubernetesApiError(f"the Kubernetes API at {api_url} answered {code} for the RayJobs of {namespace}")
+    finished = sorted(item["metadata"]["name"] for item in body.get("items") or []
+                      if item["metadata"]["name"].startswith(prefix)
+                      and observe_rayjob(item).deployment_status in TERMINAL_DEPLOYMENT)
+    doomed = finished[:max(0, len(finished) - keep)]
+    for name in doomed:
+        _call(api_url, rayjobs_path(namespace, name), token, context, method="DELETE")
+    return doomed
 
 
 def watch_rayjob(read: Callable[[], dict[str, Any] | None], poll_s: float = 10.0,

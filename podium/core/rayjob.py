@@ -1,9 +1,23 @@
 """What a KubeRay RayJob's status means in podium's terms: one pure function from what the Kubernetes API shows
 to a Prefect flow-run state and the exit code of `podium run` (docs/commands.md).
 
-A RayJob's status has two fields that matter: `jobStatus`, the Ray job's own (PENDING, RUNNING, STOPPED,
-SUCCEEDED, FAILED), and `jobDeploymentStatus`, KubeRay's (New, Initializing, Running, Complete, Failed, Retrying,
-Suspending, Suspended, Waiting), with a `reason` when it failed (DeadlineExceeded, AppFailed, SubmissionFailed...).
+A RayJob's status has two fields that matter, as KubeRay 1.7's controller writes them
+(ray-operator/controllers/ray/rayjob_controller.go): `jobStatus`, the Ray job's own (PENDING, RUNNING, STOPPED,
+SUCCEEDED, FAILED), copied from the dashboard while the deployment runs; and `jobDeploymentStatus`, KubeRay's (New,
+Initializing, Running, Complete, Failed, ValidationFailed, Retrying, Suspending, Suspended, Waiting), with a
+`reason` when it failed. Only `jobDeploymentStatus` ends a RayJob: Complete, Failed and ValidationFailed are
+terminal; a terminal `jobStatus` under a deployment still Running is not (in K8sJobMode KubeRay waits for the
+submitter to finish first). The reasons:
+
+- ValidationFailed: the spec was refused before anything started (the status ValidationFailed too);
+- DeadlineExceeded: activeDeadlineSeconds passed, whatever `jobStatus` last showed; never retried;
+- AppFailed: the Ray job itself FAILED (the training raised);
+- SubmissionFailed: the submitter Job failed while the Ray job had not failed: its `ray job submit` lost the
+  head (or never reached it);
+- JobStatusCheckTimeoutExceeded: the operator could not read the job's status from the head for its timeout;
+- JobDeploymentStatusTransitionGracePeriodExceeded: the submitter finished but the Ray job never reached an end.
+
+The last three mean the driver went with the cluster: podium's run resumes when it is run again (exit 3).
 """
 
 from __future__ import annotations
@@ -12,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from podium.core.exits import EXIT_FAILED, EXIT_UNREACHABLE
+from podium.core.exits import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE
 from podium.core.exits import EXIT_SIGTERM as EXIT_STOPPED  # as `podium run` stopped by SIGTERM
 
 # how long past activeDeadlineSeconds a RayJob may still show Running before podium calls it stuck: the operator
@@ -20,8 +34,21 @@ from podium.core.exits import EXIT_SIGTERM as EXIT_STOPPED  # as `podium run` st
 DEADLINE_GRACE_S = 120.0
 
 StateType = Literal["PENDING", "RUNNING", "PAUSED", "COMPLETED", "FAILED", "CRASHED", "CANCELLED"]
-Phase = Literal["pending", "running", "retrying", "suspended", "succeeded", "failed", "timed_out", "stuck",
-                "head_lost", "stopped", "cleaned_up"]
+Phase = Literal["pending", "running", "head_not_ready", "stopping", "retrying", "suspended", "succeeded", "failed",
+                "invalid", "timed_out", "stuck", "head_lost", "stopped", "cleaned_up"]
+
+# the deployment statuses after which KubeRay changes nothing but deletions (IsJobDeploymentTerminal, and
+# ValidationFailed, which Reconcile never requeues)
+TERMINAL_DEPLOYMENT = frozenset({"Complete", "Failed", "ValidationFailed"})
+
+# KubeRay's failure reasons that mean the Ray cluster (its head, with the driver) was lost, not the training
+DRIVER_LOST = {
+    "SubmissionFailed": "the RayJob's submitter lost the Ray head (KubeRay: SubmissionFailed)",
+    "JobStatusCheckTimeoutExceeded": "KubeRay could not read the job's status from the Ray head "
+                                     "(JobStatusCheckTimeoutExceeded)",
+    "JobDeploymentStatusTransitionGracePeriodExceeded": "the submitter ended but the Ray job never did "
+                                                        "(JobDeploymentStatusTransitionGracePeriodExceeded)",
+}
 
 
 @dataclass(frozen=True)
@@ -96,33 +123,33 @@ def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome |
                              "again, the run resumes from its latest checkpoint")
     status, job = seen.deployment_status, seen.job_status
     attempts = seen.backoff_limit + 1
+    said = f": {seen.message}" if seen.message else ""
+    if status == "ValidationFailed":  # the controller's validateRayJob: nothing was created
+        return RayJobOutcome("invalid", "FAILED", "Invalid", EXIT_REFUSED,
+                             f"KubeRay refused the RayJob's spec, nothing started{said}")
     if status == "Complete" and job == "SUCCEEDED":
-        return RayJobOutcome("succeeded", "COMPLETED", "Completed", 0, "the training ran to its end")
-    if status == "Failed" or (status == "Complete" and job == "FAILED"):
-        if seen.reason == "DeadlineExceeded":
+        return RayJobOutcome("succeeded", "COMPLETED", "Completed", EXIT_OK, "the training ran to its end")
+    if status == "Complete" and job == "STOPPED":
+        return RayJobOutcome("stopped", "CANCELLED", "Cancelled", EXIT_STOPPED, "the Ray job was stopped")
+    if status == "Failed" or status == "Complete":
+        if seen.reason == "DeadlineExceeded":  # set on the deployment status alone: jobStatus may still say RUNNING
             return RayJobOutcome("timed_out", "FAILED", "TimedOut", EXIT_FAILED,
                                  f"the RayJob ran past its activeDeadlineSeconds ({seen.active_deadline_s} s) and was "
                                  "stopped")
-        if seen.head_ready is False:
+        if seen.reason in DRIVER_LOST or (seen.head_ready is False and job != "FAILED"):
+            cause = DRIVER_LOST.get(seen.reason, "the Ray cluster's head was lost")
             return RayJobOutcome("head_lost", "CRASHED", "Crashed", EXIT_UNREACHABLE,
-                                 "the Ray cluster's head was lost: run it again, the run resumes from its latest "
-                                 "checkpoint")
+                                 f"{cause}: run it again, the run resumes from its latest checkpoint")
         tried = max(seen.failed, 1)
-        detail = f": {seen.message}" if seen.message else (f" ({seen.reason})" if seen.reason else "")
+        detail = said or (f" ({seen.reason})" if seen.reason else "")
         return RayJobOutcome("failed", "FAILED", "Failed", EXIT_FAILED,
                              f"the training failed after {tried} of {attempts} attempt(s){detail}")
-    if job == "STOPPED":  # after the deadline: a RayJob past it shows its job STOPPED
-        return RayJobOutcome("stopped", "CANCELLED", "Cancelled", EXIT_STOPPED, "the Ray job was stopped")
     if status == "Retrying":
         return RayJobOutcome("retrying", "RUNNING", "Retrying", None,
                              f"attempt {seen.failed} of {attempts} failed: a new cluster starts and the run resumes")
     if status in ("Suspending", "Suspended"):
         return RayJobOutcome("suspended", "PAUSED", "Suspended", None, "the RayJob is suspended (spec.suspend)")
     if status == "Running":
-        if seen.head_ready is False:
-            return RayJobOutcome("head_lost", "CRASHED", "Crashed", EXIT_UNREACHABLE,
-                                 "the Ray cluster's head was lost while the training ran: run it again, the run "
-                                 "resumes from its latest checkpoint")
         if seen.active_deadline_s is not None and seen.start_time is not None:
             running_s = (now - seen.start_time).total_seconds()
             if running_s > seen.active_deadline_s + DEADLINE_GRACE_S:
@@ -130,13 +157,19 @@ def rayjob_outcome(seen: RayJobObservation, now: datetime, last: RayJobOutcome |
                                      f"the RayJob still runs {running_s:.0f} s after its start, past its "
                                      f"activeDeadlineSeconds ({seen.active_deadline_s} s): is the KubeRay operator "
                                      "running?")
+        if job == "STOPPED":  # KubeRay ends the deployment once the submitter has finished too
+            return RayJobOutcome("stopping", "RUNNING", "Stopping", None,
+                                 "the Ray job stopped; KubeRay has not ended the RayJob yet")
+        if seen.head_ready is False:  # one read is not an end: KubeRay recreates a lost head pod
+            return RayJobOutcome("head_not_ready", "RUNNING", "Running", None,
+                                 "the Ray head pod is not ready: KubeRay recreates it, or fails the RayJob")
         return RayJobOutcome("running", "RUNNING", "Running", None, "the training runs")
     return RayJobOutcome("pending", "PENDING", "Pending", None,
                          f"the Ray cluster is starting ({status or 'no status yet'})")
 
 
 # a flow run's end as an exit code, as `podium run` exits for it (docs/commands.md)
-FLOW_RUN_EXIT = {"COMPLETED": 0, "FAILED": EXIT_FAILED, "CRASHED": EXIT_UNREACHABLE, "CANCELLED": EXIT_STOPPED}
+FLOW_RUN_EXIT = {"COMPLETED": EXIT_OK, "FAILED": EXIT_FAILED, "CRASHED": EXIT_UNREACHABLE, "CANCELLED": EXIT_STOPPED}
 
 
 @dataclass(frozen=True)

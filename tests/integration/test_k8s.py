@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from tests.helpers.commands import podium
-from tests.helpers.fake_kubernetes import fake_kubernetes_api, rayjob
+from tests.helpers.fake_kubernetes import KUBERAY, fake_kubernetes_api, fake_rayjob_api, rayjob
 
 MOUNT = "/var/lib/podium"
+IMAGE = "registry.example.com/ml/podium:0.1.0"
 
 
 def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
@@ -32,7 +33,8 @@ def write_inputs(tmp_path: Path) -> tuple[Path, Path]:
     config.write_text('run_name = "fraud"\nstorage = "s3://models/fraud/storage"\nserving = "s3://models/fraud/serving"\n'
                       '[data]\ntrain = "s3://data/train"\nval = "s3://data/val"\n[scaling]\nuse_gpu = true\n')
     cluster = tmp_path / "cluster.toml"
-    cluster.write_text('namespace = "ml"\nshared_volume_claim = "podium-shared"\n[store_secrets]\ns3 = "minio-creds"\n')
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\nshared_volume_claim = "podium-shared"\n'
+                       '[store_secrets]\ns3 = "minio-creds"\n')
     return config, cluster
 
 
@@ -42,13 +44,19 @@ def test_render_writes_every_manifest_and_the_stream_for_kubectl(tmp_path):
     written = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster), "--out", str(out)],
                      dict(os.environ)).stdout.split()
     assert sorted(Path(p).relative_to(out).as_posix() for p in written) == [
-        "podium-config.yaml", "prefect-worker.yaml", "prefect/work-pool.json", "rayjob-nightly.yaml", "serve.yaml"]
+        "nightly.yaml", "on-demand/rayjob-nightly.yaml", "podium-config.yaml", "prefect-worker.yaml",
+        "prefect/work-pool.json", "serve.yaml"]
     assert json.loads((out / "prefect" / "work-pool.json").read_text())["job_configuration"]["job_manifest"]["kind"] == "Job"
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     kinds = [doc["kind"] for doc in yaml.safe_load_all(stream)]
-    assert kinds == ["ConfigMap", "RayJob", "Deployment", "Service", "ServiceAccount", "Role", "RoleBinding",
-                     "Deployment"]
+    # what `kubectl apply -f -` takes: the on-demand RayJob (generateName, for `kubectl create`) is not in it
+    assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "CronJob", "ServiceAccount",
+                     "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role",
+                     "RoleBinding", "Deployment", "ServiceAccount"]
     assert {doc["metadata"]["namespace"] for doc in yaml.safe_load_all(stream)} == {"ml"}
+    # rendered in a folder of this machine: none of its paths in any manifest (the pods' home is the volume's)
+    for path in out.rglob("*.*"):
+        assert str(tmp_path) not in path.read_text() and os.getcwd() not in path.read_text(), path
 
 
 def test_a_config_the_pods_could_not_run_is_refused_before_anything_is_written(tmp_path):
@@ -67,10 +75,11 @@ def test_the_rayjobs_entrypoint_is_a_podium_command_that_reads_the_mounted_confi
     """The entrypoint, run by the real `podium` with the rendered pod's environment and the ConfigMap's config at
     the path the pod mounts it (here under tmp_path): it reads the config and checks the run's inputs."""
     config, cluster = write_inputs(tmp_path)
-    cluster.write_text('namespace = "ml"\n')  # the local-style defaults: every location on the shared volume
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\n')  # the local-style defaults: all on the shared volume
     config.write_text('run_name = "nightly"\n[training]\nepochs = 1\n')
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     docs = {doc["kind"]: doc for doc in yaml.safe_load_all(stream)}
+    docs["RayJob"] = json.loads(docs["ConfigMap"]["data"]["rayjob.json"])  # the RayJob each night makes
     root = tmp_path / "pod"
     mounted = lambda text: text.replace(MOUNT, str(root / MOUNT.strip("/")))
     body = docs["ConfigMap"]["data"]["podium.json"]
@@ -132,10 +141,11 @@ def test_the_rendered_commands_promote_a_made_run_and_serve_it_on_the_tests_ray(
 
     config, cluster = write_inputs(tmp_path)
     config.write_text(NIGHT_CONFIG)
-    cluster.write_text('namespace = "ml"\n')  # the local-style defaults: every location on the shared volume
+    cluster.write_text(f'namespace = "ml"\nimage = "{IMAGE}"\n')  # the local-style defaults: all on the shared volume
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     docs = list(yaml.safe_load_all(stream))
     kinds = {doc["kind"]: doc for doc in docs}
+    kinds["RayJob"] = json.loads(kinds["ConfigMap"]["data"]["rayjob.json"])  # the RayJob each night makes
     root = tmp_path / "pod"
     mounted = lambda text: text.replace(MOUNT, str(root / MOUNT.strip("/"))).replace("/etc/podium",
                                                                                    str(root / "etc/podium"))
@@ -167,7 +177,7 @@ def test_the_rendered_commands_promote_a_made_run_and_serve_it_on_the_tests_ray(
     assert promoted["run_name"] == run_name and promoted["promoted"]["version"] == "v000001", promoted
     assert read_current(night["serving"]).version == "v000001"  # on the shared volume, where the serve pod reads
 
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "podium-serve"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "podium-k8snight-serve"]
     (main,) = deployment["spec"]["template"]["spec"]["containers"]
     assert main["command"] == ["podium"]
     args = [mounted(a) for a in main["args"]]
@@ -202,12 +212,11 @@ def _flow_runs(name: str) -> list:
         return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
 
 
-def _status(deployment: str, job: str = "", started_s_ago: float = 60, **more) -> dict:
+def _status(jobDeploymentStatus: str, jobStatus: str = "", started_s_ago: float = 60, **more) -> dict:
     started = (datetime.now(timezone.utc) - timedelta(seconds=started_s_ago)).isoformat()
-    return {"jobDeploymentStatus": deployment, "jobStatus": job, "startTime": started, **more}
+    return {"jobDeploymentStatus": jobDeploymentStatus, "jobStatus": jobStatus, "startTime": started, **more}
 
 
-HEAD_LOST = {"conditions": [{"type": "HeadPodReady", "status": "False"}]}
 # each case: the flow run the night's driver left (None: none), the RayJob's statuses as the API serves them,
 # the exit code, the lines of podium's phases, and the flow run's state (type, name) after the watch
 WATCHED = {
@@ -218,9 +227,13 @@ WATCHED = {
                                         rayjob(_status("Failed", "FAILED", failed=2, reason="AppFailed",
                                                        message="the training loop raised"))],
                             1, ["Running (running)", "Retrying (retrying)", "Failed (failed)"], ("FAILED", "Failed")),
-    "head lost": ("RUNNING", [rayjob(_status("Running", "RUNNING")),
-                              rayjob(_status("Running", "RUNNING", rayClusterStatus=HEAD_LOST))],
-                  3, ["Running (running)", "Crashed (head_lost)"], ("CRASHED", "Crashed")),
+    # as KubeRay's controller writes it (tests/helpers/fake_kubernetes.KUBERAY): the head not ready is read and
+    # waited out; the submitter's failure ends the RayJob (SubmissionFailed)
+    "head lost": ("RUNNING", [rayjob(_status(**KUBERAY["running"])), rayjob(_status(**KUBERAY["head not ready"])),
+                              rayjob(_status(**KUBERAY["submission failed"], failed=2))],
+                  3, ["Running (running)", "Running (head_not_ready)", "Crashed (head_lost)"], ("CRASHED", "Crashed")),
+    "refused by KubeRay's validation": (None, [rayjob(_status(**KUBERAY["validation failed"]))],
+                                        2, ["Invalid (invalid)"], ("FAILED", "Invalid")),
     "cleaned up after podium ended it": ("COMPLETED", [rayjob(_status("Running", "RUNNING")), None],
                                          0, ["Running (running)", "Completed (cleaned_up)"],
                                          ("COMPLETED", "Completed")),
@@ -293,3 +306,41 @@ def test_the_prefect_template_the_unit_tests_compare_with_is_the_commands(tmp_pa
                            "--type", "kubernetes"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == KubernetesWorker.get_default_base_job_template()
+
+
+def test_submit_makes_each_night_a_new_rayjob_follows_it_and_prunes_the_old_nights(tmp_path):
+    """The nightly CronJob's `podium k8s submit`, through the real process against a fake API of the namespace's
+    RayJobs: tonight's RayJob is the ConfigMap's with the night's name (a second night, and a tenth, make new ones:
+    nothing to delete by hand), followed to its end, the finished nights beyond --keep deleted, a running one
+    never; the same night submitted again follows the RayJob it made instead of making another."""
+    config, cluster = write_inputs(tmp_path)
+    out = tmp_path / "k8s"
+    podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster), "--out", str(out)], dict(os.environ))
+    (config_map,) = yaml.safe_load((out / "podium-config.yaml").read_text()),
+    manifest = tmp_path / "rayjob.json"
+    manifest.write_text(config_map["data"]["rayjob.json"])
+    template = json.loads(manifest.read_text())
+    prefix = template["metadata"]["generateName"]
+
+    def night(stamp: str, deployment_status: str) -> dict:
+        job = rayjob({"jobDeploymentStatus": deployment_status, "jobStatus": "RUNNING"})
+        return {**job, "metadata": {**job["metadata"], "name": f"{prefix}{stamp}", "namespace": "ml"}}
+
+    old = [night("20251230-0200", "Complete"), night("20251231-0200", "Failed"), night("20251229-0200", "Running")]
+    sequence = [_status(**KUBERAY["initializing"]), _status(**KUBERAY["running"]), _status(**KUBERAY["succeeded"])]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    argv = ["k8s", "submit", "--manifest", str(manifest), "--namespace", "ml", "--run-name", "fraud-{date}",
+            "--keep", "2", "--poll-s", "0.1"]
+    with fake_rayjob_api("ml", old, sequence) as (url, happened):
+        proc = podium([*argv, "--api-url", url], env, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (made,) = happened["made"]
+        assert made["metadata"]["name"].startswith(prefix) and made["spec"] == template["spec"]
+        assert proc.stdout.splitlines()[0] == f"ml/{made['metadata']['name']}: made"
+        # finished: the two old nights and tonight's; two kept; the running night untouched
+        assert happened["deleted"] == [f"{prefix}20251230-0200"]
+        again = podium([*argv, "--api-url", url], env, check=False)
+    if again.stdout.splitlines()[0].endswith("made already, followed"):  # the same minute: the night's own RayJob
+        assert again.returncode == 0 and len(happened["made"]) == 1, again.stdout
+    else:  # the minute turned: a second night, a RayJob of its own
+        assert [m["metadata"]["name"] for m in happened["made"]][0] != happened["made"][-1]["metadata"]["name"]

@@ -16,11 +16,19 @@ from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from podium.config import CheckpointsConfig, PipelineConfig
 from podium.core.events import CheckpointEvent, ValidationRequest
-from podium.deployments.definitions import NIGHTLY, NIGHTLY_KEEP_CHECKPOINTS, PROMOTE_ON_DEMAND, VALIDATE, build_deployments
+from podium.deployments.definitions import (
+    NIGHTLY,
+    NIGHTLY_KEEP_CHECKPOINTS,
+    PROMOTE_ON_DEMAND,
+    VALIDATE,
+    build_deployments,
+    load_deployed_config,
+)
 from podium.flows.pipeline import train_validate_promote
 from podium.flows.promote import promote_run
 from podium.flows.validate_announced import validate_announced_checkpoint
 from podium.prefect_events import EVENT_PERSISTED, PrefectEventSink, checkpoint_resource
+from podium.settings import PodiumSettings
 from podium.training.raytrain import CheckpointAnnouncer
 
 CONFIG = PipelineConfig(run_name="nightly", data={"train": "/d/train.parquet", "val": "/d/val.parquet"})
@@ -117,3 +125,18 @@ def test_run_name_placeholders_give_each_scheduled_run_its_own_name():
     assert config.at(datetime(2026, 11, 21, 2, 0, tzinfo=timezone.utc)).run_name == "churn-20261121"
     assert config.at(datetime(2026, 11, 22, 2, 0, tzinfo=timezone.utc)).run_name == "churn-20261122"
     assert PipelineConfig(run_name="x-{datetime}").at(datetime(2026, 1, 2, 3, 4, 5)).run_name == "x-20260102-030405"
+
+
+def test_deploy_fills_default_locations_from_the_workers_home_not_this_machines(tmp_path, monkeypatch):
+    """`deploy --home /var/lib/podium/home`: a Kubernetes work pool's flow runs get locations on their shared
+    volume; no path of the machine (or folder) that deployed them reaches a deployment's parameters."""
+    monkeypatch.chdir(tmp_path)
+    config_file = tmp_path / "podium.toml"
+    config_file.write_text('run_name = "fraud"\n[data]\ntrain = "/var/lib/podium/home/data/train.parquet"\n'
+                           'val = "/var/lib/podium/home/data/val.parquet"\n')
+    here = PodiumSettings(home=tmp_path / ".podium")
+    config = load_deployed_config(str(config_file), "/var/lib/podium/home", here)
+    (nightly, *_) = build_deployments(config)
+    assert str(tmp_path) not in str(nightly.parameters)
+    assert nightly.parameters["config"]["storage"].startswith("/var/lib/podium/home/")
+    assert str(tmp_path) in load_deployed_config(str(config_file), None, here).storage  # without --home: here

@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import tomllib
 from prefect.client.schemas.objects import FlowRun
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
@@ -35,13 +36,15 @@ from podium.errors import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 RAYJOB_SCHEMA = json.loads((REPO / "deployments" / "k8s_schemas" / "rayjob.schema.json").read_text())
 HOME = "/var/lib/podium/home"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+IMAGE = f"registry.example.com/ml/podium@{DIGEST}"
 
 
 def local_defaults() -> tuple[PipelineConfig, ClusterSettings]:
     """Everything default: locations on the shared volume, an `mlflow server` and a Prefect server by name."""
     config = build_config({"storage": f"{HOME}/storage", "serving": f"{HOME}/serving/podium",
                            "data": {"train": f"{HOME}/data/train.parquet", "val": f"{HOME}/data/val.parquet"}})
-    return config, ClusterSettings()
+    return config, ClusterSettings(image=IMAGE)
 
 
 def s3_postgres_gpu() -> tuple[PipelineConfig, ClusterSettings]:
@@ -52,7 +55,7 @@ def s3_postgres_gpu() -> tuple[PipelineConfig, ClusterSettings]:
                            "scaling": {"num_workers": 4, "use_gpu": True, "cpus_per_worker": 4},
                            "validation": {"concurrency": 2, "num_gpus": 0.5}})
     cluster = load_cluster_settings({
-        "namespace": "ml", "image": "registry.example.com/ml/podium:0.1.0", "shared_volume_claim": None,
+        "namespace": "ml", "image": IMAGE, "shared_volume_claim": None,
         "mlflow_tracking_uri_secret": {"name": "mlflow-db", "key": "uri"}, "store_secrets": {"s3": "minio-creds"},
         "s3_endpoint_url": "http://minio.storage:9000", "worker_memory": "32Gi"})
     return config, cluster
@@ -63,9 +66,9 @@ def gcs_shadow() -> tuple[PipelineConfig, ClusterSettings]:
     config = build_config({"model": "churn", "storage": "gs://ml/churn/storage", "serving": "gs://ml/churn/serving",
                            "data": {"train": "gs://ml/churn/train.parquet", "val": "gs://ml/churn/val.parquet"},
                            "promotion": {"rollout": "shadow", "shadow": {"requests": 500}}})
-    cluster = load_cluster_settings({"store_secrets": {"gcs": "gcs-key"}, "mlflow_auth_secret": "mlflow-auth",
+    cluster = load_cluster_settings({"image": IMAGE, "store_secrets": {"gcs": "gcs-key"}, "mlflow_auth_secret": "mlflow-auth",
                                      "mlflow_tracking_uri": "https://mlflow.example.com", "serve_replicas": 3,
-                                     "ray_address": "podium-head-svc:6379", "shared_volume_claim": None})
+                                     "ray_address": "ray://podium-head-svc:10001", "shared_volume_claim": None})
     return config, cluster
 
 
@@ -120,6 +123,12 @@ def rendered(request) -> dict[str, Any]:
     return render(config, cluster)
 
 
+def kind_of(manifests: dict[str, Any], file: str, kind: str) -> dict[str, Any]:
+    """The one resource of a kind in a rendered file."""
+    (found,) = [doc for doc in manifests[file] if doc["kind"] == kind]
+    return found
+
+
 def resources(manifests: dict[str, Any]) -> list[dict[str, Any]]:
     return [doc for name, docs in manifests.items() if name.endswith(".yaml") for doc in docs]
 
@@ -130,22 +139,25 @@ def test_kubernetes_kinds_validate_strictly(rendered):
 
 
 def test_the_rayjob_validates_against_kuberays_schema(rendered):
-    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
     assert rayjob_errors(rayjob) == []
     spec = rayjob["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
-    assert spec["ttlSecondsAfterFinished"] > 0 and spec["activeDeadlineSeconds"] > 0 and spec["backoffLimit"] >= 0
+    # the GPU cluster deleted as the job ends; the night's deadline shared among its attempts (KubeRay starts the
+    # clock again with each new cluster)
+    assert spec["ttlSecondsAfterFinished"] == 0 and spec["backoffLimit"] >= 0
+    assert spec["activeDeadlineSeconds"] * (spec["backoffLimit"] + 1) <= 6 * 3600
     assert spec["rayClusterSpec"]["rayVersion"] == RAY_VERSION
 
 
 def test_the_validators_catch_a_broken_manifest(rendered):
     """The test of the test: a misspelt field and a wrong type are errors for each validator."""
-    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
     broken = json.loads(json.dumps(rayjob))
     broken["spec"]["shutdownAfterJobFinish"] = True
     broken["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resource"] = {}
     assert len(rayjob_errors(broken)) == 2
-    (deployment, _) = rendered["serve.yaml"]
+    deployment = kind_of(rendered, "serve.yaml", "Deployment")
     bad = json.loads(json.dumps(deployment))
     bad["spec"]["replicas"] = "one"
     assert k8s_errors(bad)
@@ -194,7 +206,7 @@ def test_no_credential_is_written_into_a_manifest(rendered):
 
 def test_credentials_come_from_the_named_secrets():
     config, cluster = s3_postgres_gpu()
-    (rayjob,) = render(config, cluster)["rayjob-nightly.yaml"]
+    (rayjob,) = render(config, cluster)["on-demand/rayjob-nightly.yaml"]
     for template in pod_templates(rayjob)[:2]:
         (main,) = template["spec"]["containers"]
         assert {"secretRef": {"name": "minio-creds"}} in main["envFrom"]
@@ -205,19 +217,19 @@ def test_credentials_come_from_the_named_secrets():
     assert workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     config, cluster = gcs_shadow()
     manifests = render(config, cluster)
-    (deployment, _) = manifests["serve.yaml"]
+    deployment = kind_of(manifests, "serve.yaml", "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert {"name": "store-key", "secret": {"secretName": "gcs-key"}} in pod["volumes"]
     env = manifests["prefect/work-pool.json"]["variables"]["properties"]["env"]["default"]
-    assert env["RAY_ADDRESS"] == "podium-head-svc:6379"
+    assert env["RAY_ADDRESS"] == "ray://podium-head-svc:10001"
 
 
 def test_the_entrypoints_are_podium_commands_its_parser_takes(rendered):
-    (rayjob,) = rendered["rayjob-nightly.yaml"]
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
     argv = shlex.split(rayjob["spec"]["entrypoint"])
     assert argv[0] == "podium"
     assert build_parser().parse_args(argv[1:]).command == "run"
-    (deployment, _) = rendered["serve.yaml"]
+    deployment = kind_of(rendered, "serve.yaml", "Deployment")
     (main,) = deployment["spec"]["template"]["spec"]["containers"]
     assert main["command"] == ["podium"] and build_parser().parse_args(main["args"]).command == "serve"
     (config_map,) = rendered["podium-config.yaml"]
@@ -242,3 +254,172 @@ def test_a_config_the_pods_could_not_run_is_refused_in_one_sentence(change, fiel
 def test_credentials_in_the_cluster_settings_are_refused():
     with pytest.raises(ConfigError, match="mlflow_tracking_uri"):
         load_cluster_settings({"mlflow_tracking_uri": "postgresql://u:secret@db/mlflow"})
+
+
+def containers_of(manifests: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every container of every pod the manifests make (the RayJob's templates, the Deployments')."""
+    found = []
+    for doc in resources(manifests):
+        if doc["kind"] == "RayJob":
+            found += [c for t in pod_templates(doc) for c in t["spec"]["containers"]]
+        elif doc["kind"] == "Deployment":
+            found += doc["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def test_every_pod_runs_the_image_by_its_digest(rendered):
+    assert {c["image"] for c in containers_of(rendered)} == {IMAGE}
+    assert rendered["prefect/work-pool.json"]["variables"]["properties"]["image"]["default"] == IMAGE
+
+
+@pytest.mark.parametrize("image, expected", [
+    (None, "the cluster settings give no image"),
+    ("podium:0.1.0", "names no registry"),
+    ("registry.example.com/ml/podium@sha256:abc", "malformed digest"),
+    ("registry.example.com/ml/Podium:0.1.0", "not an image reference"),
+])
+def test_an_image_a_cluster_could_not_pull_is_refused_in_one_sentence(image, expected):
+    config, _ = local_defaults()
+    with pytest.raises(ConfigError) as caught:
+        check_renderable(config, load_cluster_settings({} if image is None else {"image": image}))
+    assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("image", ["localhost/podium:0.1.0", "registry.example.com:5000/ml/podium:0.1.0",
+                                   f"ghcr.io/team/podium:0.1.0@{DIGEST}"])
+def test_registry_references_are_taken(image):
+    assert load_cluster_settings({"image": image}).image == image
+
+
+def test_the_image_installs_the_k8s_extra_which_names_what_every_pod_runs():
+    """The Containerfile installs podium[k8s]; the extra brings Ray's dashboard (job submission, `ray start`), the
+    Prefect Kubernetes worker and Ray Serve, each pinned by constraints.txt (the image's build installs with it)."""
+    containerfile = (REPO / "deployments" / "image" / "Containerfile").read_text()
+    assert 'ARG EXTRAS=k8s' in containerfile and '"podium[${EXTRAS}]"' in containerfile
+    assert "--no-index" in containerfile and "-c /tmp/podium/constraints.txt" in containerfile
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    k8s = " ".join(extras["k8s"])
+    assert "ray[default]" in k8s and "prefect-kubernetes" in k8s and "serve" in k8s
+    pinned = {line.split("==")[0].lower().replace("_", "-") for line in (REPO / "constraints.txt").read_text().split()
+              if "==" in line}
+    assert {"ray", "prefect-kubernetes", "aiohttp-cors", "opencensus", "py-spy", "uvicorn"} <= pinned
+
+
+def pods_of(manifests: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every pod spec the manifests make, by what makes it."""
+    (rayjob,) = manifests["on-demand/rayjob-nightly.yaml"]
+    head, worker, submitter = (t["spec"] for t in pod_templates(rayjob))
+    cron = kind_of(manifests, "nightly.yaml", "CronJob")
+    template = manifests["prefect/work-pool.json"]["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    return {"ray head": head, "ray worker": worker, "submitter": submitter,
+            "nightly": cron["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            "serve": kind_of(manifests, "serve.yaml", "Deployment")["spec"]["template"]["spec"],
+            "prefect worker": kind_of(manifests, "prefect-worker.yaml", "Deployment")["spec"]["template"]["spec"],
+            "flow run": template}
+
+
+def test_each_component_has_its_own_service_account_and_only_the_api_callers_a_token(rendered):
+    pods = pods_of(rendered)
+    accounts = {what: pod["serviceAccountName"] for what, pod in pods.items()}
+    assert accounts["flow run"] == "{{ service_account_name }}"
+    assert len({accounts[w] for w in ("nightly", "serve", "prefect worker")} | {accounts["ray head"]}) == 4
+    assert accounts["ray head"] == accounts["ray worker"] == accounts["submitter"]
+    for what in ("ray head", "ray worker", "submitter", "serve", "flow run"):  # they never call the Kubernetes API
+        assert pods[what]["automountServiceAccountToken"] is False, what
+    for pod in pods.values():
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for c in pod["containers"]:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    roles = {doc["metadata"]["name"]: doc["rules"] for doc in resources(rendered) if doc["kind"] == "Role"}
+    assert roles[accounts["nightly"]] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
+                                           "verbs": ["create", "get", "list", "delete"]}]
+    assert {g for rule in roles[accounts["prefect worker"]] for g in rule["apiGroups"]} == {"batch", ""}
+    accounts_made = {doc["metadata"]["name"]: doc for doc in resources(rendered) if doc["kind"] == "ServiceAccount"}
+    flow_run_default = rendered["prefect/work-pool.json"]["variables"]["properties"]["service_account_name"]["default"]
+    assert {accounts["serve"], accounts["ray head"], flow_run_default} <= set(accounts_made)
+    for name in (accounts["serve"], accounts["ray head"], flow_run_default):
+        assert accounts_made[name]["automountServiceAccountToken"] is False
+
+
+def test_the_prefect_auth_string_comes_from_its_secret_in_every_pod_that_talks_to_prefect():
+    config, _ = local_defaults()
+    cluster = load_cluster_settings({"image": IMAGE, "prefect_api_auth_secret": {"name": "prefect-auth",
+                                                                                 "key": "auth-string"}})
+    manifests = render(config, cluster)
+    ref = {"name": "PREFECT_API_AUTH_STRING", "valueFrom": {"secretKeyRef": {"name": "prefect-auth",
+                                                                             "key": "auth-string"}}}
+    pods = pods_of(manifests)
+    for what in ("ray head", "ray worker", "nightly", "serve", "prefect worker", "flow run"):
+        assert ref in pods[what]["containers"][0]["env"], what
+    assert ref in flow_run_job(manifests["prefect/work-pool.json"])["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "auth-string" not in json.dumps(manifests["prefect/work-pool.json"]["variables"])
+
+
+def test_the_worker_watches_its_namespace_only_and_reports_its_health(rendered):
+    (worker,) = pods_of(rendered)["prefect worker"]["containers"]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    namespace = kind_of(rendered, "prefect-worker.yaml", "Deployment")["metadata"]["namespace"]
+    assert env["PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES"] == namespace
+    assert "--with-healthcheck" in worker["command"]
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/health", "port": int(env["PREFECT_WORKER_WEBSERVER_PORT"])}
+
+
+def test_serving_is_ready_on_ping_rolls_one_pod_at_a_time_and_keeps_a_budget(rendered):
+    deployment = kind_of(rendered, "serve.yaml", "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (main,) = pod["containers"]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/ping", "port": "http"}
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    budget = kind_of(rendered, "serve.yaml", "PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in main["volumeMounts"]
+    for what in ("ray head", "ray worker"):
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pods_of(rendered)[what]["volumes"]
+
+
+def test_a_gpu_head_tolerates_the_gpu_nodes_taint():
+    config, cluster = s3_postgres_gpu()
+    pods = pods_of(render(config, cluster))
+    assert pods["ray head"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pods["ray head"]["tolerations"] == pods["ray worker"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    config, cluster = local_defaults()
+    assert "tolerations" not in pods_of(render(config, cluster))["ray head"]
+
+
+def test_two_models_share_a_namespace():
+    config, cluster = local_defaults()
+    churn = build_config({**config.model_dump(mode="json"), "model": "churn", "serving": f"{HOME}/serving/churn"})
+    ours, theirs = render(config, cluster), render(churn, cluster)
+    names = lambda m, shared: {(d["kind"], d["metadata"].get("name") or d["metadata"]["generateName"])
+                               for f, docs in m.items() if f.endswith(".yaml") and (f == "prefect-worker.yaml") == shared
+                               for d in docs}
+    assert names(ours, False) and not names(ours, False) & names(theirs, False)
+    assert ours["prefect-worker.yaml"] == theirs["prefect-worker.yaml"]  # one worker for the namespace's pool
+    for m in (ours, theirs):
+        service = kind_of(m, "serve.yaml", "Service")
+        assert service["spec"]["selector"]["app.kubernetes.io/instance"] == service["metadata"]["name"].removesuffix(
+            "-serve")
+
+
+def test_the_night_is_scheduled_once_and_each_night_is_a_new_rayjob(rendered):
+    cron = kind_of(rendered, "nightly.yaml", "CronJob")
+    assert (cron["spec"]["schedule"], cron["spec"]["timeZone"], cron["spec"]["concurrencyPolicy"]) == (
+        "0 2 * * *", "UTC", "Forbid")
+    (main,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(main["command"][1:])
+    assert (args.command, args.k8s_command) == ("k8s", "submit")
+    (config_map,) = rendered["podium-config.yaml"]
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
+    assert json.loads(config_map["data"]["rayjob.json"]) == rayjob
+    assert args.manifest == "/etc/podium/rayjob.json" and args.config == "/etc/podium/podium.json"
+    assert "name" not in rayjob["metadata"] and len(rayjob["metadata"]["generateName"] + "20260101-0200") <= 47
+    # the Prefect nightly schedules nothing here: the CronJob is the night's one schedule
+    assert "schedule" not in json.dumps(rendered["prefect/work-pool.json"])
+
+
+def test_a_flow_run_reaches_ray_through_rays_client():
+    with pytest.raises(ConfigError, match="ray://"):
+        load_cluster_settings({"ray_address": "podium-head-svc:6379"})
