@@ -31,7 +31,7 @@ from podium.imports import ImportPathError, resolve_callable
 from podium.storage.errors import StorageError
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
 from podium.storage.locations import normalize_location
-from podium.storage.preflight import check_location
+from podium.storage.preflight import check_folder, check_location
 from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
 from podium.training.validation_call import may_send_report_kwargs, missing_arguments, signature_problem
 
@@ -103,6 +103,14 @@ def check_writable(uri: str, field: str) -> str:
     """
     try:
         return check_location(uri, write=True)
+    except StorageError as exc:
+        raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
+
+
+def check_no_file_in_the_way(uri: str, field: str) -> None:
+    """Refuse a location where a file stands at it or above it, naming the field, before any folder is created."""
+    try:
+        check_folder(uri, field)
     except StorageError as exc:
         raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
 
@@ -223,6 +231,8 @@ def plan_run(config: PipelineConfig, before_data: Callable[[], None] | None = No
         errors += confidence_errors(cfg, functions["validation.fn"])
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    for uri, field in ((cfg.storage, "storage"), (cfg.serving, "serving")):  # before either is created
+        check_no_file_in_the_way(uri, field)
     storage = check_writable(cfg.storage, "storage")
     serving = check_writable(cfg.serving, "serving")
 

@@ -14,10 +14,10 @@ import signal
 import sys
 from typing import Any
 
-from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable
+from podium.cli.errors import CliError, RunFailed, ServerUnreachable
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import checkpoint_json, print_mlflow_links, print_status
-from podium.errors import AliasTaken, ServiceError, ServingError, TrackingUnavailable
+from podium.errors import ServiceError, ServingError, TrackingUnavailable
 from podium.settings import PodiumSettings, current_user
 
 
@@ -50,10 +50,8 @@ def _find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, 
                 raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
             config = config.model_copy(update={"run_name": latest})
         return config, find_tracking_run(tracking_uri, config.experiment, config.run_name)
-    except LookupError as exc:
+    except LookupError as exc:  # no such run: a refusal (podium.cli.errors maps TrackingUnavailable)
         raise CliError(str(exc)) from None
-    except TrackingUnavailable as exc:
-        raise ServerUnreachable(str(exc)) from None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -75,10 +73,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         tags = run_tags(tracking)
         reason = tags.get(TAG_REASON)
         lineage_lines, lineage_json = status_report(tracking, config.serving, tags)
-    except (LookupError, ServingError) as exc:
+    except LookupError as exc:
         raise CliError(str(exc)) from None
-    except TrackingUnavailable as exc:
-        raise ServerUnreachable(str(exc)) from None
     problems = _disagreements(config, tracking.tracking_uri)
     for problem in problems:
         print(f"podium: check: {problem}", file=sys.stderr)
@@ -190,14 +186,11 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from podium.tracking.client import TAG_FLOW_RUN
     from podium.tracking.runs import artifact_location_for, run_tags
 
-    try:
-        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
-        mlflow_ui, proc = settings.mlflow_ui(tracking.tracking_uri), None
-        if mlflow_ui is None:
-            artifacts = artifact_location_for(tracking.tracking_uri) or str(settings.home_dir / "mlartifacts")
-            proc, mlflow_ui = start_mlflow_ui(tracking.tracking_uri, artifacts, settings.home_dir / "logs" / "mlflow-ui.log")
-    except ServiceError as exc:
-        raise CliError(str(exc)) from None
+    api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
+    mlflow_ui, proc = settings.mlflow_ui(tracking.tracking_uri), None
+    if mlflow_ui is None:
+        artifacts = artifact_location_for(tracking.tracking_uri) or str(settings.home_dir / "mlartifacts")
+        proc, mlflow_ui = start_mlflow_ui(tracking.tracking_uri, artifacts, settings.home_dir / "logs" / "mlflow-ui.log")
     flow_run = run_tags(tracking).get(TAG_FLOW_RUN)
     print(f"run {config.run_name}")
     print(f"Prefect UI:  {ui_url(api_url)}/runs/flow-run/{flow_run}" if flow_run else f"Prefect UI:  {ui_url(api_url)}/runs")
@@ -220,19 +213,16 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     flow `rollback` (this home's server, started if needed, or PREFECT_API_URL's), so that the Prefect UI shows it
     beside the runs that promoted."""
     settings = PodiumSettings()
-    from podium.cli.provenance import nothing_promoted
-    from podium.config import MODEL_NAME_RE, default_serving
+    from podium.cli.provenance import nothing_promoted, serving_location
+    from podium.config import MODEL_NAME_RE
     from podium.serving.layout import read_pointer
 
     if not MODEL_NAME_RE.match(args.model):
         raise CliError(f"--model = {args.model!r}: expected letters, digits, '_', '.', '-' (it names a folder)")
-    serving = args.serving or default_serving(settings, args.model)
-    try:
-        registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
-        if read_pointer(serving) is None:  # before any server starts
-            raise ServingError(nothing_promoted(serving, args, settings, "nothing to roll back"))
-    except ServingError as exc:
-        raise CliError(str(exc)) from None
+    serving = serving_location(args, settings)
+    registered_model, alias = location_names(serving, args.registered_model, args.alias, args.model)
+    if read_pointer(serving) is None:  # before any server starts
+        raise ServingError(nothing_promoted(serving, args, settings, "nothing to roll back"))
     from podium.cli.run import quiet_command
     from podium.services import ensure_prefect_server
 
@@ -252,10 +242,6 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             out = rollback(serving=serving, tracking_uri=settings.resolved_tracking_uri(),
                            registered_model=registered_model, alias=alias, model=args.model, to_version=args.to,
                            reason=args.reason)
-    except AliasTaken as exc:
-        raise Refused(str(exc)) from None
-    except ServingError as exc:
-        raise CliError(str(exc)) from None
     except TrackingUnavailable as exc:
         now = (read_pointer(serving) or {}).get("version")
         raise ServerUnreachable(f"{exc}.\n  Serving {serving} serves {now}; the MLflow alias and withdrawn marks "
@@ -295,16 +281,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     says so (exit 0)."""
     settings = PodiumSettings()
     from podium.cli.output import print_history
-    from podium.cli.provenance import location_exists, nothing_promoted
-    from podium.config import default_serving
+    from podium.cli.provenance import location_exists, nothing_promoted, serving_location
     from podium.serving.history import current_switch, lineage_of, parse_switch
     from podium.serving.layout import read_history, read_pointer
 
-    serving = args.serving or default_serving(settings, getattr(args, "model", None))
-    try:
-        history, pointer = read_history(serving), read_pointer(serving)
-    except ServingError as exc:
-        raise CliError(str(exc)) from None
+    serving = serving_location(args, settings)
+    history, pointer = read_history(serving), read_pointer(serving)
     if not history and pointer is None and not location_exists(serving):
         raise CliError(nothing_promoted(serving, args, settings))
     switches = [parse_switch(doc) for doc in history]
@@ -321,9 +303,11 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_make_data(args: argparse.Namespace) -> int:
     """Write the deterministic synthetic dataset."""
+    from podium.storage.preflight import check_folder, check_location
     from podium.training.data import make_classification_data
 
-    out = args.out or str(PodiumSettings().home_dir / "data")
+    # a file in the way, or a path no folder can be made at: one sentence, exit 2 (podium.cli.errors)
+    out = check_location(check_folder(args.out or str(PodiumSettings().home_dir / "data"), "--out"), write=True)
     train, val = make_classification_data(out, train_rows=args.train_rows, val_rows=args.val_rows,
                                           num_features=args.features, num_classes=args.classes, seed=args.seed)
     print(f"wrote {train}\nwrote {val}")
@@ -348,10 +332,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from podium.services import ensure_prefect_server
 
     settings = PodiumSettings()
-    try:
-        api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
-    except ServiceError as exc:
-        raise CliError(str(exc)) from None
+    api_url = ensure_prefect_server(settings.home_dir, settings.prefect_port, settings.prefect_api_url)
     use_ray_address(args.ray_address)
     # flow runs start in a temporary folder: the embedded defaults must not resolve against it
     env = {**os.environ, "PREFECT_API_URL": api_url, "PODIUM_HOME": str(settings.home_dir)}

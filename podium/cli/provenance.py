@@ -20,11 +20,10 @@ import re
 import time
 from typing import Any
 
-from podium.cli.errors import CliError, ServerUnreachable
+from podium.cli.errors import CliError
 from podium.cli.output import approval_text
 from podium.core.numbers import format_number
 from podium.core.policy import check_from_dict
-from podium.errors import HistoryError, ServingError, TrackingUnavailable
 from podium.settings import PodiumSettings
 
 # Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
@@ -120,42 +119,47 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
 
 def cmd_lineage(args: argparse.Namespace) -> int:
     """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
-    from podium.config import default_serving
     from podium.serving.layout import VERSION_RE, read_pointer, read_version
 
     settings = PodiumSettings()
-    serving = args.serving or default_serving(settings, args.model)
+    serving = serving_location(args, settings)
     what = args.what.strip().lower()
-    try:
-        if VERSION_RE.match(what):
-            version = read_version(serving, what)
-            if version is None and read_pointer(serving) is None:
-                raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
-            if version is None:
-                raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
-            current = (read_pointer(serving) or {}).get("version") == what
-            if args.json:
-                print(json.dumps({"version": what, "current": current, **version.manifest}))
-            else:
-                print("\n".join(version_lines(what, version.manifest, current)))
-            return 0
-        if not DIGEST_RE.match(what):
-            raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
-                           "(8 to 64 hexadecimal characters)")
-        from podium.tracking.client import store_exists
+    if VERSION_RE.match(what):
+        version = read_version(serving, what)
+        if version is None and read_pointer(serving) is None:
+            raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
+        if version is None:
+            raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
+        current = (read_pointer(serving) or {}).get("version") == what
+        if args.json:
+            print(json.dumps({"version": what, "current": current, **version.manifest}))
+        else:
+            print("\n".join(version_lines(what, version.manifest, current)))
+        return 0
+    if not DIGEST_RE.match(what):
+        raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
+                       "(8 to 64 hexadecimal characters)")
+    from podium.tracking.client import store_exists
 
-        tracking_uri = settings.resolved_tracking_uri()
-        if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
-            raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
-                           f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
-                           "folder, or MLFLOW_TRACKING_URI to read another store)")
-        report = digest_report(tracking_uri, serving, what)
-    except TrackingUnavailable as exc:
-        raise ServerUnreachable(str(exc)) from None
-    except (ServingError, HistoryError) as exc:
-        raise CliError(str(exc)) from None
+    tracking_uri = settings.resolved_tracking_uri()
+    if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
+        raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
+                       f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
+                       "folder, or MLFLOW_TRACKING_URI to read another store)")
+    report = digest_report(tracking_uri, serving, what)
     print(json.dumps(report) if args.json else "\n".join(digest_lines(report)))
     return 0
+
+
+def serving_location(args: argparse.Namespace, settings: PodiumSettings) -> str:
+    """The serving location a reading command (`history`, `lineage`, `rollback`) is about: --serving, else the
+    model's under podium's home; refused (StorageError) where a file stands where its folder would be."""
+    from podium.config import default_serving
+    from podium.storage.preflight import check_folder
+
+    serving = args.serving or default_serving(settings, getattr(args, "model", None))
+    check_folder(serving, "--serving" if args.serving else "the serving location")
+    return serving
 
 
 def location_exists(serving: str) -> bool:

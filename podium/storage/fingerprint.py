@@ -45,6 +45,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from podium.errors import PodiumError
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Backend
 from podium.storage.locations import fsspec_filesystem, normalize_location
@@ -61,7 +62,7 @@ Footer = tuple[bytes, int, str, int]
 Listed = list[tuple[str, str, dict[str, Any]]]  # (path, path relative to the dataset, listing info)
 
 
-class DatasetError(ValueError):
+class DatasetError(PodiumError, ValueError):
     """A dataset that cannot be described: missing, empty, or a file that is not Parquet."""
 
 

@@ -403,7 +403,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.config": PENDING.format("0.04"), "podium.core.comparison": PENDING.format("0.001"),
         "podium.serving.history": PENDING.format("0.001"), "podium.serving.layout": COMMAND.format("0.14"),
         "podium.tracking.client": PENDING.format("0.006"), "podium.tracking.datasets": COMMAND.format("0.12"),
-        "podium.storage.locations": COMMAND.format("0.14")},
+        "podium.storage.locations": COMMAND.format("0.14"), "podium.storage.preflight": COMMAND.format("0.14")},
     "podium.cli.commands": {
         "podium.cli.output": PENDING.format("0.001"), "podium.cli.provenance": PENDING.format("0.005"),
         "podium.config": PENDING.format("0.065"), "podium.core.approval": PENDING.format("0.001"),
@@ -415,7 +415,8 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.flows.rollback": COMMAND.format("4.7"), "podium.cli.run": COMMAND.format("0.01"),
         "prefect": PREFECT_LATE, "podium.tracking.client": PENDING.format("0.006"),
         "podium.tracking.records": COMMAND.format("0.39"), "podium.tracking.runs": PENDING.format("0.009"),
-        "podium.training.data": COMMAND.format("0.43"), "socket": PENDING.format("0.001")},
+        "podium.training.data": COMMAND.format("0.43"), "socket": PENDING.format("0.001"),
+        "podium.storage.preflight": COMMAND.format("0.19")},
     "podium.cli.run": {
         "podium.flows.pipeline": COMMAND.format("1.95"), "podium.flows.promote": COMMAND.format("1.77"),
         "podium.flows.stop": PENDING.format("0.005"), "podium.flows.summary": COMMAND.format("1.7"),

@@ -69,6 +69,11 @@ class Backend:
         """Create the location's folder where the store has folders (object stores have none): a location that
         must be writable is made first."""
 
+    def file_in_the_way(self, location: str) -> str | None:
+        """Where a file stands at the location or above it, so that no folder can be there (a store without
+        folders has none: None)."""
+        return None
+
     def check_location(self, location: str, *, write: bool) -> None:
         """Prove `location` usable (see podium.storage.preflight.check_location)."""
         fs, path = self.fsspec_filesystem(location)

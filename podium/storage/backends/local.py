@@ -38,6 +38,13 @@ class LocalBackend(Backend):
         """The folder and its parents."""
         os.makedirs(location, exist_ok=True)
 
+    def file_in_the_way(self, location: str) -> str | None:
+        """The path, or its nearest parent that exists, where that is no folder."""
+        path = location
+        while not os.path.lexists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        return None if os.path.isdir(path) else path
+
     def write(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         """A complete temporary file, renamed over the old one."""
         _place(path, data, os.replace)
