@@ -18,6 +18,7 @@ from podium.cli.errors import CliError, known_failure
 from podium.cli.options import (
     Parser,
     add_ray_address,
+    add_read_options,
     add_run_options,
     at_least,
     config_default,
@@ -64,14 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     promote.set_defaults(func=lambda a: run_command.run_flow(a, "promote"))
     status = sub.add_parser("status", help="Checkpoints of a run (default: the latest), what it promoted, "
                                            "and the model's champion.")
-    add_run_options(status)
+    add_read_options(status)
     status.set_defaults(func=commands.cmd_status)
     ui = sub.add_parser("ui", help="Links to a run (default: the latest) in the Prefect and MLflow UIs.",
                         description="Print links to a run (default: the latest) in the Prefect and MLflow UIs. "
                                     "Starts this home's Prefect server if needed, and an MLflow UI on the run's "
                                     "store unless PODIUM_MLFLOW_UI_URL or an `mlflow server` tracking URI says "
                                     "where one is; that one serves until Ctrl-C.")
-    add_run_options(ui)
+    add_read_options(ui)
     ui.set_defaults(func=commands.cmd_ui)
     rollback = sub.add_parser("rollback", help="Restore the previous champion at a serving location.",
                               description="Atomically point CURRENT back at the previous champion of the serving "

@@ -269,6 +269,20 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="No progress lines.")
 
 
+# what a command that reads a run (`status`, `ui`) takes: which run, and where its model serves; no training flag
+READ_OPTIONS = ("run_name", "model", "experiment", "storage", "serving", "promotion.registered_model",
+                "promotion.alias")
+
+
+def add_read_options(p: argparse.ArgumentParser) -> None:
+    """The options of a command that reads a run (its config file, which run, where it serves, --json)."""
+    p.add_argument("--config", help="TOML or JSON file with the run's configuration.")
+    for flag, path, typ, help_ in OPTIONS:
+        if path in READ_OPTIONS:
+            p.add_argument(flag, type=typ, default=None, help=option_help(path, help_))
+    p.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
+
+
 def add_ray_address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", help="Run on this existing Ray cluster, e.g. 10.0.0.5:6379 (sets RAY_ADDRESS; "
                                          "default: RAY_ADDRESS, else a local Ray).")

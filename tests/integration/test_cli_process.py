@@ -25,8 +25,8 @@ Five Ray Train starts; what each carries (each behaviour checked by a test named
 - test_a_repository_with_its_own_training_and_tasks_packages: the console script from a user's repository.
 - test_a_loop_that_never_checkpoints_fails_the_run: Ray's FashionMNIST example.
 
-No training: bad input, refused runs and a signal while the server starts. (A run whose every validation failed,
-through the command: test_pipeline's diverging run.)
+No training: a signal while the server starts. (Bad input and refused runs, of every command: test_cli_small; a
+run whose every validation failed, through the command: test_pipeline's diverging run.)
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from helpers.commands import podium
+from helpers.commands import podium, prefect_servers_of
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     run's final state says what it did."""
     from helpers.served_checks import check_served_champion
 
-    out, env, data, common = _alpha_out(alpha), project.env, alpha.data, alpha.common
+    out, env, data = _alpha_out(alpha), project.env, alpha.data
     assert {"run_name", "mlflow_run_id", "tracking_uri", "checkpoints", "promoted", "model", "champion"} <= set(out)
     assert out["run_name"] == "cli" and out["tracking_uri"] == env["MLFLOW_TRACKING_URI"]
     assert [c["status"] for c in out["checkpoints"]] == ["validated"] * 3
@@ -132,7 +132,8 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     check_served_champion(env["MLFLOW_TRACKING_URI"], "alpha", str(alpha_serving), dataset[1], tmp_path,
                           env, monkeypatch, serve=False)
 
-    status = json.loads(podium(["status", "--json", *common], env).stdout)
+    status = json.loads(podium(["status", "--json", "--run-name", "cli", "--model", "alpha", "--storage",
+                                str(project.storage)], env).stdout)
     assert status["mlflow_run_id"] == out["mlflow_run_id"] and status["model"] == "alpha"
     assert [c["step"] for c in status["checkpoints"]] == [c["step"] for c in out["checkpoints"]]
     assert status["promoted"]["version"] == out["promoted"]["version"] and status["promoted"]["current"]
@@ -153,7 +154,7 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 
     # no --run-name: the model's latest run; what it promoted and why, then the model's champion, apart
-    text = podium(["status", "--model", "alpha", *data], env).stdout
+    text = podium(["status", "--model", "alpha", "--storage", str(project.storage)], env).stdout
     step, version = out["promoted"]["step"], out["promoted"]["version"]
     assert text.startswith(f"run cli (MLflow run {out['mlflow_run_id']}): 3 checkpoints")
     assert f"this run promoted: {version} (step {step}, val_loss=" in text
@@ -182,8 +183,8 @@ def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(alpha, pr
 
 def test_two_models_in_one_project_folder_each_keep_their_champion(alpha, beta, project):
     """`--model alpha` (val_loss, min) and `--model beta` (score, max) in the same project folder: each keeps its
-    champion, its serving location, its registered model; one way to name a model on every command (--model); a
-    command without it names the models there are."""
+    champion, its serving location, its registered model; one way to name a model on every command (--model) (a
+    command without it, in a store of several models, names them: test_cli_small)."""
     from mlflow.tracking import MlflowClient
 
     out, out_b, env, home = _alpha_out(alpha), _beta_out(beta), project.env, project.home
@@ -193,28 +194,12 @@ def test_two_models_in_one_project_folder_each_keep_their_champion(alpha, beta, 
     assert {e.name for e in client.search_experiments()} >= {"alpha", "beta"}
     assert client.get_model_version_by_alias("alpha", "champion").run_id == out["mlflow_run_id"]
     assert client.get_model_version_by_alias("beta", "champion").run_id == out_b["mlflow_run_id"]
-    status_b = json.loads(podium(["status", "--json", "--model", "beta", "--storage", str(project.storage)],
-                                 env).stdout)
+    assert beta.status.returncode == 0, beta.status.stderr[-3000:]
+    status_b = json.loads(beta.status.stdout)  # `podium status --json --model beta` right after beta's run
     assert (status_b["champion"]["model"], status_b["champion"]["metric"]) == ("beta", "score")
     assert status_b["mlflow_run_id"] == out_b["mlflow_run_id"]
     history_b = json.loads(podium(["history", "--json", "--model", "beta"], env).stdout)
     assert history_b["serving"] == str(home / "serving" / "beta"), history_b
-    unnamed = podium(["status"], env, check=False)
-    assert unnamed.returncode != 0 and "no podium run in MLflow experiment 'podium'" in unnamed.stderr
-    assert "runs of other models are here: alpha, beta (--model NAME)" in unnamed.stderr, unnamed.stderr
-
-
-def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_path):
-    proc = podium(["run", "--train-data", str(tmp_path / "missing.parquet"), "--val-data", dataset[1],
-                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
-                  cli_env, check=False)
-    assert proc.returncode == 2
-    assert "data.train" in proc.stderr and "missing.parquet" in proc.stderr
-    assert not (tmp_path / "storage").exists() and not (tmp_path / "serving").exists()
-    proc = podium(["run", "--validate-kwargs", "{threshold: 0.5}", "--storage", str(tmp_path / "storage")], cli_env,
-                  check=False)  # a flag's value that is no JSON object: a usage error, before anything starts
-    assert proc.returncode == 2 and "podium: --validate-kwargs: expected a JSON object" in proc.stderr, proc.stderr
-    assert not (tmp_path / "storage").exists()
 
 
 def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset, tmp_path):
@@ -559,22 +544,6 @@ def test_a_rollback_serves_the_first_champion_again_from_its_kept_checkpoint(bet
     assert status["champion"]["checkpoint"] == checkpoints[FIRST_BEST]["uri"] and status["disagreements"] == []
 
 
-def _prefect_servers_of(home) -> list[int]:
-    """The pids of `prefect server` processes whose PREFECT_HOME is under `home`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"prefect" in cmd and b"server" in cmd and f"PREFECT_HOME={home}".encode() in b"\n".join(environ):
-            found.append(int(pid))
-    return found
-
-
 def _signals_as_in_a_terminal() -> None:
     """In the child, before podium starts: SIGINT and SIGTERM with their default action and not blocked, as a command
     a terminal or a scheduler starts has them. A child inherits an ignored or blocked signal (which podium respects,
@@ -585,38 +554,12 @@ def _signals_as_in_a_terminal() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
-def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
-    """Runs refused by the plan, on the embedded defaults (no Prefect server configured): a bad path, an unwritable
-    storage, an import path that does not import, a metric the built-in validation does not report, a column the data
-    lacks. Each is refused before any server or Ray starts: one sentence naming what was wrong, exit 2, and nothing
-    started or left behind (no Prefect server, no home folder, where its logs and Ray's would be). (Every kind of
-    refusal and its message: test_plan, test_datasets, in-process; the time to the refusal: benchmarks/startup.py.)
-    Then a run stopped by a signal while the server starts."""
+def test_a_run_stopped_while_its_server_starts_leaves_no_server_behind(dataset, tmp_path):
+    """A run on the embedded defaults (no Prefect server configured), stopped by a signal while its server starts.
+    (Runs refused before anything starts, and that nothing is left behind: test_cli_small.)"""
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
     env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
-    a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
-    a_file.write_text("")
-    missing = str(tmp_path / "missing.parquet")
-    refusals = {"missing": (["--train-data", missing], f"data.train = {missing!r}: no such file or directory"),
-                "unwritable": (["--storage", str(a_file / "storage")], f"storage = {str(a_file / 'storage')!r}: "),
-                "import": (["--validate-fn", "no_such_module:validate"],
-                           "validation.fn = 'no_such_module:validate': cannot import module 'no_such_module'"),
-                "metric": (["--metric", "val_acc"], "promotion.metric = 'val_acc': no such metric; the built-in loop "
-                                                    "and validation report ['accuracy', 'loss', 'val_accuracy', "
-                                                    "'val_loss']"),
-                "column": (["--label-column", "no_label"], "has no label column 'no_label'")}
-    for what, (flags, sentence) in refusals.items():
-        args = ["run", "--run-name", f"refused-{what}", "--epochs", "1", "--train-data", dataset[0],
-                "--val-data", dataset[1], *flags]
-        proc = podium(args, env, check=False)
-        assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, proc.stderr
-        assert "checking its data" in proc.stdout and "starting" not in proc.stdout, proc.stdout  # said, not started
-        assert not home.exists(), f"{what}: {sorted(str(p) for p in home.rglob('*'))}"
-        assert _prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
-        assert not (tmp_path / "storage").exists()
 
     # stopped while the server starts: Ctrl-C (SIGINT to the command's process group, as a terminal sends it), and a
     # scheduler's SIGTERM to the command: exit 128 + the signal, one line, and no server left that server.json
@@ -630,7 +573,7 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                     preexec_fn=_signals_as_in_a_terminal)
             deadline = time.monotonic() + 120
-            while not _prefect_servers_of(home):
+            while not prefect_servers_of(home):
                 assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
                 time.sleep(0.05)
             (os.killpg if to_group else os.kill)(proc.pid, sig)
@@ -642,14 +585,14 @@ def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
             assert "Traceback" not in err, err[-3000:]
             state = home / "prefect" / "server.json"
             deadline = time.monotonic() + 30
-            while set(_prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
+            while set(prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
                 assert time.monotonic() < deadline, f"{sig.name}: a Prefect server that no server.json names was left"
                 time.sleep(0.2)
             podium(["server", "stop"], env)
-            assert _prefect_servers_of(home) == []
+            assert prefect_servers_of(home) == []
     finally:  # a failed assertion above leaves neither the command nor a server it started running
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for pid in _prefect_servers_of(home):  # each server is a session of its own
+        for pid in prefect_servers_of(home):  # each server is a session of its own
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
