@@ -31,14 +31,13 @@ import ast
 import importlib.util
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import tomllib
+from helpers.modules import podium_modules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,20 +67,6 @@ def rank(module: str) -> int:
         if ".".join(parts[:n]) in RANKS:
             return RANKS[".".join(parts[:n])]
     raise AssertionError(f"{module} is in no layer: add it to RANKS")
-
-
-def podium_modules() -> dict[str, Path]:
-    """Every module of the installed podium package (the name it is imported by -> its file)."""
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    found: dict[str, Path] = {}
-    for package in packages:
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.origin, f"{package} is not importable"
-        found[package] = Path(spec.origin)
-        for info in pkgutil.iter_modules(spec.submodule_search_locations):
-            if not info.ispkg:
-                found[f"{package}.{info.name}"] = Path(spec.submodule_search_locations[0]) / f"{info.name}.py"
-    return found
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
