@@ -379,7 +379,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
     "podium.cli.main": {"podium.cli.registry": HELP,
                         "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
-    "podium.cli.options": {"datetime": PENDING.format("0.001"), "podium.config": PENDING.format("0.03")},
     "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
                                                                 "nightly config)")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},
@@ -412,7 +411,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "ray": RAY, "torch": TORCH},
     # the promotion decision and the run's plan: issue 51 rewrites them
     "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
-    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006"), "podium.storage.locations": PENDING.format("0.003")},
+    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006")},
     "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
                               "podium.tasks.validate": PENDING.format("0.018")},
     "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},
