@@ -268,9 +268,12 @@ def _said_by(args: argparse.Namespace, path: str) -> str:
     for flag, option_path, _, _ in OPTIONS:
         if option_path == path and getattr(args, flag[2:].replace("-", "_"), None) is not None:
             return flag
-    partners = [other for group in TOGETHER if path in group for other in group if other != path]
-    if args.config is None and partners:  # dropped with the group its partner's flag replaced
-        return _said_by(args, partners[0])
+    for group in TOGETHER:  # dropped with its group, which a partner's flag replaced
+        for other in group:
+            flag = next((f for f, option_path, _, _ in OPTIONS if option_path == other != path
+                         and getattr(args, f[2:].replace("-", "_"), None) is not None), None)
+            if path in group and flag:
+                return flag
     return f"--config {args.config}"
 
 

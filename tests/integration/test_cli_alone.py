@@ -2,7 +2,7 @@
 the module-scoped `alpha` and `beta` runs; apart, xdist runs these beside them):
 
 - test_a_repository_with_its_own_training_and_tasks_packages: the console script from a user's repository, on a
-  local Ray of podium's own.
+  local Ray of podium's own; then `podium promote` of its run with a model loader instead of its recorded class.
 - test_a_loop_that_never_checkpoints_fails_the_run: Ray's FashionMNIST example, on the session's Ray head.
 - test_a_run_stopped_while_its_server_starts_leaves_no_server_behind: SIGINT and SIGTERM while the embedded
   defaults' Prefect server starts.
@@ -97,6 +97,18 @@ def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset,
     assert loaded.returncode == 0, loaded.stderr[-4000:]
     predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
     assert len(predicted) == 5 and set(predicted) <= {0, 1, 2, 3}, predicted
+    # the run was recorded with --model-class; promoted again with the guide's loader instead (which takes no
+    # model_class), the loader replaces the recorded class rather than being refused beside it
+    again = subprocess.run([console_script, "promote", "--json", "--run-name", out["run_name"], "--model-loader",
+                            "training.train:load_model", "--config", "podium.toml", "--serving",
+                            str(tmp_path / "serving")], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    promoted = json.loads(again.stdout.strip().splitlines()[-1])
+    assert promoted["promoted"] is None and "already the champion" in promoted["promotion_reason"], promoted
+    settings = promoted["settings"]
+    assert settings["from_run"] and settings["used"]["promotion.model_loader"] == "training.train:load_model"
+    assert settings["overridden"]["promotion.model_class"] == {"run": "training.train:Net", "used": None,
+                                                               "by": "--model-loader"}, settings
 
 
 def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
