@@ -54,6 +54,13 @@ class LocalBackend(Backend):
         _place(path, data, os.link)
 
 
+def on_this_machine(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether an fsspec filesystem is this machine's disk (its files have a real path, size and modification
+    time that a later command can trust)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "file" in protocols
+
+
 def _place(path: str, data: bytes, put: Callable[[str, str], None]) -> None:
     """Write `data` to a temporary file beside `path`, synced, then `put(temporary, path)` it into place."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
