@@ -18,7 +18,7 @@ from podium.services import running_prefect_server
 from podium.settings import PodiumSettings, current_user
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     for verb, what in (("approve", "becomes the champion"), ("reject", "is not promoted")):
         decide = sub.add_parser(verb, help=f"{verb.capitalize()} the candidate a run awaits approval for: it {what}.",

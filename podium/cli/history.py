@@ -17,7 +17,7 @@ from podium.serving.history import current_switch, lineage_of, parse_switch
 from podium.settings import PodiumSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     history = sub.add_parser("history", help="The champions of a serving location: when, why, what started them.",
                              description="Every promotion and rollback of a serving location, oldest first, "

@@ -12,7 +12,7 @@ from podium.cli.options import at_least, whole_number
 from podium.settings import PodiumSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     make = sub.add_parser("make-data", help="Write the synthetic demo dataset (Parquet).")
     make.add_argument("--out", help="Output folder or URI (default: .podium/data).")

@@ -115,7 +115,7 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     lineage = sub.add_parser("lineage", help="Where a served version came from, or which runs and champions used a "
                                              "dataset (by digest).",

@@ -24,22 +24,22 @@ from podium.cli.options import config_default
 
 # in the order `podium --help` lists them
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    runs.register,  # run, promote
-    status.register,
-    ui.register,
-    rollback.register,
-    decide.register,  # approve, reject
-    history.register,
+    runs.add_parser,  # run, promote
+    status.add_parser,
+    ui.add_parser,
+    rollback.add_parser,
+    decide.add_parser,  # approve, reject
+    history.add_parser,
     lambda sub: serve.add_parser(sub, config_default("model")),
-    provenance.register,  # lineage
+    provenance.add_parser,  # lineage
     k8s.add_k8s_parser,
-    make_data.register,
-    worker.register,
-    server.register,
+    make_data.add_parser,
+    worker.add_parser,
+    server.add_parser,
 )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Every command's parser, under `sub`."""
-    for register in COMMANDS:
-        register(sub)
+    for add_parser in COMMANDS:
+        add_parser(sub)

@@ -20,7 +20,7 @@ from podium.services import ensure_prefect_server
 from podium.settings import PodiumSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     rollback = sub.add_parser("rollback", help="Restore the previous champion at a serving location.",
                               description="Atomically point CURRENT back at the previous champion of the serving "

@@ -8,7 +8,7 @@ from podium.cli.options import add_ray_address, add_run_options
 from podium.cli.run import run_flow
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     run = sub.add_parser("run", help="Train, validate every checkpoint, promote the best.",
                          description="Train, validate every checkpoint as it lands, record in MLflow, promote.")

@@ -8,7 +8,7 @@ from podium.services import ensure_prefect_server, stop_prefect_server, ui_url
 from podium.settings import PodiumSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     server = sub.add_parser("server", help="Start or stop the local Prefect server of the embedded defaults.")
     server.add_argument("action", choices=["start", "stop"])

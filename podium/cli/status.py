@@ -22,7 +22,7 @@ from podium.tracking.client import TAG_REASON, store_exists
 from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs, run_tags
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     status = sub.add_parser("status", help="Checkpoints of a run (default: the latest), what it promoted, "
                                            "and the model's champion.")

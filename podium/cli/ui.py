@@ -15,7 +15,7 @@ from podium.tracking.client import TAG_FLOW_RUN
 from podium.tracking.runs import artifact_location_for, run_tags
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     ui = sub.add_parser("ui", help="Links to a run (default: the latest) in the Prefect and MLflow UIs.",
                         description="Print links to a run (default: the latest) in the Prefect and MLflow UIs. "

@@ -11,7 +11,7 @@ from podium.services import ensure_prefect_server
 from podium.settings import PodiumSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add this command's parser and handler."""
     worker = sub.add_parser("worker", help="Run a Prefect process worker for podium's deployments.",
                             description="Run `prefect worker start --type process` for podium's work pool, with "
