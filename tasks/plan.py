@@ -29,6 +29,7 @@ from podium.imports import ImportPathError, resolve_callable
 from podium.storage.backends import backend_for
 from podium.storage.errors import StorageError
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
+from podium.storage.lease import LeaseError, lease_wait_s, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.storage.preflight import check_folder, check_location
 from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
@@ -387,9 +388,6 @@ def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
     after a crash starts at once), a lease on an object store (a dead run's lease expires
     its TTL after its last renewal, PODIUM_S3_LEASE_TTL_S on S3: a rerun waits that long at most).
     """
-    # local: s3fs's client loads only when a run takes its lock
-    from podium.storage.lease import LeaseError, lease_wait_s, location_lock
-
     if wait_s is None:
         wait_s = lease_wait_s(plan.storage)
     with contextlib.ExitStack() as held:

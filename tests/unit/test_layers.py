@@ -411,7 +411,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "ray": RAY, "torch": TORCH},
     # the promotion decision and the run's plan: issue 51 rewrites them
     "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
-    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006")},
     "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
                               "podium.tasks.validate": PENDING.format("0.018")},
     "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},
