@@ -429,7 +429,8 @@ class PromotionConfig(_Strict):
     @field_validator("model_loader", "model_class")
     @classmethod
     def _check_loader(cls, v: str | None) -> str | None:
-        return _check_import_path(v)
+        # "" clears it: `podium promote --model-class ""` promotes a run recorded with a class without one
+        return None if v == "" else _check_import_path(v)
 
 
     @field_validator("alias")

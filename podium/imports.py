@@ -11,10 +11,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from podium.errors import PodiumError
+
 logger = logging.getLogger(__name__)
 
 
-class ImportPathError(ValueError):
+class ImportPathError(PodiumError, ValueError):
     """An import path that does not resolve to a callable."""
 
 

@@ -19,19 +19,19 @@ from podium.config import (
     BUILTIN_LOOP_SETTINGS,
     BUILTIN_VALIDATE,
     LOOP_CONFIG_PODIUM_KEY,
-    USERFS_SCHEME,
     PipelineConfig,
     field_default,
-    parse_userfs_location,
 )
 from podium.core.policy import unknown_policy_metrics
 from podium.core.redaction import redact_uri
 from podium.errors import ConfigError, RunInProgress
 from podium.imports import ImportPathError, resolve_callable
+from podium.storage.backends import backend_for
 from podium.storage.errors import StorageError
 from podium.storage.fingerprint import DatasetDigest, dataset_digest
-from podium.storage.locations import normalize_location
-from podium.storage.preflight import check_location
+from podium.storage.lease import LeaseError, lease_wait_s, location_lock
+from podium.storage.locations import join, normalize_location
+from podium.storage.preflight import check_folder, check_location
 from podium.training.data import DataSchemaError, DatasetInfo, inspect_dataset
 from podium.training.validation_call import may_send_report_kwargs, missing_arguments, signature_problem
 
@@ -107,6 +107,14 @@ def check_writable(uri: str, field: str) -> str:
         raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
 
 
+def check_no_file_in_the_way(uri: str, field: str) -> None:
+    """Refuse a location where a file stands at it or above it, naming the field, before any folder is created."""
+    try:
+        check_folder(uri, field)
+    except StorageError as exc:
+        raise ConfigError(f"{field} = {redact_uri(uri)!r}: {exc.reason}") from None
+
+
 def _is_torch_module(cls: type) -> bool:
     """Whether `cls` derives from torch.nn.Module, read from its MRO (torch is not imported here: the user's
     module that defines the class has loaded it)."""
@@ -169,9 +177,8 @@ def plan_run(config: PipelineConfig, before_data: Callable[[], None] | None = No
         imports.append(("promotion.model_loader", cfg.promotion.model_loader))
     if cfg.promotion.model_class:
         imports.append(("promotion.model_class", cfg.promotion.model_class))
-    if cfg.storage.lower().startswith(f"{USERFS_SCHEME}://"):  # a filesystem of your own: importable before all else
-        with contextlib.suppress(ValueError):  # a malformed location: said by the storage check
-            imports.append(("storage.filesystem", parse_userfs_location(cfg.storage)[0]))
+    # a filesystem of your own: importable before all else
+    imports += [("storage.filesystem", path) for path in backend_for(cfg.storage).import_paths(cfg.storage)]
     for field, path in imports:
         if path in (BUILTIN_LOOP, BUILTIN_VALIDATE):
             continue  # podium's own, importable wherever podium is; importing them here would load torch
@@ -223,6 +230,8 @@ def plan_run(config: PipelineConfig, before_data: Callable[[], None] | None = No
         errors += confidence_errors(cfg, functions["validation.fn"])
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    for uri, field in ((cfg.storage, "storage"), (cfg.serving, "serving")):  # before either is created
+        check_no_file_in_the_way(uri, field)
     storage = check_writable(cfg.storage, "storage")
     serving = check_writable(cfg.serving, "serving")
 
@@ -379,10 +388,6 @@ def run_lock(plan: RunPlan, wait_s: float | None = None) -> Iterator[None]:
     after a crash starts at once), a lease on an object store (a dead run's lease expires
     its TTL after its last renewal, PODIUM_S3_LEASE_TTL_S on S3: a rerun waits that long at most).
     """
-    # local: s3fs's client loads only when a run takes its lock
-    from podium.storage.lease import LeaseError, lease_wait_s, location_lock
-    from podium.storage.locations import join
-
     if wait_s is None:
         wait_s = lease_wait_s(plan.storage)
     with contextlib.ExitStack() as held:

@@ -6,11 +6,17 @@ PODIUM_EPOCH_CALIBRATION_S).
 Each start appends a line to the file PODIUM_COST_LOG names, where it happens (`podium.settings.count_start`):
 the pytest process that runs the session sets it before its test processes start, and every process of the
 suite inherits it (Ray's controller actors through the Ray they run on).
+
+Each test file's own cost (the seconds its tests' setup, call and teardown took, module-scoped fixtures
+included, and its starts) is printed per file and merged into `.podium-suite-costs.json` at the repository's
+root: a run of a few files updates their entries and keeps the others', so the heaviest files can be seen
+without a full run.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import tempfile
 import time
@@ -36,6 +42,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _OWN_LOG = pytest.StashKey[str]()
+COSTS_FILE = ".podium-suite-costs.json"
+_file_seconds: collections.Counter[str] = collections.Counter()  # on the session's own process: per test file
+_file_tests: collections.Counter[str] = collections.Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each phase's seconds, added to its test file's, on the session's own process (xdist's workers send it
+    their reports)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    file = report.nodeid.split("::")[0]
+    _file_seconds[file] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _file_tests[file] += 1
 
 
 def cost_line(counts: collections.Counter[str], wall_s: float, calibration: str | None) -> str:
@@ -55,6 +75,31 @@ def by_file(starts: list[list[str]], what: str, name: str) -> str:
     return f"{name} by test file: " + ", ".join(f"{file} {n}" for file, n in files.most_common())
 
 
+def file_costs(seconds: collections.Counter, tests: collections.Counter,
+               starts: list[list[str]]) -> dict[str, dict[str, float]]:
+    """Per test file (its path from the repository's root): seconds, tests and each kind of start."""
+    costs: dict[str, dict[str, float]] = {}
+    for file, s in seconds.items():
+        costs[file] = {"seconds": round(s, 1), "tests": tests.get(file, 0), **{k: 0 for k in COSTS}}
+    for start in starts:
+        if len(start) == 3 and start[2] != "-" and start[0] in COSTS:
+            costs.setdefault(start[2], {"seconds": 0.0, "tests": 0, **{k: 0 for k in COSTS}})[start[0]] += 1
+    return costs
+
+
+def store_file_costs(path: Path, costs: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """`costs` merged into the JSON at `path` (this run's files replace their entries; the others stay), the
+    heaviest first; what it now holds."""
+    try:
+        held = json.loads(path.read_text())
+    except (OSError, ValueError):
+        held = {}
+    held = {**(held if isinstance(held, dict) else {}), **costs}
+    held = dict(sorted(held.items(), key=lambda kv: -float(kv[1].get("seconds", 0))))
+    path.write_text(json.dumps(held, indent=1) + "\n")
+    return held
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if not _is_controller(config):
         return
@@ -65,6 +110,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
                                           os.environ.get("PODIUM_EPOCH_CALIBRATION_S")))
     terminalreporter.write_line(by_file(starts, "ray_train", "Ray Train starts"))
     terminalreporter.write_line(by_file(starts, "podium", "podium processes"))
+    costs = file_costs(_file_seconds, _file_tests, starts)
+    for file, cost in sorted(costs.items(), key=lambda kv: -kv[1]["seconds"]):
+        terminalreporter.write_line(f"file cost: {file} {cost['seconds']:.0f} s, {cost['tests']} tests, "
+                                    + ", ".join(f"{cost[k]} {k}" for k in COSTS))
+    if costs:
+        store_file_costs(Path(str(config.rootpath)) / COSTS_FILE, costs)
     own = config.stash.get(_OWN_LOG, None)
     if own:
         os.unlink(own)

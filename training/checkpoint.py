@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from podium.errors import PodiumError
 from podium.training.model import ModelSpec, build_model
 
 FORMAT = "podium/1"
@@ -26,7 +27,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 META_FILE = "podium.json"
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(PodiumError, ValueError):
     """A checkpoint that is missing files, corrupt, or not in podium's format."""
 
 

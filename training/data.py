@@ -15,13 +15,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from podium.errors import PodiumError
 from podium.storage.locations import arrow_filesystem, fsspec_filesystem, is_remote, join
 from podium.storage.preflight import check_location
 
 T = TypeVar("T")
 
 
-class DataSchemaError(ValueError):
+class DataSchemaError(PodiumError, ValueError):
     """A dataset that does not fit what podium expects (missing or mistyped columns)."""
 
 

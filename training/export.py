@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from podium.errors import PodiumError
 from podium.imports import resolve_callable
 from podium.serving.tabular import MODULE_FILE, SPEC_FILE
 from podium.training.checkpoint import META_FILE, load_model
@@ -25,7 +26,7 @@ from podium.training.loaders import DEFAULT_CLASS_LOADER
 from podium.training.model import Standardize
 
 
-class ExportError(ValueError):
+class ExportError(PodiumError, ValueError):
     """The checkpoint's module cannot be turned into a served model."""
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from podium.errors import PodiumError
 from podium.training.sharded import load_sharded, mismatch_text
 
 LIGHTNING_CHECKPOINT = "checkpoint.ckpt"  # ray.train.lightning.RayTrainReportCallback.CHECKPOINT_NAME
@@ -41,7 +42,7 @@ STATE_DICT_KEYS = ("model_state_dict", "state_dict", "model")  # where a saved d
 DEFAULT_CLASS_LOADER = "podium.training.loaders:state_dict"  # for promotion.model_class without a model_loader
 
 
-class LoaderError(ValueError):
+class LoaderError(PodiumError, ValueError):
     """The checkpoint folder is not what the loader reads, or the class cannot load it."""
 
 

@@ -15,11 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from podium.errors import PodiumError
+
 METADATA_FILE = ".metadata"  # what DCP's FileSystemWriter writes beside the shards
 MODEL_KEY = "model"  # the usual top-level key: dcp.save({"model": ..., "optimizer": ...})
 
 
-class ShardedCheckpointError(ValueError):
+class ShardedCheckpointError(PodiumError, ValueError):
     """The folder is not a DCP checkpoint, or its state does not fit the model."""
 
 

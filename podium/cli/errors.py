@@ -1,12 +1,45 @@
-"""How the `podium` command fails: the errors it prints without a traceback, and their exit codes."""
+"""How the `podium` command fails: the errors it prints without a traceback, and their exit codes.
+
+`EXIT_CODES` is the one table from podium's errors to the codes of `podium.core.exits`: a command lets a
+`PodiumError` rise, and `podium.cli.main` prints its sentence and exits with the table's code. A command
+translates an error itself only where its own context changes the code or adds to the sentence.
+"""
 
 from __future__ import annotations
 
-from podium.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE, RayClusterUnreachable, RayStartFailed
-from podium.storage.errors import ConditionalWritesIgnored
+from podium import errors
+from podium.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE, PodiumError
+from podium.storage.errors import ConditionalWritesIgnored, StorageError
+
+# podium's errors and their exit codes, the most specific first (the first class an error is an instance of wins)
+EXIT_CODES: tuple[tuple[type[PodiumError], int], ...] = (
+    (errors.RayStartFailed, EXIT_UNREACHABLE),  # Ray did not start on this machine, twice: the same command runs again
+    (errors.RayClusterUnreachable, EXIT_REFUSED),  # the cluster at RAY_ADDRESS does not answer: nothing ran
+    (errors.TrackingUnavailable, EXIT_UNREACHABLE),  # MLflow stopped answering: the run resumes
+    (errors.ServiceError, EXIT_REFUSED),  # a server the command needs did not start or answer: nothing started
+    (ConditionalWritesIgnored, EXIT_REFUSED),  # a store no lock can be built on
+    (StorageError, EXIT_REFUSED),  # a location that cannot be used (a file where a folder is expected, no access)
+    (errors.ConfigError, EXIT_REFUSED),
+    (errors.RunInProgress, EXIT_REFUSED),
+    (errors.ServingError, EXIT_REFUSED),
+    (errors.HistoryError, EXIT_REFUSED),
+    (errors.AliasTaken, EXIT_REFUSED),
+    (errors.EndNotRecorded, errors.EXIT_NOT_RECORDED),
+    (errors.UnfinishedRun, EXIT_FAILED),
+    (errors.NoCheckpointReported, EXIT_FAILED),
+    (errors.UserCodeError, EXIT_FAILED),
+)
 
 
-class CliError(Exception):
+def exit_code_of(exc: BaseException) -> int | None:
+    """The exit code `EXIT_CODES` gives `exc` (a `CliError` carries its own), or None for an error podium does not
+    know."""
+    if isinstance(exc, CliError):
+        return exc.exit_code
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), None)
+
+
+class CliError(PodiumError):
     """A user error: printed without a traceback, exit code 2."""
 
     exit_code = EXIT_REFUSED
@@ -42,18 +75,11 @@ def tracking_outage_message(exc: Exception, run_name: str, command: str) -> str:
 
 
 def known_failure(exc: BaseException) -> CliError | None:
-    """The command's error for a failure podium knows wherever it was first met (one sentence, its documented exit
-    code), or None for any other exception: a command maps what it can say better itself, and `podium.cli.main`
-    maps the rest of these.
-
-    - Ray did not start on this machine, twice (RayStartFailed): exit 3, as a server that did not answer; the same
-      command runs again.
-    - The cluster at RAY_ADDRESS does not answer (RayClusterUnreachable): refused, exit 2; nothing ran.
-    - A store that ignores conditional writes (ConditionalWritesIgnored), where a command met it past its preflight
-      (a rollback, an approval): refused, exit 2.
-    """
-    if isinstance(exc, RayStartFailed):
-        return ServerUnreachable(str(exc))
-    if isinstance(exc, (RayClusterUnreachable, ConditionalWritesIgnored)):
-        return Refused(str(exc))
-    return None
+    """The command's error for a failure podium knows wherever it was first met (one sentence, the exit code
+    `EXIT_CODES` gives it), or None for any other exception: `podium.cli.main` prints these without a traceback."""
+    code = exit_code_of(exc)
+    if code is None:
+        return None
+    failure = CliError(str(exc))
+    failure.exit_code = code
+    return failure

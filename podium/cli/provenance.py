@@ -20,22 +20,20 @@ import re
 import time
 from typing import Any
 
-from podium.cli.errors import CliError, ServerUnreachable
+from podium.cli.errors import CliError
+from podium.cli.options import config_default, option_help
 from podium.cli.output import approval_text
+from podium.config import default_serving
+from podium.core.comparison import comparison_from_dict
 from podium.core.numbers import format_number
 from podium.core.policy import check_from_dict
-from podium.errors import HistoryError, ServingError, TrackingUnavailable
+from podium.serving.history import lineage_of, parse_switch
 from podium.settings import PodiumSettings
+from podium.tracking.client import TAG_REASON, store_exists
 
 # Imports inside functions are on purpose (start-up): `podium lineage --help` answers at once.
 
 DIGEST_RE = re.compile(r"^[0-9a-f]{8,64}$")
-
-
-def _gate() -> Any:
-    from podium.core import comparison as gate
-
-    return gate
 
 
 def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list[str]:
@@ -61,7 +59,7 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
         lines.append(f"  {role + ' data:':<11} {d.get('uri', '?')} digest {d.get('digest')}"
                      + (f" ({d['rows']} rows)" if "rows" in d else ""))
     if manifest.get("comparison"):
-        lines.append("  promoted:   " + _gate().comparison_from_dict(manifest["comparison"]).describe())
+        lines.append("  promoted:   " + comparison_from_dict(manifest["comparison"]).describe())
     if manifest.get("checks"):
         lines.append("  checks:     " + "; ".join(check_from_dict(c).describe() for c in manifest["checks"]))
     if manifest.get("approval"):
@@ -74,7 +72,6 @@ def version_lines(version: str, manifest: dict[str, Any], current: bool) -> list
 def champions(serving: str) -> list[tuple[str, dict[str, Any], bool]]:
     """Every version promoted at the serving location, oldest first: (version, manifest, is current)."""
     from podium.serving import layout
-    from podium.serving.history import lineage_of, parse_switch
 
     current = (layout.read_pointer(serving) or {}).get("version")
     out = []
@@ -118,44 +115,60 @@ def digest_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add this command's parser and handler."""
+    lineage = sub.add_parser("lineage", help="Where a served version came from, or which runs and champions used a "
+                                             "dataset (by digest).",
+                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lineage.add_argument("what", help="A serving version (v000002) or a dataset digest (its first 8+ characters).")
+    lineage.add_argument("--serving", help="Serving location (default: .podium/serving/<model>).")
+    lineage.add_argument("--model", default=config_default("model"),
+                         help=option_help("model", "The model whose serving location to read."))
+    lineage.add_argument("--json", action="store_true", help="Print the answer as JSON.")
+    lineage.set_defaults(func=cmd_lineage)
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
     """`podium lineage vN | DIGEST`: where a served model came from, or who used a dataset."""
-    from podium.config import default_serving
     from podium.serving.layout import VERSION_RE, read_pointer, read_version
 
     settings = PodiumSettings()
-    serving = args.serving or default_serving(settings, args.model)
+    serving = serving_location(args, settings)
     what = args.what.strip().lower()
-    try:
-        if VERSION_RE.match(what):
-            version = read_version(serving, what)
-            if version is None and read_pointer(serving) is None:
-                raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
-            if version is None:
-                raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
-            current = (read_pointer(serving) or {}).get("version") == what
-            if args.json:
-                print(json.dumps({"version": what, "current": current, **version.manifest}))
-            else:
-                print("\n".join(version_lines(what, version.manifest, current)))
-            return 0
-        if not DIGEST_RE.match(what):
-            raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
-                           "(8 to 64 hexadecimal characters)")
-        from podium.tracking.client import store_exists
+    if VERSION_RE.match(what):
+        version = read_version(serving, what)
+        if version is None and read_pointer(serving) is None:
+            raise CliError(nothing_promoted(serving, args, settings, f"so no version {what} there"))
+        if version is None:
+            raise CliError(f"{serving}: version {what!r} does not exist or is incomplete")
+        current = (read_pointer(serving) or {}).get("version") == what
+        if args.json:
+            print(json.dumps({"version": what, "current": current, **version.manifest}))
+        else:
+            print("\n".join(version_lines(what, version.manifest, current)))
+        return 0
+    if not DIGEST_RE.match(what):
+        raise CliError(f"lineage {args.what!r}: expected a serving version like 'v000002' or a dataset digest "
+                       "(8 to 64 hexadecimal characters)")
 
-        tracking_uri = settings.resolved_tracking_uri()
-        if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
-            raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
-                           f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
-                           "folder, or MLFLOW_TRACKING_URI to read another store)")
-        report = digest_report(tracking_uri, serving, what)
-    except TrackingUnavailable as exc:
-        raise ServerUnreachable(str(exc)) from None
-    except (ServingError, HistoryError) as exc:
-        raise CliError(str(exc)) from None
+    tracking_uri = settings.resolved_tracking_uri()
+    if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
+        raise CliError(f"no MLflow store at {tracking_uri}: no run here used a dataset (podium's home is "
+                       f"{settings.home_dir}: run podium from the project folder, set PODIUM_HOME to its .podium "
+                       "folder, or MLFLOW_TRACKING_URI to read another store)")
+    report = digest_report(tracking_uri, serving, what)
     print(json.dumps(report) if args.json else "\n".join(digest_lines(report)))
     return 0
+
+
+def serving_location(args: argparse.Namespace, settings: PodiumSettings) -> str:
+    """The serving location a reading command (`history`, `lineage`, `rollback`) is about: --serving, else the
+    model's under podium's home; refused (StorageError) where a file stands where its folder would be."""
+    from podium.storage.preflight import check_folder
+
+    serving = args.serving or default_serving(settings, getattr(args, "model", None))
+    check_folder(serving, "--serving" if args.serving else "the serving location")
+    return serving
 
 
 def location_exists(serving: str) -> bool:
@@ -194,7 +207,6 @@ def status_report(tracking: Any, serving: str, tags: dict[str, str]) -> tuple[li
     """What `podium status` adds: the run's data and lineage, the last promotion's comparison, the
     champion's lineage; `tags` are the run's (`podium.tracking.runs.run_tags`). Returns (lines, JSON keys)."""
     from podium.serving.layout import read_current
-    from podium.tracking.client import TAG_REASON
     from podium.tracking.datasets import TAG_COMPARISON, lineage_tags
 
     lineage = lineage_tags(tags)
@@ -217,3 +229,16 @@ def status_report(tracking: Any, serving: str, tags: dict[str, str]) -> tuple[li
     return lines, {"lineage": lineage, "last_decision": last,
                    "champion_lineage": ({k: current.manifest.get(k) for k in ("datasets", "lineage", "comparison")}
                                         if current else None)}
+
+
+def location_names(serving: str, registered_model: str | None, alias: str | None, model: str) -> tuple[str, str]:
+    """The registered model and alias a command acts on at `serving`: the location's own (its LOCATION.json), or
+    those given, or the model's name and `champion` before its first promotion. Given ones that differ from the
+    location's are refused (ServingError): they would move another location's alias."""
+    from podium.serving.location import check_belongs, read_location
+
+    location = read_location(serving)
+    if location is None:
+        return registered_model or model, alias or "champion"
+    check_belongs(location, registered_model or location.registered_model, alias or location.alias)
+    return location.registered_model, location.alias

@@ -44,6 +44,10 @@ COMMAND_OWN = ("run_name", "model", "experiment", "serving", "promotion.register
 TRAINING_ONLY = ("training.train_loop_config", "training.loop_datasets")
 # tables a command's setting replaces whole: the run's thresholds are not kept beside the ones the command names
 WHOLE = ("promotion.thresholds", "promotion.guards", "validation.kwargs", "validation.resources")
+# settings that say one thing together (how the champion is loaded: a loader, a class, or both): a command that
+# names one of a group replaces the run's whole group, so that a run recorded with a class can be promoted with a
+# loader instead
+TOGETHER = (("promotion.model_loader", "promotion.model_class"),)
 # what decides and builds the promotion, as the command reports it (the line and --json's `settings`)
 SHOWN = ("promotion.metric", "promotion.mode", "promotion.min_delta", "promotion.thresholds", "promotion.guards",
          "promotion.confidence", "promotion.model_loader", "promotion.model_class", "promotion.allow_files",
@@ -202,6 +206,13 @@ def merge_settings(recorded: Mapping[str, Any], explicit: Mapping[str, Any]) -> 
             _drop(base, path)
     mine, theirs = leaves(explicit), leaves(recorded)
     changed = {path: theirs[path] for path, value in mine.items() if path in theirs and theirs[path] != value}
+    for group in TOGETHER:
+        if any(path in mine for path in group):
+            for path in group:
+                if path not in mine:
+                    _drop(base, path)
+                    if theirs.get(path) is not None:
+                        changed[path] = theirs[path]
     return merge(base, dict(explicit)), changed
 
 
@@ -257,6 +268,12 @@ def _said_by(args: argparse.Namespace, path: str) -> str:
     for flag, option_path, _, _ in OPTIONS:
         if option_path == path and getattr(args, flag[2:].replace("-", "_"), None) is not None:
             return flag
+    for group in TOGETHER:  # dropped with its group, which a partner's flag replaced
+        for other in group:
+            flag = next((f for f, option_path, _, _ in OPTIONS if option_path == other != path
+                         and getattr(args, f[2:].replace("-", "_"), None) is not None), None)
+            if path in group and flag:
+                return flag
     return f"--config {args.config}"
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from podium.errors import PodiumError
 from podium.storage.backends import backend_for
 from podium.storage.locations import fsspec_filesystem
 
 
-class DocumentError(ValueError):
+class DocumentError(PodiumError, ValueError):
     """A JSON document that is not one: truncated, corrupt, or not a JSON object."""
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from podium.core.redaction import redact_uri
+from podium.errors import PodiumError
 
 
-class StorageError(OSError):
+class StorageError(PodiumError, OSError):
     """A location that cannot be used: unreachable endpoint, rejected credentials, missing bucket, no permission.
 
     The message is '<location>: <reason>' and never contains credentials.

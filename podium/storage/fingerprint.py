@@ -45,8 +45,10 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from podium.errors import PodiumError
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Backend
+from podium.storage.backends.local import on_this_machine
 from podium.storage.locations import fsspec_filesystem, normalize_location
 
 MAGIC = b"PAR1"
@@ -61,7 +63,7 @@ Footer = tuple[bytes, int, str, int]
 Listed = list[tuple[str, str, dict[str, Any]]]  # (path, path relative to the dataset, listing info)
 
 
-class DatasetError(ValueError):
+class DatasetError(PodiumError, ValueError):
     """A dataset that cannot be described: missing, empty, or a file that is not Parquet."""
 
 
@@ -155,7 +157,7 @@ def _content_hash(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]
     key = (path, int(info["size"]), stamp)
     if key in _CONTENT_HASHES:
         return _CONTENT_HASHES[key], 0
-    local = _local_stamp(path) if "file" in _protocols(fs) else None
+    local = _local_stamp(path) if on_this_machine(fs) else None
     if local is not None:
         with contextlib.suppress(OSError, UnicodeDecodeError):
             kept = _cached(local).read_text()
@@ -171,10 +173,6 @@ def _content_hash(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any]
     if local is not None and _local_stamp(path) == local:  # unchanged while it was read: kept for later commands
         _keep(local, value)
     return value, read
-
-
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def _skipped(rel: str) -> bool:

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from podium.errors import PodiumError
 from podium.storage.backends import backend_for
 from podium.storage.backends.base import Conflict
 from podium.storage.locations import fsspec_filesystem, is_remote, normalize_location
@@ -42,7 +43,7 @@ from podium.storage.preflight import check_conditional_writes
 logger = logging.getLogger(__name__)
 
 
-class LeaseError(RuntimeError):
+class LeaseError(PodiumError, RuntimeError):
     """The lease could not be taken in time, or was lost while held."""
 
 

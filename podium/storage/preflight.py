@@ -34,6 +34,19 @@ def check_location(uri: str, *, write: bool) -> str:
     return location
 
 
+def check_folder(uri: str, what: str) -> str:
+    """A location where a folder is expected (`what` says whose: "--serving"): returns it normalized, or raises
+    StorageError where a file stands at it or above it (a local path whose parent is a regular file), before any
+    read meets it as NotADirectoryError."""
+    location = normalize_location(uri)
+    found = backend_for(location).file_in_the_way(location)
+    if found is not None:
+        at = "" if found == location else f" ({found})"
+        raise StorageError(location, f"a file{at} stands where {what} expects a folder: give a folder, or a path "
+                                     "under one, that podium can create")
+    return location
+
+
 def check_conditional_writes(folder: str) -> None:
     """Prove that the store under `folder` refuses a second create-only write of one object, once per folder and
     process; the probe object is removed again.

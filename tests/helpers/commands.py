@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -32,3 +33,19 @@ def awaiting_approval(proc: subprocess.Popen, run_name: str, timeout_s: float = 
                 out, err = proc.communicate(timeout=60)
                 raise AssertionError(f"no approval awaited (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}") from None
             time.sleep(1)
+
+
+def prefect_servers_of(home) -> list[int]:
+    """The pids of `prefect server` processes whose PREFECT_HOME is under `home`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"prefect" in cmd and b"server" in cmd and f"PREFECT_HOME={home}".encode() in b"\n".join(environ):
+            found.append(int(pid))
+    return found

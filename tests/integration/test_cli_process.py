@@ -1,6 +1,7 @@
 """The `podium` command as a user runs it, in its own process, against the test's Prefect server.
 
-Five Ray Train starts; what each carries (each behaviour checked by a test named for it, failing on its own):
+Three Ray Train starts, in one project folder; what each carries (each behaviour checked by a test named for it,
+failing on its own):
 
 - `alpha` (module-scoped): `podium run --model alpha`, the built-in loop, 3 epochs on the session's Ray head, and
   the same command started while it runs, and a SIGINT right after its promotion's switch (the run completes:
@@ -8,8 +9,7 @@ Five Ray Train starts; what each carries (each behaviour checked by a test named
   latest run, `history`, the flow runs' final states, the champion served the MLflow way
   (test_run_status_promote_json_and_the_champion_served_the_mlflow_way); the second run refused while the first
   holds the lock (test_a_second_run_of_the_same_name_is_refused_while_the_first_runs); with `beta`, two models in
-  one project folder, each with its champion, and a command without --model naming the models there are
-  (test_two_models_in_one_project_folder_each_keep_their_champion).
+  one project folder, each with its champion (test_two_models_in_one_project_folder_each_keep_their_champion).
 - `beta` (module-scoped), in the same project folder: `podium run --model beta` of a user's loop (plain Ray
   Train APIs, 40 short epochs) whose score improves until epoch 3 and no more, with --early-stop-patience 3 and
   --keep-checkpoints 2, ranked by another metric in the other direction than alpha. Carries the early stop
@@ -22,16 +22,14 @@ Five Ray Train starts; what each carries (each behaviour checked by a test named
   across it (test_a_resume_keeps_the_new_best_and_the_served_champion_s_checkpoint), the champion re-scored on the
   other data (test_the_next_night_s_run_re_scores_the_champion_on_its_validation_data_on_a_local_ray), and then
   `podium rollback` (test_a_rollback_serves_the_first_champion_again_from_its_kept_checkpoint).
-- test_a_repository_with_its_own_training_and_tasks_packages: the console script from a user's repository.
-- test_a_loop_that_never_checkpoints_fails_the_run: Ray's FashionMNIST example.
 
-No training: bad input, refused runs and a signal while the server starts. (A run whose every validation failed,
-through the command: test_pipeline's diverging run.)
+The runs that share nothing with these (a user's repository, a loop that never checkpoints, a signal while the
+server starts): test_cli_alone, so that xdist runs them beside this module. Bad input and refused runs, of every
+command: test_cli_small; a run whose every validation failed, through the command: test_pipeline's diverging run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -42,7 +40,6 @@ import sys
 import time
 import types
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from helpers.commands import podium
@@ -111,7 +108,7 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     run's final state says what it did."""
     from helpers.served_checks import check_served_champion
 
-    out, env, data, common = _alpha_out(alpha), project.env, alpha.data, alpha.common
+    out, env, data = _alpha_out(alpha), project.env, alpha.data
     assert {"run_name", "mlflow_run_id", "tracking_uri", "checkpoints", "promoted", "model", "champion"} <= set(out)
     assert out["run_name"] == "cli" and out["tracking_uri"] == env["MLFLOW_TRACKING_URI"]
     assert [c["status"] for c in out["checkpoints"]] == ["validated"] * 3
@@ -132,7 +129,8 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     check_served_champion(env["MLFLOW_TRACKING_URI"], "alpha", str(alpha_serving), dataset[1], tmp_path,
                           env, monkeypatch, serve=False)
 
-    status = json.loads(podium(["status", "--json", *common], env).stdout)
+    status = json.loads(podium(["status", "--json", "--run-name", "cli", "--model", "alpha", "--storage",
+                                str(project.storage)], env).stdout)
     assert status["mlflow_run_id"] == out["mlflow_run_id"] and status["model"] == "alpha"
     assert [c["step"] for c in status["checkpoints"]] == [c["step"] for c in out["checkpoints"]]
     assert status["promoted"]["version"] == out["promoted"]["version"] and status["promoted"]["current"]
@@ -153,7 +151,7 @@ def test_run_status_promote_json_and_the_champion_served_the_mlflow_way(alpha, p
     assert again["champion"]["version"] == "v000001"  # the model's champion; `promoted` is this invocation's
 
     # no --run-name: the model's latest run; what it promoted and why, then the model's champion, apart
-    text = podium(["status", "--model", "alpha", *data], env).stdout
+    text = podium(["status", "--model", "alpha", "--storage", str(project.storage)], env).stdout
     step, version = out["promoted"]["step"], out["promoted"]["version"]
     assert text.startswith(f"run cli (MLflow run {out['mlflow_run_id']}): 3 checkpoints")
     assert f"this run promoted: {version} (step {step}, val_loss=" in text
@@ -182,8 +180,8 @@ def test_a_second_run_of_the_same_name_is_refused_while_the_first_runs(alpha, pr
 
 def test_two_models_in_one_project_folder_each_keep_their_champion(alpha, beta, project):
     """`--model alpha` (val_loss, min) and `--model beta` (score, max) in the same project folder: each keeps its
-    champion, its serving location, its registered model; one way to name a model on every command (--model); a
-    command without it names the models there are."""
+    champion, its serving location, its registered model; one way to name a model on every command (--model) (a
+    command without it, in a store of several models, names them: test_cli_small)."""
     from mlflow.tracking import MlflowClient
 
     out, out_b, env, home = _alpha_out(alpha), _beta_out(beta), project.env, project.home
@@ -193,118 +191,12 @@ def test_two_models_in_one_project_folder_each_keep_their_champion(alpha, beta, 
     assert {e.name for e in client.search_experiments()} >= {"alpha", "beta"}
     assert client.get_model_version_by_alias("alpha", "champion").run_id == out["mlflow_run_id"]
     assert client.get_model_version_by_alias("beta", "champion").run_id == out_b["mlflow_run_id"]
-    status_b = json.loads(podium(["status", "--json", "--model", "beta", "--storage", str(project.storage)],
-                                 env).stdout)
+    assert beta.status.returncode == 0, beta.status.stderr[-3000:]
+    status_b = json.loads(beta.status.stdout)  # `podium status --json --model beta` right after beta's run
     assert (status_b["champion"]["model"], status_b["champion"]["metric"]) == ("beta", "score")
     assert status_b["mlflow_run_id"] == out_b["mlflow_run_id"]
     history_b = json.loads(podium(["history", "--json", "--model", "beta"], env).stdout)
     assert history_b["serving"] == str(home / "serving" / "beta"), history_b
-    unnamed = podium(["status"], env, check=False)
-    assert unnamed.returncode != 0 and "no podium run in MLflow experiment 'podium'" in unnamed.stderr
-    assert "runs of other models are here: alpha, beta (--model NAME)" in unnamed.stderr, unnamed.stderr
-
-
-def test_bad_input_rejected_before_anything_is_created(cli_env, dataset, tmp_path):
-    proc = podium(["run", "--train-data", str(tmp_path / "missing.parquet"), "--val-data", dataset[1],
-                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
-                  cli_env, check=False)
-    assert proc.returncode == 2
-    assert "data.train" in proc.stderr and "missing.parquet" in proc.stderr
-    assert not (tmp_path / "storage").exists() and not (tmp_path / "serving").exists()
-    proc = podium(["run", "--validate-kwargs", "{threshold: 0.5}", "--storage", str(tmp_path / "storage")], cli_env,
-                  check=False)  # a flag's value that is no JSON object: a usage error, before anything starts
-    assert proc.returncode == 2 and "podium: --validate-kwargs: expected a JSON object" in proc.stderr, proc.stderr
-    assert not (tmp_path / "storage").exists()
-
-
-def test_a_repository_with_its_own_training_and_tasks_packages(cli_env, dataset, tmp_path):
-    """The user's repository has packages named `training` and `tasks`, as ML repositories often do.
-    `podium` (the console script, not `python -m`) runs from the repository's root with no PYTHONPATH
-    and resolves the user's packages, not its own (which are podium.training, podium.tasks). The run's name has a
-    dot, as a versioned name often does, which MLflow refuses in a checkpoint record's name, and a {date} that the
-    command fills. The user's code is the complete example of docs/bring-your-own-loop.md, as written there: its
-    loop, validation function and model loader; the champion is a served MLflow model that predicts labels.
-    Storage is a filesystem of the user's own, docs/object-storage.md's example as written there
-    (training/fs.py, a `[storage]` table): checkpoints land under its root, validations read them through it
-    and the champion is built from one of them."""
-    from datetime import datetime, timezone
-
-    from mlflow.tracking import MlflowClient
-
-    guide = (REPO / "docs" / "bring-your-own-loop.md").read_text()
-    example = re.search(r"```python\n(# mypkg/train\.py\n.*?)```", guide, re.S).group(1)  # type: ignore[union-attr]
-    storage_guide = (REPO / "docs" / "object-storage.md").read_text()
-    own_fs = re.search(r"```python\n(# training/fs\.py\n.*?)```", storage_guide, re.S).group(1)  # type: ignore[union-attr]
-    table = re.search(r"```toml\n(\[storage\]\n.*?)```", storage_guide, re.S).group(1)  # type: ignore[union-attr]
-    root = tmp_path / "own-fs"
-    repo = tmp_path / "user-repo"
-    for package in ("training", "tasks"):
-        (repo / package).mkdir(parents=True)
-        (repo / package / "__init__.py").write_text("")
-    (repo / "training" / "train.py").write_text(example)
-    (repo / "training" / "fs.py").write_text(own_fs)
-    assert "/mnt/shared/podium" in table
-    (repo / "podium.toml").write_text(table.replace("/mnt/shared/podium", str(root)))
-    (repo / "tasks" / "checks.py").write_text("from training.train import validate_fn  # noqa: F401\n")
-    # a local Ray of podium's own, as a user's first run gets: the user's packages reach its workers through the
-    # raylet's path, not an upload
-    env = {k: v for k, v in cli_env.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
-    console_script = os.path.join(os.path.dirname(sys.executable), "podium")
-    day = datetime.now(timezone.utc).strftime("%Y%m%d")
-    proc = subprocess.run(
-        [console_script, "run", "--json", "--run-name", "own-packages-v1.2-{date}", "--loop-config", "epochs=2",
-         "--num-workers", "1", "--train-loop", "training.train:train_func", "--validate-fn", "tasks.checks:validate_fn",
-         "--model-class", "training.train:Net", "--train-data", dataset[0], "--val-data", dataset[1],
-         "--metric", "accuracy", "--mode", "max", "--config", "podium.toml", "--serving", str(tmp_path / "serving")],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [c["status"] for c in out["checkpoints"]] == ["validated", "validated"]
-    assert all(c["metrics"]["accuracy"] > 0.5 for c in out["checkpoints"]), out["checkpoints"]
-    if out["run_name"] != f"own-packages-v1.2-{day}":  # the command started after midnight (UTC)
-        day = datetime.now(timezone.utc).strftime("%Y%m%d")
-    assert out["promoted"] is not None and out["run_name"] == f"own-packages-v1.2-{day}"
-    # the checkpoints are in the user's filesystem, named by its function and kwargs
-    location = f"userfs://training.fs:make_fs;{quote(json.dumps({'root': str(root)}, separators=(',', ':')), safe='')}"
-    location += "/checkpoints"
-    uris = [c["uri"] for c in out["checkpoints"]]
-    assert all(u.startswith(f"{location}/{out['run_name']}/checkpoint_") for u in uris), uris
-    assert sorted(p.name for p in (root / "checkpoints" / out["run_name"]).glob("checkpoint_*") if p.is_dir()) == \
-        sorted(u.rsplit("/", 1)[1] for u in uris)
-    assert not (tmp_path / "storage").exists() and not (repo / ".podium" / "storage").exists()
-    # the champion was built from one of them, read through the user's filesystem
-    manifest = json.loads((tmp_path / "serving" / "versions" / out["promoted"]["version"] / "MANIFEST.json").read_text())
-    assert manifest["checkpoint"] in uris and manifest["step"] == out["promoted"]["step"], manifest
-    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
-    models = client.search_logged_models([client.get_experiment_by_name("podium").experiment_id])
-    assert {m.name for m in models} == {f"own-packages-v1_2-{day}-step-{c['step']}" for c in out["checkpoints"]}
-    # the guide's model loader made the champion a served MLflow model: class labels from the feature columns
-    load = ("import json, sys, mlflow, pandas as pd; df = pd.read_parquet(sys.argv[1]).drop(columns=['label']).head(5); "
-            "print(json.dumps([int(v) for v in mlflow.pyfunc.load_model('models:/podium@champion').predict(df)]))")
-    loaded = subprocess.run([sys.executable, "-c", load, dataset[1]], env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert loaded.returncode == 0, loaded.stderr[-4000:]
-    predicted = json.loads(loaded.stdout.strip().splitlines()[-1])
-    assert len(predicted) == 5 and set(predicted) <= {0, 1, 2, 3}, predicted
-
-
-def test_a_loop_that_never_checkpoints_fails_the_run(cli_env, tmp_path):
-    """Ray's FashionMNIST example reports metrics only: the run fails, saying how to report a checkpoint."""
-    from helpers.prefect_queries import flow_run_state
-    from mlflow.tracking import MlflowClient
-
-    cli_env["PYTHONPATH"] = os.path.dirname(__file__)  # the loop's module, as a user's own code
-    proc = podium(["run", "--run-name", "no-ckpt", "--train-loop", "ray_example_checks:never_checkpoints",
-                   "--validate-fn", "ray_example_checks:validate_tagged", "--num-workers", "1",
-                   "--storage", str(tmp_path / "storage"), "--serving", str(tmp_path / "serving")],
-                  cli_env, check=False)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "reported metrics 2 time(s) but never with a checkpoint" in proc.stderr
-    assert "ray.train.Checkpoint.from_directory" in proc.stderr and "Traceback" not in proc.stderr
-    assert flow_run_state("no-ckpt-run").is_failed()
-    client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
-    (run,) = client.search_runs([client.get_experiment_by_name("podium").experiment_id])
-    assert run.info.status == "FAILED"
 
 
 # beta's scores by epoch: they improve until epoch 3 (9) and no more; the resume's two new epochs improve again
@@ -557,99 +449,3 @@ def test_a_rollback_serves_the_first_champion_again_from_its_kept_checkpoint(bet
     assert beta_rolled_back.status.returncode == 0, beta_rolled_back.status.stderr[-3000:]
     status = json.loads(beta_rolled_back.status.stdout)
     assert status["champion"]["checkpoint"] == checkpoints[FIRST_BEST]["uri"] and status["disagreements"] == []
-
-
-def _prefect_servers_of(home) -> list[int]:
-    """The pids of `prefect server` processes whose PREFECT_HOME is under `home`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"prefect" in cmd and b"server" in cmd and f"PREFECT_HOME={home}".encode() in b"\n".join(environ):
-            found.append(int(pid))
-    return found
-
-
-def _signals_as_in_a_terminal() -> None:
-    """In the child, before podium starts: SIGINT and SIGTERM with their default action and not blocked, as a command
-    a terminal or a scheduler starts has them. A child inherits an ignored or blocked signal (which podium respects,
-    as Python does), and this pytest worker's state is whatever its earlier tests left (a full run under xdist
-    ignored the group's SIGINT, where the test alone passed)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def test_refused_runs_leave_no_server_behind(dataset, tmp_path):
-    """Runs refused by the plan, on the embedded defaults (no Prefect server configured): a bad path, an unwritable
-    storage, an import path that does not import, a metric the built-in validation does not report, a column the data
-    lacks. Each is refused before any server or Ray starts: one sentence naming what was wrong, exit 2, and nothing
-    started or left behind (no Prefect server, no home folder, where its logs and Ray's would be). (Every kind of
-    refusal and its message: test_plan, test_datasets, in-process; the time to the refusal: benchmarks/startup.py.)
-    Then a run stopped by a signal while the server starts."""
-    home = tmp_path / "home"
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
-    env.update({"PODIUM_HOME": str(home), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
-    a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
-    a_file.write_text("")
-    missing = str(tmp_path / "missing.parquet")
-    refusals = {"missing": (["--train-data", missing], f"data.train = {missing!r}: no such file or directory"),
-                "unwritable": (["--storage", str(a_file / "storage")], f"storage = {str(a_file / 'storage')!r}: "),
-                "import": (["--validate-fn", "no_such_module:validate"],
-                           "validation.fn = 'no_such_module:validate': cannot import module 'no_such_module'"),
-                "metric": (["--metric", "val_acc"], "promotion.metric = 'val_acc': no such metric; the built-in loop "
-                                                    "and validation report ['accuracy', 'loss', 'val_accuracy', "
-                                                    "'val_loss']"),
-                "column": (["--label-column", "no_label"], "has no label column 'no_label'")}
-    for what, (flags, sentence) in refusals.items():
-        args = ["run", "--run-name", f"refused-{what}", "--epochs", "1", "--train-data", dataset[0],
-                "--val-data", dataset[1], *flags]
-        proc = podium(args, env, check=False)
-        assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, proc.stderr
-        assert "checking its data" in proc.stdout and "starting" not in proc.stdout, proc.stdout  # said, not started
-        assert not home.exists(), f"{what}: {sorted(str(p) for p in home.rglob('*'))}"
-        assert _prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
-        assert not (tmp_path / "storage").exists()
-
-    # stopped while the server starts: Ctrl-C (SIGINT to the command's process group, as a terminal sends it), and a
-    # scheduler's SIGTERM to the command: exit 128 + the signal, one line, and no server left that server.json
-    # does not name (`podium server stop` finds every one). Where a library swallowed the signal's exception, the
-    # command stops at its run's start instead (tests/unit/test_cli.py): the same exit, its own line
-    proc = None
-    try:
-        for sig, to_group in ((signal.SIGINT, True), (signal.SIGTERM, False)):
-            proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--run-name", "stopped", "--epochs", "1",
-                                     "--train-data", dataset[0], "--val-data", dataset[1]], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                    preexec_fn=_signals_as_in_a_terminal)
-            deadline = time.monotonic() + 120
-            while not _prefect_servers_of(home):
-                assert proc.poll() is None and time.monotonic() < deadline, f"no Prefect server started: {proc.poll()}"
-                time.sleep(0.05)
-            (os.killpg if to_group else os.kill)(proc.pid, sig)
-            _, err = proc.communicate(timeout=180)
-            last = err.strip().splitlines()[-1] if err.strip() else ""
-            here = [line.strip() for line in open("/proc/self/status") if line.startswith(("SigBlk", "SigIgn"))]
-            assert proc.returncode == 128 + sig and last.startswith("podium: "), (
-                f"exit {proc.returncode} (this process: SIGINT {signal.getsignal(signal.SIGINT)}, {here}):\n{err[-3000:]}")
-            assert "Traceback" not in err, err[-3000:]
-            state = home / "prefect" / "server.json"
-            deadline = time.monotonic() + 30
-            while set(_prefect_servers_of(home)) - ({json.loads(state.read_text())["pid"]} if state.exists() else set()):
-                assert time.monotonic() < deadline, f"{sig.name}: a Prefect server that no server.json names was left"
-                time.sleep(0.2)
-            podium(["server", "stop"], env)
-            assert _prefect_servers_of(home) == []
-    finally:  # a failed assertion above leaves neither the command nor a server it started running
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for pid in _prefect_servers_of(home):  # each server is a session of its own
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)

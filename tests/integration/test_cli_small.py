@@ -1,7 +1,9 @@
 """What a person meets at the edges of the `podium` command, through its own process (issue 61, point 6):
 
-- refusals in an empty project folder (a typo'd metric, a storage filesystem that does not import, a label column the
-  data lacks, shadow limits nothing asks for) write nothing: no demo dataset, no home folder;
+- refusals in an empty project folder, of `run` (a typo'd metric, a storage filesystem that does not import, a label
+  column the data lacks, shadow limits nothing asks for, a missing file, a storage or serving location under a file)
+  and of the other commands (history, lineage, rollback and make-data on a file where a folder is expected or a path
+  no folder can be made at) say one sentence, exit 2, and write nothing: no demo dataset, no home folder;
 - `history` marks one switch current, the one that made the current version current;
 - `history`, `lineage` and `rollback` from the wrong folder say where podium looked and how to point it elsewhere;
 - `status` without --model, in a store whose only model is `cancer`, shows it and says so; with two models it lists
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from helpers.checkpoints import INTEGRATION, make_trained_run
-from helpers.commands import podium
+from helpers.commands import podium, prefect_servers_of
 from podium_nightly_code import FEATURES, write_data
 
 pytestmark = pytest.mark.integration
@@ -38,31 +40,71 @@ def _contents(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
 
 
-def test_refusals_in_an_empty_project_write_no_demo_data(tmp_path):
-    """Refused by the plan before the demo data is written (the metric, the filesystem, the shadow limits), or after
-    it, by the data itself (a label column it lacks): exit 2, one sentence, and the home as it was: absent, or with
-    what it held."""
+def _refusals(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Each refusal a person meets in an empty project folder: the command's arguments, and the sentence it says."""
     (tmp_path / "fs.toml").write_text('[storage]\npath = "checkpoints"\nfilesystem = "no_such_module:make_fs"\n')
     (tmp_path / "shadow.toml").write_text("[promotion.shadow]\nrequests = 50\n")
-    refusals = {"metric": (["--metric", "val_losss"], "promotion.metric = 'val_losss': no such metric"),
-                "filesystem": (["--config", str(tmp_path / "fs.toml")],
-                               "storage.filesystem = 'no_such_module:make_fs': cannot import module 'no_such_module'"),
-                "shadow": (["--config", str(tmp_path / "shadow.toml")],
-                           "promotion.shadow = {...}: the shadow stage's limits have no effect with "
-                           "promotion.rollout = 'direct': expected promotion.rollout = \"shadow\""),
-                "label": (["--label-column", "no_label"], "has no label column 'no_label'")}
+    a_file = tmp_path / "a-file"  # a folder under a file cannot be made, by root either
+    a_file.write_text("")
+    missing = str(tmp_path / "missing.parquet")
+    in_the_way = "stands where --serving expects a folder"
+    run = ["run", "--run-name", "refused"]
+    return {
+        # the run's plan, before the demo data is written
+        "metric": ([*run, "--metric", "val_acc"], "promotion.metric = 'val_acc': no such metric; the built-in loop and "
+                                                  "validation report ['accuracy', 'loss', 'val_accuracy', 'val_loss']"),
+        "filesystem": ([*run, "--config", str(tmp_path / "fs.toml")],
+                       "storage.filesystem = 'no_such_module:make_fs': cannot import module 'no_such_module'"),
+        "shadow": ([*run, "--config", str(tmp_path / "shadow.toml")],
+                   "promotion.shadow = {...}: the shadow stage's limits have no effect with promotion.rollout = "
+                   "'direct': expected promotion.rollout = \"shadow\""),
+        "import": ([*run, "--validate-fn", "no_such_module:validate"],
+                   "validation.fn = 'no_such_module:validate': cannot import module 'no_such_module'"),
+        "missing data": ([*run, "--train-data", missing], f"data.train = {missing!r}: no such file or directory"),
+        "not JSON": ([*run, "--validate-kwargs", "{threshold: 0.5}"], "--validate-kwargs: expected a JSON object"),
+        # after the demo data was written, by the data itself: the demo data is removed again
+        "label": ([*run, "--label-column", "no_label"], "has no label column 'no_label'"),
+        # a location that cannot be created: refused before either is made
+        "unwritable storage": ([*run, "--storage", str(a_file / "storage")], f"storage = {str(a_file / 'storage')!r}: "),
+        "serving under a file": ([*run, "--serving", str(a_file / "serving")],
+                                 f"serving = {str(a_file / 'serving')!r}: a file ({a_file}) stands where serving "
+                                 "expects a folder"),
+        # the other commands, on a file where a folder is expected or a path no folder can be made at
+        "history": (["history", "--serving", str(a_file)], f"{a_file}: a file {in_the_way}"),
+        "lineage": (["lineage", "v000001", "--serving", str(a_file)], f"{a_file}: a file {in_the_way}"),
+        "rollback": (["rollback", "--serving", str(a_file)], f"{a_file}: a file {in_the_way}"),
+        "make-data under a file": (["make-data", "--out", str(a_file / "x")],
+                                   f"{a_file / 'x'}: a file ({a_file}) stands where --out expects a folder"),
+        "make-data where nothing can be made": (["make-data", "--out", "/proc/podium-x"],
+                                                "/proc/podium-x: not writable"),
+    }
+
+
+def test_refusals_in_an_empty_project_say_one_sentence_and_leave_nothing(tmp_path):
+    """Every refusal a person meets at the command line, through the real process, in an empty project folder on the
+    embedded defaults: exit 2, one sentence naming what was wrong (no traceback), nothing started (no Prefect
+    server, no "starting") and nothing written: no home folder (the demo data, the logs, an empty .podium/), no
+    storage. A refusal met after the demo data was written (a label column it lacks) leaves a home that held
+    something as it was. (Every kind of refusal and its message in-process: test_plan, test_datasets; the time to
+    the refusal: benchmarks/startup.py.)"""
+    project = tmp_path / "project"
+    project.mkdir()
     kept = tmp_path / "kept"
     (kept / "logs").mkdir(parents=True)
     (kept / "logs" / "podium.log").write_text("an earlier run\n")
-    for home, before in ((tmp_path / "empty", []), (kept, _contents(kept))):
-        env = _bare_env(home, f"sqlite:///{tmp_path / 'mlflow.db'}")
-        for what, (flags, sentence) in refusals.items():
-            proc = podium(["run", "--run-name", f"refused-{what}", *flags], env, check=False, cwd=tmp_path)
-            assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
-            assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, proc.stderr
-            assert "Traceback" not in proc.stderr and "starting" not in proc.stdout, proc.stderr[-3000:]
-            assert _contents(home) == before, f"{what}: left {_contents(home)}"
-    assert not (tmp_path / "mlflow.db").exists()
+    refusals = _refusals(tmp_path)
+    runs = [(project / ".podium", what) for what in refusals] + [(kept, "label")]
+    for home, what in runs:
+        before = _contents(home)
+        args, sentence = refusals[what]
+        proc = podium(args, _bare_env(home, f"sqlite:///{tmp_path / 'mlflow.db'}"), check=False, cwd=project)
+        assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+        assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, f"{what}: {proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr and "starting" not in proc.stdout, f"{what}: {proc.stderr[-3000:]}"
+        assert _contents(home) == before, f"{what}: left {_contents(home)}"
+        assert prefect_servers_of(home) == [], f"{what}: a Prefect server was left running"
+        assert list(project.iterdir()) == [], f"{what}: left {list(project.iterdir())}"
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "a-file" / "storage").exists()
 
 
 def _fabricated_serving(serving: Path, source: Path) -> None:

@@ -33,7 +33,7 @@ A scheduler's SIGTERM (to podium's process only) is not one of the attempts: the
 as Ctrl-C (podium.flows.stop.stop_on_signals: the stop of the training, the validations' grace, the MLflow run
 KILLED and the exit are the same code for both), and what is SIGTERM's own, podium's handler taking over from
 Prefect's engine and the exit 143, has its real-process test in test_promotion_state
-(test_a_stop_while_the_candidate_awaits_approval_withdraws_it[SIGTERM]) and its start-up one in test_cli_process.
+(test_a_stop_while_the_candidate_awaits_approval_withdraws_it[SIGTERM]) and its start-up one in test_cli_alone.
 
 The disk-full tests train nothing: the checkpoints they promote are written straight into storage and recorded in
 the test's MLflow store with podium's own recording functions, then promoted by `podium promote` (real processes).

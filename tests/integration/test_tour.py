@@ -36,13 +36,10 @@ TOUR = [
     ("podium history", r": 3 switch\(es\), current v000001$", r"rollback v000001 .*withdrew v000002  \[current\]$"),
 ]
 
-# the docs' snippet, with the line that makes a DataFrame of the demo data's features
-LOAD = """
-import mlflow
-import pandas as pd
-df = pd.read_parquet(".podium/data/val.parquet").drop(columns=["label"]).head(8)
-model = mlflow.pyfunc.load_model("models:/podium@champion")
-print("predicted", len(model.predict(df)))
+# README's snippet as written there (it builds its DataFrame from the demo data), and what the test reads of it
+_SNIPPET = re.search(r"```python\n(import mlflow\n.*?)```", PAGES[0].read_text(), re.S)
+LOAD = (_SNIPPET.group(1) if _SNIPPET else "raise SystemExit('README.md has no snippet that loads the champion')") + """
+print("predicted", len(mlflow.pyfunc.load_model("models:/podium@champion").predict(df)), len(model.predict_proba(df)))
 print("champion version", mlflow.MlflowClient().get_model_version_by_alias("podium", "champion").version)
 """
 
@@ -92,9 +89,9 @@ def test_the_tour_promotes_a_second_version_rolls_back_and_loads_the_champion(tm
                 assert re.search(pattern, out, re.M), f"`{command}` printed no line like {pattern!r}:\n{out}"
             if i == 0:
                 loaded = _load_champion(folder, env)
-                assert "predicted 8" in loaded and "champion version 1" in loaded, loaded
+                assert "predicted 8 8" in loaded and "champion version 1" in loaded, loaded
         loaded = _load_champion(folder, env)  # after the rollback: version 1 again
-        assert "predicted 8" in loaded and "champion version 1" in loaded, loaded
+        assert "predicted 8 8" in loaded and "champion version 1" in loaded, loaded
         assert not (folder / "mlflow.db").exists(), "MLflow made a store of its own in the project folder"
     finally:
         subprocess.run([PODIUM, "server", "stop"], cwd=folder, env=env, capture_output=True, timeout=120)

@@ -108,6 +108,9 @@ def test_validate_kwargs_that_are_no_json_object_are_a_usage_error_saying_what_w
     (["run", "--keep-checkpoints", "2.5"], "podium: --keep-checkpoints = '2.5': expected a whole number"),
     (["promote", "--min-delta", "a bit"], "podium: --min-delta = 'a bit': expected a number"),
     (["run", "--no-such-flag"], "podium: unrecognized arguments: --no-such-flag"),
+    # the commands that read a run take no training flag they would ignore
+    (["status", "--epochs", "3"], "podium: unrecognized arguments: --epochs 3"),
+    (["ui", "--learning-rate", "0.1"], "podium: unrecognized arguments: --learning-rate 0.1"),
 ])
 def test_a_bad_flag_is_one_sentence_not_the_usage_block(capsys, argv, expected):
     with pytest.raises(SystemExit) as exit_:
@@ -115,6 +118,14 @@ def test_a_bad_flag_is_one_sentence_not_the_usage_block(capsys, argv, expected):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith(expected), err
     assert err.count("\n") == 1 and "usage:" not in err, err
+
+
+def test_status_and_ui_take_which_run_and_where_it_serves(tmp_path):
+    for command in ("status", "ui"):
+        args = build_parser().parse_args([command, "--config", "c.toml", "--run-name", "r", "--model", "m",
+                                          "--experiment", "e", "--storage", "s", "--serving", "v",
+                                          "--registered-model", "rm", "--alias", "a", "--json"])
+        assert (args.run_name, args.model, args.serving, args.alias, args.json) == ("r", "m", "v", "a", True)
 
 
 def test_run_help_mentions_every_option(capsys):

@@ -26,6 +26,48 @@ def test_each_known_failure_has_its_exit_code_and_its_own_words():
     assert known_failure(RuntimeError("something else")) is None  # not podium's to word: its traceback stands
 
 
+def test_every_podium_error_a_command_meets_has_a_code_in_the_one_table():
+    """Each of podium's user-facing errors is a PodiumError (those that were OSError or ValueError still are, for the
+    callers that catch those), and the table gives it its documented code."""
+    from podium.cli.errors import EXIT_CODES, exit_code_of
+    from podium.errors import (
+        EXIT_FAILED,
+        EXIT_NOT_RECORDED,
+        ConfigError,
+        EndNotRecorded,
+        HistoryError,
+        PodiumError,
+        ServingError,
+        TrackingUnavailable,
+        UnfinishedRun,
+    )
+    from podium.imports import ImportPathError
+    from podium.storage.documents import DocumentError
+    from podium.storage.errors import StorageError
+    from podium.storage.fingerprint import DatasetError
+    from podium.storage.lease import LeaseError
+    from podium.training.checkpoint import CheckpointFormatError
+    from podium.training.data import DataSchemaError
+    from podium.training.export import ExportError
+    from podium.training.loaders import LoaderError
+    from podium.training.sharded import ShardedCheckpointError
+
+    for kind in (StorageError, DocumentError, DatasetError, LeaseError, ImportPathError, CheckpointFormatError,
+                 DataSchemaError, ExportError, LoaderError, ShardedCheckpointError):
+        assert issubclass(kind, PodiumError), kind
+    assert issubclass(StorageError, OSError) and issubclass(DatasetError, ValueError)
+    assert all(issubclass(kind, PodiumError) for kind, _ in EXIT_CODES)
+    for exc, code in ((StorageError("/a/file/x", "a file stands where --out expects a folder"), EXIT_REFUSED),
+                      (ConfigError("data.train = 'x': no such file"), EXIT_REFUSED),
+                      (ServingError("no such serving location"), EXIT_REFUSED),
+                      (HistoryError("nothing earlier"), EXIT_REFUSED),
+                      (TrackingUnavailable("http://mlflow:5000", "reading", "refused", 30), EXIT_UNREACHABLE),
+                      (UnfinishedRun("nothing validated", None), EXIT_FAILED),
+                      (EndNotRecorded("not recorded", None), EXIT_NOT_RECORDED)):
+        assert exit_code_of(exc) == code, exc
+        assert known_failure(exc) is not None and str(known_failure(exc)) == str(exc)
+
+
 def test_a_ray_start_that_failed_is_not_read_as_a_server_that_stopped_answering():
     # a flow that raises it must not be reported as the Prefect server's outage (podium.cli.run._flow_result)
     assert not is_unreachable(RayStartFailed("Ray did not start"))

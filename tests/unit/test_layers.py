@@ -31,14 +31,13 @@ import ast
 import importlib.util
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import tomllib
+from helpers.modules import podium_modules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,20 +67,6 @@ def rank(module: str) -> int:
         if ".".join(parts[:n]) in RANKS:
             return RANKS[".".join(parts[:n])]
     raise AssertionError(f"{module} is in no layer: add it to RANKS")
-
-
-def podium_modules() -> dict[str, Path]:
-    """Every module of the installed podium package (the name it is imported by -> its file)."""
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    found: dict[str, Path] = {}
-    for package in packages:
-        spec = importlib.util.find_spec(package)
-        assert spec is not None and spec.origin, f"{package} is not importable"
-        found[package] = Path(spec.origin)
-        for info in pkgutil.iter_modules(spec.submodule_search_locations):
-            if not info.ispkg:
-                found[f"{package}.{info.name}"] = Path(spec.submodule_search_locations[0]) / f"{info.name}.py"
-    return found
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -148,7 +133,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read_from_every_module():
     graph = import_graph()
     assert len(graph) > 80, sorted(graph)
-    for layer in ("podium.core.verdict", "podium.cli.commands", "podium.flows.pipeline", "podium.training.loop"):
+    for layer in ("podium.core.verdict", "podium.cli.registry", "podium.flows.pipeline", "podium.training.loop"):
         assert layer in graph
     assert "podium.core.records" in graph["podium.tasks.validate"]
 
@@ -226,7 +211,7 @@ LAYERS: dict[str, tuple[set[str], list[str]]] = {
     # `podium run` loads before it, name podium.tracking's functions without loading MLflow
     "podium.flows.pipeline": ({"mlflow", "torch"}, ["prefect", "prefect.futures", "ray.train", "ray.util.queue"]),
     "podium.cli.run": ({"mlflow", "torch"}, ["prefect"]),
-    "podium.cli.commands": ({"mlflow", "torch"}, ["prefect"]),
+    "podium.cli.registry": ({"mlflow", "torch"}, ["prefect"]),  # every command, as the parser is built
     # `podium --help`, a bad flag and `podium lineage --help` answer at once
     "podium.cli.main": (NOTHING_HEAVY, []),
     "podium.cli.options": (NOTHING_HEAVY, []),
@@ -392,30 +377,28 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.training.validation_call": {"ray": RAY, "podium.training.cluster": RAY + " (cluster: 1.1 s)",
                                         "podium.training.raytrain": RAY_DATA + " (raytrain: 2.4 s)"},
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
-    "podium.cli.main": {"podium.cli.commands": HELP, "podium.cli.run": HELP, "podium.cli.provenance": HELP,
-                        "podium.cli.serve": HELP, "podium.cli.k8s": HELP,
+    "podium.cli.main": {"podium.cli.registry": HELP,
                         "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
-    "podium.cli.options": {"datetime": PENDING.format("0.001"), "podium.config": PENDING.format("0.03")},
     "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
                                                                 "nightly config)")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},
     "podium.cli.provenance": {
-        "podium.config": PENDING.format("0.04"), "podium.core.comparison": PENDING.format("0.001"),
-        "podium.serving.history": PENDING.format("0.001"), "podium.serving.layout": COMMAND.format("0.14"),
-        "podium.tracking.client": PENDING.format("0.006"), "podium.tracking.datasets": COMMAND.format("0.12"),
-        "podium.storage.locations": COMMAND.format("0.14")},
-    "podium.cli.commands": {
-        "podium.cli.output": PENDING.format("0.001"), "podium.cli.provenance": PENDING.format("0.005"),
-        "podium.config": PENDING.format("0.065"), "podium.core.approval": PENDING.format("0.001"),
-        "podium.prefect_api": PENDING.format("0.06"), "podium.services": PENDING.format("0.001"),
-        "podium.serving.history": PENDING.format("0.001"), "podium.serving.layout": COMMAND.format("0.65"),
-        "podium.serving.location": COMMAND.format("0.36"), "podium.serving.staged": COMMAND.format("0.23"),
-        "podium.tasks.promote": COMMAND.format("4.9"), "podium.tasks.reconcile": COMMAND.format("0.49"),
+        "podium.serving.layout": COMMAND.format("0.14"), "podium.serving.location": COMMAND.format("0.36"),
+        "podium.tracking.datasets": COMMAND.format("0.12"),
+        "podium.storage.locations": COMMAND.format("0.14"), "podium.storage.preflight": COMMAND.format("0.14")},
+    "podium.cli.status": {
+        "podium.serving.layout": COMMAND.format("0.65"), "podium.tasks.reconcile": COMMAND.format("0.49"),
+        "podium.tracking.records": COMMAND.format("0.39")},
+    "podium.cli.history": {"podium.serving.layout": COMMAND.format("0.65")},
+    "podium.cli.decide": {
+        "podium.serving.staged": COMMAND.format("0.23"), "podium.tasks.promote": COMMAND.format("4.9"),
+        "podium.tasks.reconcile": COMMAND.format("0.49")},
+    "podium.cli.rollback": {
+        "podium.serving.layout": COMMAND.format("0.65"), "podium.cli.run": COMMAND.format("0.01"),
         # a rollback runs as a Prefect flow: the flow's modules cost what tasks.rollback did (4.7 s)
-        "podium.flows.rollback": COMMAND.format("4.7"), "podium.cli.run": COMMAND.format("0.01"),
-        "prefect": PREFECT_LATE, "podium.tracking.client": PENDING.format("0.006"),
-        "podium.tracking.records": COMMAND.format("0.39"), "podium.tracking.runs": PENDING.format("0.009"),
-        "podium.training.data": COMMAND.format("0.43"), "socket": PENDING.format("0.001")},
+        "podium.flows.rollback": COMMAND.format("4.7"), "prefect": PREFECT_LATE},
+    "podium.cli.make_data": {
+        "podium.storage.preflight": COMMAND.format("0.19"), "podium.training.data": COMMAND.format("0.43")},
     "podium.cli.run": {
         "podium.flows.pipeline": COMMAND.format("1.95"), "podium.flows.promote": COMMAND.format("1.77"),
         "podium.flows.stop": PENDING.format("0.005"), "podium.flows.summary": COMMAND.format("1.7"),
@@ -428,7 +411,6 @@ ALLOWED: dict[str, dict[str, str]] = {
         "ray": RAY, "torch": TORCH},
     # the promotion decision and the run's plan: issue 51 rewrites them
     "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
-    "podium.tasks.plan": {"podium.storage.lease": PENDING.format("0.006"), "podium.storage.locations": PENDING.format("0.003")},
     "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
                               "podium.tasks.validate": PENDING.format("0.018")},
     "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_layers import podium_modules
+from helpers.modules import podium_modules
 
 from podium.tracking import ledger
 

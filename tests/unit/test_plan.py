@@ -145,7 +145,9 @@ def test_serving_that_cannot_be_created(make_config, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     serving = str(blocker / "serving")
-    assert f"serving = {serving!r}: not writable" in plan_error(make_config(serving=serving))
+    said = plan_error(make_config(serving=serving))
+    assert f"serving = {serving!r}: a file ({blocker}) stands where serving expects a folder" in said, said
+    assert not (tmp_path / "storage").exists() and not (tmp_path / ".podium").exists()  # refused before either is made
 
 
 # --- resuming a run: the model's shape cannot change, the rest takes effect ----------------------

@@ -151,3 +151,20 @@ def test_promote_hands_on_when_it_checked_the_tracking_store_so_the_command_does
     prepare_mlflow(settings.resolved_tracking_uri())
     config, checked = promote_settings(args_of("--run-name", "nightly"), command, settings)  # no such run in it
     assert config is command and checked is not None and checked[0] <= checked[1]  # checked once, and when
+
+
+def test_a_run_recorded_with_a_model_class_is_promoted_with_a_loader_or_without_a_class(tmp_path, monkeypatch):
+    """How the champion loads is one setting of two fields: a command that names a loader replaces the run's class
+    (the plan would refuse a loader that takes no class beside a class), and `--model-class ""` clears it."""
+    monkeypatch.setenv("PODIUM_HOME", str(tmp_path / "home"))
+    settings = PodiumSettings()
+    for argv, loader in ((["--model-loader", "mypkg.load:fn"], "mypkg.load:fn"), (["--model-class", ""], None)):
+        args = args_of("--run-name", "nightly", "--model", "churn", *argv)
+        command = load_config(None, {"run_name": "nightly", "model": "churn",
+                                     "promotion": {"model_loader": loader} if loader else {"model_class": ""}},
+                              settings)
+        config, report = with_run_settings(args, command, settings, recorded())
+        assert report.from_run, report.why_not
+        assert (config.promotion.model_loader, config.promotion.model_class) == (loader, None), argv
+        assert report.overridden["promotion.model_class"] == {"run": "mypkg.model:Net", "used": None, "by": argv[0]}
+        assert config.promotion.metric == "accuracy"  # the rest is still the run's

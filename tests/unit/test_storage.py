@@ -138,3 +138,12 @@ def test_local_locations_are_checked_too(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(StorageError, match="not writable"):
         check_location(str(blocker / "serving"), write=True)
+
+
+def test_the_kind_of_store_is_named_by_its_backend_and_a_local_path_by_none():
+    from podium.storage.backends import store_of
+
+    assert [store_of(u) for u in ("s3://b/x", "s3a://b/x", "gs://b/x", "gcs://b/x", "az://c/x", "abfss://c@a/x")] == \
+        ["s3", "s3", "gcs", "gcs", "azure", "azure"]
+    assert store_of("/data/x") is None and store_of("file:///data/x") is None and store_of("relative/x") is None
+    assert store_of("hdfs://nn/x") == "hdfs"  # no backend claims it: named as written

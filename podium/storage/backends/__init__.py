@@ -60,6 +60,17 @@ def backend_for(uri: str) -> Backend:
     return _backend(REGISTRY.get(scheme_of(uri), "podium.storage.backends.base:Backend"))
 
 
+def store_of(uri: str) -> str | None:
+    """The kind of store `uri` lives in, by its backend's name ('s3', 'gcs', 'azure', 'userfs'), or None for a local
+    path: what a caller outside storage (the Kubernetes manifests' volumes and credentials) asks instead of reading
+    schemes itself. A scheme no backend claims is named as written."""
+    scheme = scheme_of(uri)
+    if scheme not in REGISTRY:
+        return scheme or None
+    backend = backend_for(uri)
+    return None if backend.name == "local" else backend.name
+
+
 def uri_of(fs: pafs.FileSystem, path: str) -> str:
     """A URI a user can read for a (pyarrow filesystem, path) pair Ray hands back: pyarrow's own S3 and GCS
     filesystems, and an fsspec filesystem wrapped for Ray (PyFileSystem), by its protocol."""

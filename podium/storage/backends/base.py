@@ -69,6 +69,16 @@ class Backend:
         """Create the location's folder where the store has folders (object stores have none): a location that
         must be writable is made first."""
 
+    def import_paths(self, location: str) -> tuple[str, ...]:
+        """The user's code a location names ('package.module:function'), which a run's plan imports before anything
+        starts; none for a store of podium's own."""
+        return ()
+
+    def file_in_the_way(self, location: str) -> str | None:
+        """Where a file stands at the location or above it, so that no folder can be there (a store without
+        folders has none: None)."""
+        return None
+
     def check_location(self, location: str, *, write: bool) -> None:
         """Prove `location` usable (see podium.storage.preflight.check_location)."""
         fs, path = self.fsspec_filesystem(location)

@@ -38,6 +38,13 @@ class LocalBackend(Backend):
         """The folder and its parents."""
         os.makedirs(location, exist_ok=True)
 
+    def file_in_the_way(self, location: str) -> str | None:
+        """The path, or its nearest parent that exists, where that is no folder."""
+        path = location
+        while not os.path.lexists(path) and os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+        return None if os.path.isdir(path) else path
+
     def write(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         """A complete temporary file, renamed over the old one."""
         _place(path, data, os.replace)
@@ -45,6 +52,13 @@ class LocalBackend(Backend):
     def create(self, fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         """A complete temporary file, hard-linked into place: created whole or not at all, never over another."""
         _place(path, data, os.link)
+
+
+def on_this_machine(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether an fsspec filesystem is this machine's disk (its files have a real path, size and modification
+    time that a later command can trust)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "file" in protocols
 
 
 def _place(path: str, data: bytes, put: Callable[[str, str], None]) -> None:

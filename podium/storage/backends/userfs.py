@@ -53,6 +53,14 @@ class UserFilesystemBackend(Backend):
             raise StorageError(uri, str(exc)) from None
         return uri.rstrip("/")
 
+    def import_paths(self, location: str) -> tuple[str, ...]:
+        """The filesystem function the location names (none where the location is malformed: the storage check
+        says so)."""
+        try:
+            return (parse_userfs_location(location)[0],)
+        except ValueError:
+            return ()
+
     def arrow_filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
         """Your function's filesystem (built once per process) and the path inside it."""
         factory, kwargs, path = parse_userfs_location(location)
