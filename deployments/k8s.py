@@ -40,7 +40,7 @@ PART_OF = "podium"
 # object stores by the schemes podium accepts for them (podium.storage.backends)
 STORE_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # an RFC 1123 label: names, namespaces
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # registry[:port]/path[:tag]: the path lower-case (distribution's reference grammar, simplified)
 NAME_REF_RE = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
 
@@ -169,7 +169,7 @@ def check_image(image: str) -> None:
     """Refuse (ValueError) an image reference a cluster could not pull reproducibly: one without a registry (a bare
     `podium:0.1.0` means Docker Hub's library, which holds no podium), or a digest that is not a sha256 one."""
     name, _, digest = image.partition("@")
-    if digest and not DIGEST_RE.match(digest):
+    if digest and not IMAGE_DIGEST_RE.match(digest):
         raise ValueError(f"{image!r} has a malformed digest: expected @sha256: and 64 hex digits")
     first, slash, _ = name.partition("/")
     if not slash or not ("." in first or ":" in first or first == "localhost"):

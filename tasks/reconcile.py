@@ -255,7 +255,7 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
     return sync_alias(serving, tracking_uri, registered_model, alias)
 
 
-def watch_limits(pointer: dict[str, Any]) -> WatchLimits:
+def pointer_watch_limits(pointer: dict[str, Any]) -> WatchLimits:
     """The limits a WATCH pointer carries (`promotion.watch`, as the promotion that started it read them)."""
     return WatchLimits.from_dict(dict(pointer.get("limits") or {}))
 
@@ -301,7 +301,7 @@ def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) 
     if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
         return None
     numbers = aggregate_watch(read_watch_tallies(serving, str(pointer.get("watch_id"))))
-    verdict = decide_watch(numbers, watch_limits(pointer), over=True)
+    verdict = decide_watch(numbers, pointer_watch_limits(pointer), over=True)
     cut = "its promoter ended during its watch, settled by the next command: "
     verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)
     origin = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid(),
