@@ -394,7 +394,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
     "podium.cli.main": {"podium.cli.commands": HELP, "podium.cli.run": HELP, "podium.cli.provenance": HELP,
                         "podium.cli.serve": HELP, "podium.cli.k8s": HELP,
-                        "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
+                        "podium.services": PENDING.format("0.017")},
     "podium.cli.options": {"datetime": PENDING.format("0.001"), "podium.config": PENDING.format("0.03")},
     "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
                                                                 "nightly config)")},
@@ -418,7 +418,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.training.data": COMMAND.format("0.43"), "socket": PENDING.format("0.001")},
     "podium.cli.run": {
         "podium.flows.pipeline": COMMAND.format("1.95"), "podium.flows.promote": COMMAND.format("1.77"),
-        "podium.flows.stop": PENDING.format("0.005"), "podium.flows.summary": COMMAND.format("1.7"),
+        "podium.flows.summary": COMMAND.format("1.7"),
         "podium.outages": PENDING.format("0.002"), "podium.prefect_api": PENDING.format("0.009"),
         "podium.services": PENDING.format("0.001"),
         "podium.tasks.plan": COMMAND.format("1.35"), "podium.tasks.reconcile": COMMAND.format("0.18"),
