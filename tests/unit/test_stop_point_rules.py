@@ -90,3 +90,22 @@ def test_a_signal_during_the_run_only_records_the_stop():
         assert stop.requested and stop.signum == signal.SIGINT
         with pytest.raises(RunStopped):
             stop.check()
+
+
+def test_a_command_that_is_gone_has_its_open_mlflow_run_ended_killed_saying_why_and_no_other(tmp_path):
+    """The next command that settles what a killed command left (a watch, a staged version) ends the MLflow run that
+    command left RUNNING (podium.tasks.reconcile): the run its flow run trained, and no run of another flow run."""
+    from podium.tracking.client import TAG_FLOW_RUN
+    from podium.tracking.runs import TAG_ENDED_BY, kill_orphan_runs, open_tracking_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    gone = open_tracking_run(uri, "stops", "killed", {})
+    alive = open_tracking_run(uri, "stops", "running", {})
+    gone.client().set_tag(gone.run_id, TAG_FLOW_RUN, "flow-run-of-the-killed-command")
+    alive.client().set_tag(alive.run_id, TAG_FLOW_RUN, "flow-run-still-running")
+
+    assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "its watch was settled") == [gone.run_id]
+    ended = gone.client().get_run(gone.run_id)
+    assert ended.info.status == "KILLED" and ended.data.tags[TAG_ENDED_BY] == "its watch was settled"
+    assert alive.client().get_run(alive.run_id).info.status == "RUNNING"
+    assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "again") == []  # ended once
