@@ -14,7 +14,7 @@ registered model of its own (the champion), then `strong` with the signal:
   after-switch      SIGINT once CURRENT switched                0: the promotion stands, `--json` and the flow run
                                                                 say it and the stop, the alias names it
   approval          SIGINT while the candidate awaits approval  130, withdrawn (tombstone, registry tag)
-  approved          SIGINT after `podium approve`, before the switch: 130, withdrawn as well
+  approved          SIGTERM after `podium approve`, before the switch: 143, discarded, the approval kept on it
   shadow            SIGINT during the candidate's shadow        130, withdrawn, the champion stays (no `podium
                                                                 serve`: the shadow waits for traffic)
 
@@ -251,7 +251,14 @@ def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_
     out, err = _ended(proc, 143)
     assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGTERM)" in err, err[-3000:]
     assert _flow_run_state("strong") == "Cancelled"
-    assert_challenger_withdrawn(world, case, champion)
+    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
+    # the person's approval is kept on the version the stop discarded (docs/promotion-policy.md)
+    _, tags = _registry(world, case)
+    [kept] = [t for t in tags.values() if t.get("podium.serving_version") == "v000002"]
+    assert (kept["podium.approval"], kept["podium.approval.decided"], kept["podium.approval.reason"]) == \
+        ("discarded", "approved", "looks good"), kept
+    assert kept["podium.approval.by"].startswith("test"), kept
+    assert_serving_agrees(world, case, champion)
 
 
 def test_a_stop_during_the_shadow_withdraws_the_candidate_and_the_champion_stays(world):
