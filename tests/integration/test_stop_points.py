@@ -13,7 +13,7 @@ registered model of its own (the champion), then `strong` with the signal:
   before-switch     SIGINT with the copy sealed                 130, the copy discarded (a tombstone), the champion
   after-switch      SIGINT once CURRENT switched                0: the promotion stands, `--json` and the flow run
                                                                 say it and the stop, the alias names it
-  approval          SIGINT while the candidate awaits approval  130, withdrawn (tombstone, registry tag)
+  (a stop while the candidate awaits approval, SIGINT and SIGTERM: test_promotion_state.py)
   approved          SIGTERM after `podium approve`, before the switch: 143, discarded, the approval kept on it
   shadow            SIGINT during the candidate's shadow        130, withdrawn, the champion stays (no `podium
                                                                 serve`: the shadow waits for traffic)
@@ -138,17 +138,6 @@ def _registry(world, case: str) -> tuple[dict[str, str], dict[str, dict[str, str
     return aliases, {v.version: dict(v.tags or {}) for v in client.search_model_versions(f"name = '{name}'")}
 
 
-def assert_challenger_withdrawn(world, case: str, champion: str) -> None:
-    """The candidate v000002, registered under the challenger alias, was withdrawn before the switch: a tombstone, its
-    registered version tagged withdrawn, and the champion still serving everywhere (`assert_serving_agrees`)."""
-    root, _ = world
-    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
-    _, tags = _registry(world, case)
-    assert [t["podium.approval"] for t in tags.values() if t.get("podium.serving_version") == "v000002"] == \
-        ["withdrawn"], tags
-    assert_serving_agrees(world, case, champion)
-
-
 def assert_serving_agrees(world, case: str, current: str) -> None:
     """CURRENT names `current`, a complete version; every other version folder is complete or a tombstone, none
     staged; @champion is the registered version of CURRENT's identity, no challenger alias and nothing pending
@@ -224,19 +213,6 @@ def test_a_stop_right_after_the_switch_completes_the_promotion_and_every_output_
     assert said["promoted"]["mlflow_version"] == str(aliases["champion"]), (said["promoted"], aliases)
     assert _flow_run_state("strong") == "Completed"
     assert_serving_agrees(world, case, "v000002")
-
-
-def test_a_stop_while_the_candidate_awaits_approval_withdraws_it(world):
-    root, _ = world
-    case = "approval"
-    champion = _champion(world, case)
-    proc, _ = _promote_paused(world, case, "none", "--approval", "required")
-    awaiting_approval(proc, "strong")
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = _ended(proc, 130)
-    assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGINT)" in err, err[-3000:]
-    assert _flow_run_state("strong") == "Cancelled"
-    assert_challenger_withdrawn(world, case, champion)
 
 
 def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_candidate(world):
