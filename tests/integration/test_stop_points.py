@@ -272,6 +272,7 @@ def test_a_sigterm_after_training_on_a_local_ray_released_early_completes_the_sw
                             env={**local, "PODIUM_TEST_PAUSE_AT": "after-switch", "PODIUM_TEST_PAUSE_FILE": str(marker)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _when(proc, marker, timeout_s=480)
+    _ray_shut_down(proc.pid)  # the case of the issue: the signal comes after the local Ray's shutdown, not during it
     os.kill(proc.pid, signal.SIGTERM)  # to the command alone, as a pod's stop reaches its main process
     out, err = _ended(proc, 0)
     said = json.loads(out.strip().splitlines()[-1])
@@ -285,3 +286,23 @@ def test_a_sigterm_after_training_on_a_local_ray_released_early_completes_the_sw
     run = find_tracking_run(env["MLFLOW_TRACKING_URI"], "stops", "trained")
     assert run.client().get_run(run.run_id).info.status == "FINISHED"
     assert_serving_agrees(world, case, "v000001")
+
+
+def _ray_shut_down(pid: int, timeout_s: float = 120) -> None:
+    """Wait until the local Ray the command `pid` started (its GCS and raylet, its children) is gone: released once
+    training was done (podium.training.cluster.release_ray)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()  # "pid (comm) state ppid ..."
+            except OSError:
+                continue
+            name, (state, ppid) = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()[:2]
+            if int(ppid) == pid and state != "Z" and name in ("gcs_server", "raylet"):
+                children.append(name)
+        if not children:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the local Ray of podium process {pid} was not shut down after training")
