@@ -46,6 +46,10 @@ Operations (a sequence's plan is drawn from its seed before it starts; the plan,
   early-stop   `podium run` whose validations stop improving (patience 1)                        0
   retention    `podium run` resuming the sequence's run with `--keep-checkpoints 1` and more epochs 0
   resume       `podium run` of the sequence's run again, with more epochs                        0
+  sigterm-after-training  a new `podium run --always-promote` on a local Ray of its own (shut down once training
+               is done), SIGTERM to the command at a drawn point of its promotion (the test-only hook
+               PODIUM_TEST_PAUSE_AT): before the switch (withdrawn)                              143
+               after the switch (the promotion stands, `late_stop` says SIGTERM)                 0
 
 The state contract the invariants check (docs/serving.md; where it leaves a detail open, the reading chosen
 here is marked *chosen*):
@@ -141,10 +145,12 @@ POOL = [("pool-40", 40.0, "val"), ("pool-25", 25.0, "val"), ("pool-12", 12.0, "v
 SMALL_POOL = POOL[1:2] + POOL[3:4]  # the suite's: two runs
 OPS = {"promote": 6, "approve": 4, "reject": 3, "timeout": 1, "rollback": 4, "second": 2, "same-alias": 1,
        "new-data": 1, "ctrl-c": 1, "sigterm": 1, "sigkill": 2, "run": 0.8, "early-stop": 0.3, "retention": 0.8,
-       "resume": 0.3, "ctrl-c-after-switch": 1, "promote-other-settings": 1}
-TRAININGS = ("run", "early-stop", "retention", "resume")
+       "resume": 0.3, "ctrl-c-after-switch": 1, "promote-other-settings": 1, "sigterm-after-training": 1.5}
+TRAININGS = ("run", "early-stop", "retention", "resume", "sigterm-after-training")
 WITH_SETTINGS_RUN = ("ctrl-c-after-switch", "promote-other-settings")  # drawn where the pool has pool-acc
 AFTER_SWITCH = "SIGINT right after the switch"  # the note of a ctrl-c-after-switch's command
+TERM_AFTER_SWITCH = "SIGTERM right after the switch"  # the note of a sigterm-after-training held after its switch
+LATE_STOPS = {AFTER_SWITCH: "SIGINT after the switch", TERM_AFTER_SWITCH: "SIGTERM after the switch"}
 SIGNALS = {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
 EXPECTED_SIGNAL_EXIT = {"ctrl-c": 130, "sigterm": 143}
 INVARIANTS = ["served_bytes", "registry_identity", "aliases", "location_ownership", "no_pending", "no_staged",
@@ -179,9 +185,11 @@ class Op:
     always: bool = False
     to: str = ""  # rollback: "" one back, "random" a version of the history drawn when it runs
     delay_s: float = 0.0  # signals: how long after the pause the signal comes
+    pause: str = ""  # sigterm-after-training: the promotion's point where its SIGTERM lands (before or after the switch)
 
     def label(self) -> str:
-        extra = (" --always-promote" if self.always else "") + (f" --to {self.to}" if self.to else "")
+        extra = ((" --always-promote" if self.always else "") + (f" --to {self.to}" if self.to else "")
+                 + (f" at {self.pause}" if self.pause else ""))
         return f"{self.kind}[{self.loc}{' ' + self.run if self.run else ''}{extra}]"
 
 
@@ -225,6 +233,9 @@ def plan_sequence(seed: int, n_ops: int, pool: list[str], other_data: str | None
         elif kind in TRAININGS:
             trained += 1
             op.run = ""
+            if kind == "sigterm-after-training":
+                # odd seeds after the switch, even ones before: both, in any run of a few sequences
+                op.always, op.pause = True, ("before-switch", "after-switch")[seed % 2]
         ops.append(op)
     return ops
 
@@ -537,6 +548,8 @@ class Sequence:
             self.command(step, self.promote_args(op, loc, plain=True), (0,), "the run's own metric and mode")
         elif op.kind == "rollback":
             self.rollback(step, loc)
+        elif op.kind == "sigterm-after-training":
+            self.sigterm_after_training(step, op, loc)
         elif op.kind in TRAININGS:
             self.train(step, op, loc)
         else:
@@ -679,6 +692,33 @@ class Sequence:
             except HistoryError:
                 pass
         self.command(step, args, expected, "nothing to go back to" if expected == (2,) else "")
+
+    def sigterm_after_training(self, step: Step, op: Op, loc: Location) -> None:
+        """A new `podium run --always-promote` of the sequence's own on a local Ray of its own (no RAY_ADDRESS: the
+        command shuts that Ray down once training is done, podium.training.cluster.release_ray), held at `op.pause`
+        of its promotion (the test-only hook of podium.tasks.carry_out.pause_for_tests), then SIGTERM to the command
+        alone, as a pod's stop reaches its main process: before the switch it withdraws (143), after it the promotion
+        stands (0, `late_stop` in its JSON)."""
+        rng = random.Random(self.seed * 1000 + step.index)
+        self.own_run, self.own_epochs = f"lc-{self.seed}-{step.index}", 2
+        config = self.world.base_config(self.own_run, self.model, loc.serving, loc.alias, "val",
+                                        rng.choice([3.0, 8.0, 15.0, 30.0]), self.own_epochs)
+        args = ["run", "--json", "--config", write_config(self.folder, self.own_run, config), "--always-promote"]
+        marker = self.folder / f"paused-{step.index}"
+        local = {k: v for k, v in self.world.env.items() if k != "RAY_ADDRESS"}
+        attempt = Attempt(args, {**local, "PODIUM_TEST_PAUSE_AT": op.pause, "PODIUM_TEST_PAUSE_FILE": str(marker)})
+        self.world.trainings += 1
+        deadline = time.monotonic() + 600
+        while not marker.exists() and attempt.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not marker.exists():  # no promotion reached the point: the gate refused
+            step.note = "not injected: the promotion never reached its point"
+            step.commands.append(Command(args, attempt.finish(), (0,), "", attempt.lines))
+            return
+        os.kill(attempt.proc.pid, signal.SIGTERM)
+        after = op.pause == "after-switch"
+        step.commands.append(Command(args, attempt.finish(), (0,) if after else (EXPECTED_SIGNAL_EXIT["sigterm"],),
+                                     TERM_AFTER_SWITCH if after else "SIGTERM before the switch", attempt.lines))
 
     def train(self, step: Step, op: Op, loc: Location) -> None:
         """A `podium run` of the sequence's own: a new run, an early stop, a resume (with retention)."""
@@ -1094,8 +1134,9 @@ def check_outcome_matches(ctx: Checking) -> list[str]:
                            f"{mv.version if mv else None}")
         elif now != before:
             out.append(f"{what} says it promoted nothing, yet CURRENT moved {before} -> {now}")
-        if c.note == AFTER_SWITCH and not str(doc.get("late_stop") or "").startswith("SIGINT after the switch"):
-            out.append(f"{what}: its JSON does not say the SIGINT came after the switch (late_stop "
+        late = LATE_STOPS.get(c.note)
+        if late and not str(doc.get("late_stop") or "").startswith(late):
+            out.append(f"{what}: its JSON does not say the {late.split()[0]} came after the switch (late_stop "
                        f"{doc.get('late_stop')!r})")
         if ctx.step.op.kind == "promote-other-settings":  # --always-promote: promoted by the run's own metric, unless
             # it is the champion, or its one checkpoint was withdrawn (a rollback of another sequence: the pool's runs

@@ -86,9 +86,12 @@ def train_validate_promote(config: PipelineConfig, tracking_uri: str | None = No
         say_resume(plan, resume)
         try:
             # a State returned ends the flow run in it: its message says what the run did
-            return final_state(  # type: ignore[return-value]
-                _train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None,
-                                        resumed_after=resume.from_step if resume else None))
+            summary = _train_validate_promote(plan, tracking_uri, mlflow_ui, stop, fresh=resume is None,
+                                              resumed_after=resume.from_step if resume else None)
+            # a stop after the switch: the promotion stands, and the run completes (exit 0, Completed, FINISHED),
+            # saying so; decided here, after the reports were published (a signal while they were), not before
+            return final_state(summary.model_copy(  # type: ignore[return-value]
+                update={"late_stop": late_stop(stop.signum, summary.promotion)}))
         except RunStopped as exc:
             return Cancelled(message=str(exc))  # type: ignore[return-value]
 
@@ -316,9 +319,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         watch.close()
         stream.close()
     progress.flush()
-    # a stop after the switch: the promotion stands, and the run completes (exit 0, Completed, FINISHED), saying so
-    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early,
-                            late_stop(stop.signum, outcome))
+    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
     # a run no checkpoint of which could be validated did not do its work: its MLflow run says FAILED
     close_tracking_run(tracking, failed=run_failure([r.status for r in summary.checkpoints]) is not None)
     return summary

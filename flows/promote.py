@@ -74,9 +74,11 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
             outcome = None
         if outcome is None or (stop.requested and outcome.promoted is None):  # a promotion that ended stands
             return Cancelled(message=_stopped(stop, config.run_name))  # type: ignore[return-value]
-        # a State returned ends the flow run in it: its message says what the promotion did
-        return final_state(summarize_run(config, tracking, outcome, mlflow_ui,  # type: ignore[return-value]
-                                         late_stop=late_stop(stop.signum, outcome)))
+        summary = summarize_run(config, tracking, outcome, mlflow_ui)
+        # a State returned ends the flow run in it: its message says what the promotion did, and a stop after the
+        # switch (decided once the reports were published: a signal while they were is said too)
+        return final_state(summary.model_copy(  # type: ignore[return-value]
+            update={"late_stop": late_stop(stop.signum, outcome)}))
 
 
 def _stopped(stop: StopRequest, run_name: str) -> str:

@@ -102,6 +102,10 @@ exit_code = exit_for_signal  # the shell's convention: 128 + the signal's number
 
 
 _BEFORE_RUN: list[int] = []  # signals taken by the handler of `stop_before_the_run`, in this process
+# the command's phase, as its one handler (`_command_handler`) reads it: "start-up" (until its run's own handler is
+# installed), "run" (`stop_on_signals`), "after-run" (the run's body ended: the command says what it did); "" where
+# no command installed it (a deployment's flow run, a call from Python)
+_PHASE: list[str] = [""]
 START_UP_STOP_S = 30.0  # how long a command may take to end after a start-up signal before it ends at once
 
 
@@ -154,6 +158,20 @@ def _log_stacks(name: str) -> None:
 _WATCHDOG = _Watchdog()
 
 
+def _command_handler(signum: int, frame: FrameType | None) -> None:
+    """The command's handler of SIGINT and SIGTERM for its whole life, outside its run's body (where `stop_on_signals`
+    has its own): at start-up, an exception (`_before_the_run`); once the run's body ended (its point of no return
+    passed or not, its outcome decided), the signal is recorded on the run's request and the command finishes saying
+    what it did, with the exit code of its outcome (a second signal ends it at once)."""
+    if _PHASE[0] != "after-run":
+        _before_the_run(signum, frame)
+        return
+    if STOP.requested:
+        os.write(2, f"\npodium: {signal.Signals(signum).name} again: stopping at once\n".encode())
+        os._exit(exit_code(signum))
+    STOP.request(signum)
+
+
 def _before_the_run(signum: int, frame: FrameType | None) -> None:
     _BEFORE_RUN.append(signum)
     _WATCHDOG.arm(signum)
@@ -174,9 +192,10 @@ def stop_before_the_run(on_stuck: Callable[[], object] | None = None, stuck_afte
     _BEFORE_RUN.clear()
     stand_down()
     _WATCHDOG = _Watchdog(on_stuck, stuck_after_s)
+    _PHASE[0] = "start-up"
     for sig in SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # a signal ignored by whoever started the command stays so
-            signal.signal(sig, _before_the_run)
+            signal.signal(sig, _command_handler)
     if not isinstance(sys.unraisablehook, _QuietOnKeptSignals):
         sys.unraisablehook = _QuietOnKeptSignals(sys.unraisablehook)
 
@@ -247,6 +266,8 @@ def stop_on_signals() -> Iterator[StopRequest]:
 
     threading.Thread(target=say_stopping, args=(STOP,), name="podium-stop-said", daemon=True).start()
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    command = _PHASE[0] != ""  # a command's run (podium run, podium promote): its own handler takes over after it
+    _PHASE[0] = "run" if command else ""
     for sig in SIGNALS:
         signal.signal(sig, handler)
     stand_down()  # the run's handler has the signal now: its clean stop may take long (STOP_GRACE_S)
@@ -257,5 +278,10 @@ def stop_on_signals() -> Iterator[StopRequest]:
         yield STOP
     finally:
         ended.set()
+        # A command's handler, not Prefect's engine's (`previous`): the engine still records the flow run's end, and
+        # its handler would crash a run that ended (Completed, after its switch) on a SIGTERM meanwhile. The engine
+        # puts back the command's handler it found when the flow started, which is the same.
+        if command:
+            _PHASE[0] = "after-run"
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            signal.signal(sig, _command_handler if command and old is not signal.SIG_IGN else old)

@@ -75,9 +75,11 @@ def await_approval(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     leaves it undecided (not promoted either, and the run failed: podium.core.approval.unasked)."""
     p, c = plan.config.promotion, outcome.awaiting
     assert c is not None
-    say("awaiting approval: step %d (%s = %s) waits as %s v%s @%s; decide in the Prefect UI or run `podium approve "
-        "--run-name %s --reason \"...\"` (or `podium reject`); %s after %g s without a decision", c.step, p.metric,
-        format_number(c.value), p.registered_model, c.mlflow_version, challenger_alias(p.alias), tracking.run_name,
+    # the serving version first (what `podium history` and CURRENT name), the registry's own number beside it
+    say("awaiting approval: step %d (%s = %s) waits as serving version %s (registered %s version %s @%s); decide in "
+        "the Prefect UI or run `podium approve --run-name %s --reason \"...\"` (or `podium reject`); %s after %g s "
+        "without a decision", c.step, p.metric, format_number(c.value), c.version, p.registered_model,
+        c.mlflow_version, challenger_alias(p.alias), tracking.run_name,
         "rejected" if p.approval_on_timeout == "reject" else "approved", p.approval_timeout_s)
     form = ApprovalInput.with_initial_data(description=approval_form(plan, tracking, outcome, mlflow_ui))
     answer: dict[str, object] = {}

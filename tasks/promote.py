@@ -173,8 +173,9 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             try:
                 promoted = steps.promoted(carry_out(steps.ONCE_APPROVED, rollout))
             except BaseException as exc:
-                if not rollout.withdrawn:  # a stop before the switch withdrew it already (carry_out's stop point)
-                    discard_unswitched(plan, tracking, candidate, approval, tags, exc)
+                # a stop before the switch withdrew its files already (carry_out's stop point): the person's approval
+                # is kept on its registered version all the same (discarded, `podium.approval.decided` = approved)
+                discard_unswitched(plan, tracking, candidate, approval, tags, exc, files=not rollout.withdrawn)
                 raise
         else:
             reason = f"{approval.describe()}: step {candidate.step} not promoted"
@@ -192,18 +193,19 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
 
 
 def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidate, approval: Approval,
-                       tags: dict[str, str], exc: BaseException) -> None:
+                       tags: dict[str, str], exc: BaseException, files: bool = True) -> None:
     """An approved candidate whose switch did not happen (a full disk, a lost lock, a stop before the switch): its
     files go and its registered version says it was discarded, and why, instead of staying `pending` under the
     challenger alias (a sealed version is no longer staged: no later command would withdraw it). A candidate that
     did become current is left as it is: the next command brings the registry in line with it. Best effort: `exc`
-    is what the caller hears."""
+    is what the caller hears. `files`: False where a stop's withdrawal removed them already (a tombstone)."""
     p = plan.config.promotion
     try:
         if (layout.read_pointer(plan.serving) or {}).get("version") == candidate.version:
             return
         why = f"{approval.describe()}, but it was not made current ({type(exc).__name__}: {exc}): not promoted"
-        layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version), why)
+        if files:
+            layout.discard_version(join(normalize_location(plan.serving), "versions", candidate.version), why)
         if candidate.mlflow_version is not None:
             ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                                      challenger_alias(p.alias), candidate.model_id, False,

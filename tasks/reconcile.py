@@ -33,7 +33,7 @@ from typing import Any
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
 from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate_watch, decide_watch
-from podium.errors import AliasTaken, HistoryError, ServingError
+from podium.errors import AliasTaken, HistoryError, ServingError, TrackingUnavailable
 from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
 from podium.serving import layout
@@ -47,6 +47,7 @@ from podium.storage.locations import join, normalize_location
 from podium.tracking import ledger
 from podium.tracking.client import TAG_SERVED_URI
 from podium.tracking.registry import alias_owner, alias_taken, alias_target, registered_version_for, version_tags
+from podium.tracking.runs import kill_orphan_runs
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> 
         withdraw_candidate(serving, tracking_uri, name, alias, staged.version, who.get("version_uid"), why)
         say("serving %s: withdrew %s: %s", serving, staged.version, why)
         if who.get("flow_run_id"):
-            _end_flow_run(str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
+            _end_flow_run(tracking_uri, str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
         withdrawn.append(staged.version)
     end_orphan_shadow(serving)
     settle_orphan_watch(serving, tracking_uri, name, alias)
@@ -135,11 +136,17 @@ def end_orphan_shadow(serving: str) -> str | None:
     return version
 
 
-def _end_flow_run(flow_run_id: str, message: str) -> None:
-    """End the flow run of a command that is gone as Crashed, if Prefect still shows it paused or running (nothing
-    else would: no process reports for it). Best effort: Prefect mirrors, the serving location decides."""
+def _end_flow_run(tracking_uri: str, flow_run_id: str, message: str) -> None:
+    """End the runs a command that is gone left open: its MLflow run KILLED (the run it trained, if any), and its flow
+    run Crashed, if Prefect still shows it paused or running (nothing else would: no process reports for them), each
+    saying why. Best effort: Prefect and MLflow mirror, the serving location decides."""
     from prefect.settings import PREFECT_API_URL
 
+    try:
+        for run_id in kill_orphan_runs(tracking_uri, flow_run_id, f"its command ended without ending it: {message}"):
+            say("MLflow run %s of flow run %s: marked KILLED (its command is gone)", run_id, flow_run_id)
+    except TrackingUnavailable as exc:
+        logger.warning("the MLflow run of flow run %s not ended: %s", flow_run_id, exc)
     if not PREFECT_API_URL.value():  # no server to tell (Prefect's client would start a temporary one of its own)
         return
 
@@ -314,5 +321,5 @@ def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) 
     say("serving %s: %s", serving, said)
     flow_run_id = dict(pointer.get("by") or {}).get("flow_run_id")
     if flow_run_id:
-        _end_flow_run(str(flow_run_id), said)
+        _end_flow_run(tracking_uri, str(flow_run_id), said)
     return outcome

@@ -8,12 +8,15 @@ Kept apart from raytrain.py, which loads Ray Train (and with it ray.data and pan
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import importlib
 import importlib.machinery
 import importlib.util
 import logging
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -118,6 +121,43 @@ def code_roots(import_paths: list[str]) -> list[str]:
     return list(dict.fromkeys(root for root, _ in _user_code(import_paths)))
 
 
+# The signals a command handles for its whole life (podium.cli.signals): a library call that starts or stops Ray must
+# leave their handlers as it found them.
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if ctypes.util.find_library("c") else None
+_SIGACTION_BYTES = 512  # more than any libc's `struct sigaction` (152 bytes on glibc x86-64): kept opaque, as read
+
+
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Around a call that starts or stops Ray: SIGINT's and SIGTERM's handlers afterwards are those before it.
+
+    Why a guard, not a re-install after each call: Ray replaces them at two levels. `ray.init` in the main thread
+    sets a Python-level SIGTERM handler (`sys.exit`), which `signal.signal` puts back. But `ray.shutdown` (its core
+    worker's log shutdown, ray 2.60) resets the kernel's disposition of SIGTERM to SIG_DFL behind Python's back:
+    `signal.getsignal` still names podium's handler while the process dies of the signal (seen in /proc/PID/status
+    SigCgt), and `podium run` shuts its local Ray down in a background thread (`release_ray`), where
+    `signal.signal` cannot be called. So the kernel's disposition, as read before the call, is written back after it
+    with sigaction(2), which any thread may call; in the main thread the Python-level handlers are put back too."""
+    python_level = {sig: signal.getsignal(sig) for sig in KEPT_SIGNALS}
+    kernel_level: dict[int, ctypes.Array[ctypes.c_char]] = {}
+    if _libc is not None:
+        for sig in (s for s in KEPT_SIGNALS if callable(python_level[s])):  # Python's trampoline: its to restore
+            saved = ctypes.create_string_buffer(_SIGACTION_BYTES)
+            if _libc.sigaction(int(sig), None, saved) == 0:
+                kernel_level[sig] = saved
+    try:
+        yield
+    finally:
+        for sig, saved in kernel_level.items():
+            if callable(signal.getsignal(sig)):  # a Python handler, whose trampoline the saved disposition is
+                _libc.sigaction(int(sig), saved, None)  # type: ignore[union-attr]
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in python_level.items():
+                if handler is not None and signal.getsignal(sig) is not handler:
+                    signal.signal(sig, handler)
+
+
 def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = None) -> None:
     """Connect to RAY_ADDRESS if set, else start a local Ray of podium's own (never a `ray start` cluster that
     happens to run on this machine) with at least `num_cpus` logical CPUs.
@@ -144,7 +184,8 @@ def ensure_ray(num_cpus: float | None = None, import_paths: list[str] | None = N
         address = os.environ["RAY_ADDRESS"]
         _check_cluster_answers(address)
         try:
-            ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
+            with signal_handlers_kept():
+                ray.init(logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env)
         except ConnectionError as exc:  # answered the probe, then went away: said as a cluster that does not answer
             failure = f"{type(exc).__name__}: {_first_line(exc)}"
         else:
@@ -166,7 +207,7 @@ def _start_local_ray(cpus: int) -> None:
     failures: list[str] = []
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            with _gcs_wait(widened=attempt > 1):
+            with _gcs_wait(widened=attempt > 1), signal_handlers_kept():
                 # "local": a Ray of podium's own. With no address, ray.init joins the cluster that `ray start` last
                 # recorded on this machine (/tmp/ray/ray_current_cluster) if it runs: someone else's, and refused
                 # anyway with num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided")
@@ -232,7 +273,8 @@ def _stop_failed_start(exc: BaseException) -> list[str]:
     They would otherwise run on beside the next attempt, competing with it for the CPU it lacked, until this
     process exits (they share its fate)."""
     if ray.is_initialized() or ray_worker._global_node is not None:  # failed after the node started
-        ray.shutdown()
+        with signal_handlers_kept():
+            ray.shutdown()
         return ["the connected node"]
     node = _failed_node(exc)
     if node is None:
@@ -459,8 +501,13 @@ def release_ray() -> None:
     if not _started_here or not ray.is_initialized():
         return
     _started_here = False
-    _release = threading.Thread(target=ray.shutdown, name="podium-ray-release")  # not a daemon: joined at exit
+    _release = threading.Thread(target=_shut_down_ray, name="podium-ray-release")  # not a daemon: joined at exit
     _release.start()
+
+
+def _shut_down_ray() -> None:
+    with signal_handlers_kept():
+        ray.shutdown()
 
 
 def await_release() -> None:

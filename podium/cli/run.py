@@ -24,6 +24,7 @@ from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, t
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
 from podium.cli.recorded import promote_settings
+from podium.core.exits import exit_for_signal
 from podium.errors import (
     EXIT_NOT_RECORDED,
     AliasTaken,
@@ -37,6 +38,7 @@ from podium.errors import (
     UnfinishedRun,
     UserCodeError,
 )
+from podium.flows import stop  # the command's signal handling: standard library only (0.005 s)
 from podium.settings import PodiumSettings
 
 
@@ -290,9 +292,8 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     # Ctrl-C or a scheduler's SIGTERM before the run's own handler ends the command as an exception, not at once: a
     # server still starting in the background is stopped on the way out (main: abandon_starts)
     from podium import services
-    from podium.flows.stop import stop_before_the_run  # standard library only
 
-    stop_before_the_run(on_stuck=services.abandon_starts)
+    stop.stop_before_the_run(on_stuck=services.abandon_starts)
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
@@ -397,11 +398,10 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
             from podium.flows.pipeline import train_validate_promote as flow_fn
         else:
             from podium.flows.promote import promote_run as flow_fn
+        from podium.flows.summary import late_stop  # loaded with the flow
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
-        from podium.flows.stop import stop_if_signalled
-
-        stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
+        stop.stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
         ended = _flow_result(flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}"), config, plan,
                              tracking_uri, settings, which)
         if isinstance(ended, int):
@@ -413,6 +413,10 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 summary.flow_run_id, f"run {config.run_name} failed: {shortfall}" if shortfall else f"{config.run_name}: done",
                 failed=shortfall is not None)
         not_recorded = prefect_api.link().settle(flow_end_recorded)
+    # a signal that came once the run's body ended (the flow run's end being recorded, the servers settled): the
+    # command's own handler kept it (podium.flows.stop), and what it says is decided now, at the last moment
+    summary = summary.model_copy(update={"late_stop": late_stop(stop.STOP.signum, summary.promotion)
+                                         or summary.late_stop})
     elapsed = time.monotonic() - start
     if args.json:
         out = summary_json(summary, config.serving, config)
@@ -494,10 +498,8 @@ def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settin
         raise RunFailed(f"the run {config.run_name!r} ended before it finished: sys.exit({exc.code!r}) was "
                         f"called inside the flow (see {log}); the same command resumes it") from None
     except CancelledRun as exc:  # stopped by SIGINT / SIGTERM (podium.flows.stop): the flow run is Cancelled
-        from podium.flows.stop import STOP, exit_code
-
-        if STOP.signum is None:
+        if stop.STOP.signum is None:
             raise  # cancelled from Prefect's side: Prefect's own handling stands
         prefect_api.link().settle(True)
         print(f"podium: {exc}", file=sys.stderr, flush=True)
-        return exit_code(STOP.signum)
+        return exit_for_signal(stop.STOP.signum)

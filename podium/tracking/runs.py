@@ -14,6 +14,7 @@ from podium.tracking.client import (
     RUNS_VIEW_STATE,
     RUNS_VIEW_TAG,
     TAG_CONFIG_PREFIX,
+    TAG_FLOW_RUN,
     TAG_OUTCOME,
     TAG_RUN,
     TAG_STOPPED_EARLY,
@@ -157,6 +158,25 @@ def tag_stopped_early(tr: TrackingRun, step: int, reason: str) -> None:
 def close_tracking_run(tr: TrackingRun, failed: bool = False, status: str | None = None) -> None:
     """Mark the MLflow run finished (or failed; or `status`, e.g. KILLED for a run stopped by a signal)."""
     tr.client().set_terminated(tr.run_id, status=status or ("FAILED" if failed else "FINISHED"))
+
+
+TAG_ENDED_BY = "podium.ended_by"  # on an MLflow run another command ended: its process was gone, and why
+
+
+@tracking_call("ending the MLflow runs a command that is gone left open")
+def kill_orphan_runs(tracking_uri: str, flow_run_id: str, reason: str) -> list[str]:
+    """Mark KILLED every MLflow run still RUNNING whose attempt was the flow run `flow_run_id` (tag TAG_FLOW_RUN),
+    saying why (tag TAG_ENDED_BY): its process is gone (a SIGKILL), and nothing else would end it. Returns their ids."""
+    client = tracking_client(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    if not experiments:
+        return []
+    runs = client.search_runs(experiments, filter_string=f"tags.`{TAG_FLOW_RUN}` = '{flow_run_id}' and "
+                                                         "attributes.status = 'RUNNING'")
+    for run in runs:
+        client.set_tag(run.info.run_id, TAG_ENDED_BY, reason[:MAX_TAG])
+        client.set_terminated(run.info.run_id, status="KILLED")
+    return [run.info.run_id for run in runs]
 
 
 @tracking_call("finding the run's MLflow run")

@@ -13,10 +13,17 @@ registered model of its own (the champion), then `strong` with the signal:
   before-switch     SIGINT with the copy sealed                 130, the copy discarded (a tombstone), the champion
   after-switch      SIGINT once CURRENT switched                0: the promotion stands, `--json` and the flow run
                                                                 say it and the stop, the alias names it
-  approval          SIGINT while the candidate awaits approval  130, withdrawn (tombstone, registry tag)
-  approved          SIGINT after `podium approve`, before the switch: 130, withdrawn as well
+  (a stop while the candidate awaits approval, SIGINT and SIGTERM: test_promotion_state.py)
+  approved          SIGTERM after `podium approve`, before the switch: 143, discarded, the approval kept on it
   shadow            SIGINT during the candidate's shadow        130, withdrawn, the champion stays (no `podium
                                                                 serve`: the shadow waits for traffic)
+
+The after-switch case runs with SIGINT and with SIGTERM (a scheduler's, a pod's stop: the same outcome), and the
+approved case with SIGTERM. One case trains (the module's only training): `podium run` on a local Ray of its own,
+which it shuts down once training is done (podium.training.cluster.release_ray: Ray's shutdown reset SIGTERM to its
+default behind Python's back, and the run died of a SIGTERM from "training done" on), then SIGTERM right after its
+switch: exit 0, the late-stop line and `--json`'s, the flow run Completed, the MLflow run FINISHED, CURRENT the
+registered version @champion names.
 """
 
 from __future__ import annotations
@@ -104,8 +111,8 @@ def _ended(proc: subprocess.Popen, code: int) -> tuple[str, str]:
     return out, err
 
 
-def _flow_run_state(run_name: str) -> str:
-    """The final state of the newest flow run of `podium promote --run-name run_name`."""
+def _flow_run_state(run_name: str, which: str = "promote") -> str:
+    """The final state of the newest flow run of `podium <which> --run-name run_name`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.client.schemas.sorting import FlowRunSort
@@ -114,7 +121,7 @@ def _flow_run_state(run_name: str) -> str:
     while True:
         with get_client(sync_client=True) as client:
             [newest] = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
-                any_=[f"{run_name}-promote"])), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
+                any_=[f"{run_name}-{which}"])), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
         if newest.state and newest.state.is_final() or time.monotonic() > deadline:
             return newest.state_name
         time.sleep(0.5)
@@ -131,22 +138,12 @@ def _registry(world, case: str) -> tuple[dict[str, str], dict[str, dict[str, str
     return aliases, {v.version: dict(v.tags or {}) for v in client.search_model_versions(f"name = '{name}'")}
 
 
-def assert_challenger_withdrawn(world, case: str, champion: str) -> None:
-    """The candidate v000002, registered under the challenger alias, was withdrawn before the switch: a tombstone, its
-    registered version tagged withdrawn, and the champion still serving everywhere (`assert_serving_agrees`)."""
-    root, _ = world
-    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
-    _, tags = _registry(world, case)
-    assert [t["podium.approval"] for t in tags.values() if t.get("podium.serving_version") == "v000002"] == \
-        ["withdrawn"], tags
-    assert_serving_agrees(world, case, champion)
-
-
 def assert_serving_agrees(world, case: str, current: str) -> None:
     """CURRENT names `current`, a complete version; every other version folder is complete or a tombstone, none
     staged; @champion is the registered version of CURRENT's identity, no challenger alias and nothing pending
     is left; `podium history` says the same."""
-    from podium.serving.layout import read_current
+    from podium.serving.history import current_switch, parse_switch
+    from podium.serving.layout import read_current, read_history
 
     root, env = world
     location = root / case
@@ -160,8 +157,9 @@ def assert_serving_agrees(world, case: str, current: str) -> None:
     assert set(aliases) == {"champion"}, aliases
     assert tags[aliases["champion"]]["podium.version_uid"] == served.manifest["version_uid"], (aliases, tags)
     assert not [v for v, t in tags.items() if t.get("podium.approval") == "pending"], tags
-    history = json.loads(podium(["history", "--json", "--serving", str(location)], env).stdout)
-    assert history["current"] == current == history["switches"][-1]["version"]
+    # what `podium history` reads (its command is tested in test_cli_process): one process fewer per case
+    switches = [parse_switch(doc) for doc in read_history(str(location))]
+    assert switches[current_switch(switches, current)].version == current == switches[-1].version, switches[-3:]
 
 
 def _stopped_before_switch(world, case: str, point: str, signum: signal.Signals, staged: bool) -> None:
@@ -199,34 +197,22 @@ def test_a_stop_with_the_copy_sealed_discards_it_and_the_champion_stays(world):
     _stopped_before_switch(world, "before-switch", "before-switch", signal.SIGINT, staged=True)
 
 
-def test_a_stop_right_after_the_switch_completes_the_promotion_and_every_output_says_so(world):
-    case = "after-switch"
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_right_after_the_switch_completes_the_promotion_and_every_output_says_so(world, signum):
+    case = f"after-switch-{signum.name}"
     _champion(world, case)
     proc, marker = _promote_paused(world, case, "after-switch")
     _when(proc, marker)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     out, err = _ended(proc, 0)
     said = json.loads(out.strip().splitlines()[-1])
-    late = "SIGINT after the switch: v000002 promoted; the run is complete"
+    late = f"{signum.name} after the switch: v000002 promoted; the run is complete"
     assert said["promoted"]["version"] == "v000002" and said["champion"]["version"] == "v000002", said
     assert said["late_stop"] == late and f"podium: {late}" in err, (said, err[-3000:])
     aliases, tags = _registry(world, case)
     assert said["promoted"]["mlflow_version"] == str(aliases["champion"]), (said["promoted"], aliases)
     assert _flow_run_state("strong") == "Completed"
     assert_serving_agrees(world, case, "v000002")
-
-
-def test_a_stop_while_the_candidate_awaits_approval_withdraws_it(world):
-    root, _ = world
-    case = "approval"
-    champion = _champion(world, case)
-    proc, _ = _promote_paused(world, case, "none", "--approval", "required")
-    awaiting_approval(proc, "strong")
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = _ended(proc, 130)
-    assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGINT)" in err, err[-3000:]
-    assert _flow_run_state("strong") == "Cancelled"
-    assert_challenger_withdrawn(world, case, champion)
 
 
 def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_candidate(world):
@@ -237,10 +223,18 @@ def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_
     awaiting_approval(proc, "strong")
     podium(["approve", "--run-name", "strong", "--reason", "looks good", "--by", "test"], env)
     _when(proc, marker)  # approved, sealed, about to switch
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = _ended(proc, 130)
-    assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGINT)" in err, err[-3000:]
-    assert_challenger_withdrawn(world, case, champion)
+    os.killpg(proc.pid, signal.SIGTERM)  # a scheduler's stop: as Ctrl-C's
+    out, err = _ended(proc, 143)
+    assert out.strip() == "" and "stopped before the switch: nothing was promoted (SIGTERM)" in err, err[-3000:]
+    assert _flow_run_state("strong") == "Cancelled"
+    assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
+    # the person's approval is kept on the version the stop discarded (docs/promotion-policy.md)
+    _, tags = _registry(world, case)
+    [kept] = [t for t in tags.values() if t.get("podium.serving_version") == "v000002"]
+    assert (kept["podium.approval"], kept["podium.approval.decided"], kept["podium.approval.reason"]) == \
+        ("discarded", "approved", "looks good"), kept
+    assert kept["podium.approval.by"].startswith("test"), kept
+    assert_serving_agrees(world, case, champion)
 
 
 def test_a_stop_during_the_shadow_withdraws_the_candidate_and_the_champion_stays(world):
@@ -258,3 +252,57 @@ def test_a_stop_during_the_shadow_withdraws_the_candidate_and_the_champion_stays
     assert not (root / case / "SHADOW").exists()
     assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
     assert_serving_agrees(world, case, champion)
+
+
+def test_a_sigterm_after_training_on_a_local_ray_released_early_completes_the_switched_promotion(world):
+    """`podium run` on a local Ray of its own (no RAY_ADDRESS), which it shuts down as soon as training is done; a
+    SIGTERM right after the switch (the promotion runs after that shutdown): the command ends on its own, exit 0, as
+    for Ctrl-C, and the flow run, the MLflow run, CURRENT and @champion all say the promotion stood."""
+    from podium.tracking.runs import find_tracking_run
+
+    root, env = world
+    case = "trained"
+    local = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    marker = root / f"paused-{case}"
+    config = _config(root, "strong", case)
+    trained = json.loads(config.read_text())
+    trained["run_name"] = "trained"
+    config.write_text(json.dumps(trained))
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--config", str(config)],
+                            env={**local, "PODIUM_TEST_PAUSE_AT": "after-switch", "PODIUM_TEST_PAUSE_FILE": str(marker)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _when(proc, marker, timeout_s=480)
+    _ray_shut_down(proc.pid)  # the case of the issue: the signal comes after the local Ray's shutdown, not during it
+    os.kill(proc.pid, signal.SIGTERM)  # to the command alone, as a pod's stop reaches its main process
+    out, err = _ended(proc, 0)
+    said = json.loads(out.strip().splitlines()[-1])
+    late = "SIGTERM after the switch: v000001 promoted; the run is complete"
+    assert "training done" in err, err[-3000:]
+    assert said["late_stop"] == late and f"podium: {late}" in err, (said, err[-3000:])
+    assert said["promoted"]["version"] == "v000001" == said["champion"]["version"], said
+    aliases, _ = _registry(world, case)
+    assert said["promoted"]["mlflow_version"] == str(aliases["champion"]), (said["promoted"], aliases)
+    assert _flow_run_state("trained", "run") == "Completed"
+    run = find_tracking_run(env["MLFLOW_TRACKING_URI"], "stops", "trained")
+    assert run.client().get_run(run.run_id).info.status == "FINISHED"
+    assert_serving_agrees(world, case, "v000001")
+
+
+def _ray_shut_down(pid: int, timeout_s: float = 120) -> None:
+    """Wait until the local Ray the command `pid` started (its GCS and raylet, its children) is gone: released once
+    training was done (podium.training.cluster.release_ray)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()  # "pid (comm) state ppid ..."
+            except OSError:
+                continue
+            name, (state, ppid) = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()[:2]
+            if int(ppid) == pid and state != "Z" and name in ("gcs_server", "raylet"):
+                children.append(name)
+        if not children:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the local Ray of podium process {pid} was not shut down after training")

@@ -377,8 +377,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.training.validation_call": {"ray": RAY, "podium.training.cluster": RAY + " (cluster: 1.1 s)",
                                         "podium.training.raytrain": RAY_DATA + " (raytrain: 2.4 s)"},
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
-    "podium.cli.main": {"podium.cli.registry": HELP,
-                        "podium.flows.stop": PENDING.format("0.004"), "podium.services": PENDING.format("0.017")},
+    "podium.cli.main": {"podium.cli.registry": HELP, "podium.services": PENDING.format("0.017")},
     "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
                                                                 "nightly config)")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},
@@ -401,7 +400,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.storage.preflight": COMMAND.format("0.19"), "podium.training.data": COMMAND.format("0.43")},
     "podium.cli.run": {
         "podium.flows.pipeline": COMMAND.format("1.95"), "podium.flows.promote": COMMAND.format("1.77"),
-        "podium.flows.stop": PENDING.format("0.005"), "podium.flows.summary": COMMAND.format("1.7"),
+        "podium.flows.summary": COMMAND.format("1.7"),
         "podium.outages": PENDING.format("0.002"), "podium.prefect_api": PENDING.format("0.009"),
         "podium.services": PENDING.format("0.001"),
         "podium.tasks.plan": COMMAND.format("1.35"), "podium.tasks.reconcile": COMMAND.format("0.18"),

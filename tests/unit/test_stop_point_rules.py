@@ -90,3 +90,52 @@ def test_a_signal_during_the_run_only_records_the_stop():
         assert stop.requested and stop.signum == signal.SIGINT
         with pytest.raises(RunStopped):
             stop.check()
+
+
+def test_a_command_that_is_gone_has_its_open_mlflow_run_ended_killed_saying_why_and_no_other(tmp_path):
+    """The next command that settles what a killed command left (a watch, a staged version) ends the MLflow run that
+    command left RUNNING (podium.tasks.reconcile): the run its flow run trained, and no run of another flow run."""
+    from podium.tracking.client import TAG_FLOW_RUN
+    from podium.tracking.runs import TAG_ENDED_BY, kill_orphan_runs, open_tracking_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    gone = open_tracking_run(uri, "stops", "killed", {})
+    alive = open_tracking_run(uri, "stops", "running", {})
+    gone.client().set_tag(gone.run_id, TAG_FLOW_RUN, "flow-run-of-the-killed-command")
+    alive.client().set_tag(alive.run_id, TAG_FLOW_RUN, "flow-run-still-running")
+
+    assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "its watch was settled") == [gone.run_id]
+    ended = gone.client().get_run(gone.run_id)
+    assert ended.info.status == "KILLED" and ended.data.tags[TAG_ENDED_BY] == "its watch was settled"
+    assert alive.client().get_run(alive.run_id).info.status == "RUNNING"
+    assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "again") == []  # ended once
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_once_the_run_s_body_ended_is_kept_for_the_command_to_say_not_raised(signum):
+    """After its run's body (the flow run's end being recorded by Prefect's engine, the command writing its output), a
+    command's signal is recorded on the run's request, as during the run: the command ends with its outcome's exit
+    code and says the signal came (`late_stop`), instead of dying of it (or Prefect's engine crashing a flow run that
+    ended). Before the run (start-up) it still raises."""
+    from podium.flows import stop
+
+    previous = {sig: signal.getsignal(sig) for sig in stop.SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, stop.SIGNALS)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        stop.stop_before_the_run()
+        with stop.stop_on_signals() as request:
+            assert not request.requested
+        os.kill(os.getpid(), signum)  # after the body: kept, not raised
+        time.sleep(0.05)
+        assert request.signum == signum and stop.STOP is request
+        stop.stop_before_the_run()  # the next command: a start-up signal raises again
+        with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else SystemExit):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)
+    finally:
+        stop.stand_down()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
