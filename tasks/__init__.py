@@ -16,6 +16,7 @@ answer, from a thread of its own, while the flow waits; `lineage`, `resume` and 
 - `approval`: a person's approval of a candidate, the flow run paused for it
 - `shadow`: a candidate shadowed on live requests (`podium serve`), and the verdict on the comparison
 - `watch`: a new champion watched on live requests after its switch, rolled back if a limit breaks
+- `live`: the one poller the shadow and the watch wait with (decided, stopped, CURRENT moved, over)
 - `package`: the served model, built at promotion
 - `retention`: storage keeps a run's best checkpoints
 - `reconcile`: the registry and the records brought back in line with the serving history

@@ -149,9 +149,9 @@ def signal_handlers_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, saved in kernel_level.items():
-            if callable(signal.getsignal(sig)):  # a Python handler, whose trampoline the saved disposition is
-                _libc.sigaction(int(sig), saved, None)  # type: ignore[union-attr]
+        for signum, saved in kernel_level.items():
+            if callable(signal.getsignal(signum)):  # a Python handler, whose trampoline the saved disposition is
+                _libc.sigaction(int(signum), saved, None)  # type: ignore[union-attr]
         if threading.current_thread() is threading.main_thread():
             for sig, handler in python_level.items():
                 if handler is not None and signal.getsignal(sig) is not handler:

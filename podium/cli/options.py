@@ -267,7 +267,7 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML or JSON file with the run's configuration.")
     for flag, path, typ, help_ in OPTIONS:
         if path in READ_OPTIONS:
-            p.add_argument(flag, type=typ, default=None, help=option_help(path, help_))
+            p.add_argument(flag, type=typ or str, default=None, help=option_help(path, help_))
     p.add_argument("--json", action="store_true", help="Print the answer as one JSON object.")
 
 

@@ -270,10 +270,10 @@ def _said_by(args: argparse.Namespace, path: str) -> str:
             return flag
     for group in TOGETHER:  # dropped with its group, which a partner's flag replaced
         for other in group:
-            flag = next((f for f, option_path, _, _ in OPTIONS if option_path == other != path
-                         and getattr(args, f[2:].replace("-", "_"), None) is not None), None)
-            if path in group and flag:
-                return flag
+            partner = next((f for f, option_path, _, _ in OPTIONS if option_path == other != path
+                            and getattr(args, f[2:].replace("-", "_"), None) is not None), None)
+            if path in group and partner:
+                return partner
     return f"--config {args.config}"
 
 
