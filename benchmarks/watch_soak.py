@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -87,38 +86,15 @@ def config(root: Path, run: str, loop: dict, loader: str, watch_s: float) -> Pat
     return path
 
 
-class Clients:
-    """Closed-loop clients in threads, pausing `pause_s` between requests; every answer's status by version."""
+def start_clients(url: str, clients: int, pause_s: float):
+    """Closed-loop clients (tests/helpers/live.py's Load), pausing `pause_s` between requests, alternating a row the
+    model has seen and one far from it."""
+    from helpers.live import Load
+    from podium_nightly_code import FEATURES
 
-    def __init__(self, url: str, clients: int, pause_s: float):
-        from podium_nightly_code import FEATURES
-
-        rows = [[[0.5, 0.2, -0.1, 1.0], [0.1, -50.0 if unseen else -0.7, 0.0, 0.2]] for unseen in (False, True)]
-        self.bodies = [json.dumps({"dataframe_split": {"columns": list(FEATURES), "data": r}}).encode() for r in rows]
-        self.url, self.pause_s, self.statuses = url, pause_s, Counter()  # type: ignore[var-annotated]
-        self._lock, self._stop = threading.Lock(), threading.Event()
-        self._threads = [threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(clients)]
-
-    def _send(self, k: int) -> None:
-        from helpers.live import call
-
-        i = k
-        while not self._stop.is_set():
-            answer = call(f"{self.url}/invocations", self.bodies[i % 2])
-            with self._lock:
-                self.statuses[(answer.version, answer.status)] += 1
-            i += 1
-            self._stop.wait(self.pause_s)
-
-    def __enter__(self) -> Clients:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
+    rows = [[[0.5, 0.2, -0.1, 1.0], [0.1, -50.0 if unseen else -0.7, 0.0, 0.2]] for unseen in (False, True)]
+    seen, unseen = (json.dumps({"dataframe_split": {"columns": list(FEATURES), "data": r}}).encode() for r in rows)
+    return Load(url, seen, clients=clients, pause_s=pause_s, other_body=unseen)
 
 
 def promote(env: dict[str, str], path: Path) -> dict:
@@ -180,7 +156,7 @@ def main() -> int:
     started = time.monotonic()
     try:
         with serving(str(root / "serving"), env, "--num-cpus", "0") as served, \
-                Clients(served.url, args.clients, args.pause_ms / 1000) as clients:
+                start_clients(served.url, args.clients, args.pause_ms / 1000) as clients:
             for run in plan:
                 out = promote(env, paths[run])
                 watch = out["watch"] or {}
@@ -191,9 +167,10 @@ def main() -> int:
         stop_prefect_server(root / "prefect-home")
     wall = time.monotonic() - started
     bad_versions = {version for run, version, _ in results if run in ("failing", "slow")}
-    good_failed = sum(n for (version, status), n in clients.statuses.items()
+    statuses = Counter((answer.version, answer.status) for answer in list(clients.answers))
+    good_failed = sum(n for (version, status), n in statuses.items()
                       if version not in bad_versions and status != 200)
-    answered = sum(clients.statuses.values())
+    answered = sum(statuses.values())
     rows = []
     for kind in ("good", "failing", "slow"):
         mine = [w for run, _, w in results if run.startswith(kind)]

@@ -206,6 +206,14 @@ def stand_down() -> None:
     _WATCHDOG.stand_down.set()
 
 
+def end_command() -> None:
+    """The command's signal state ends with it, in a process that goes on to run flows of its own (a test process): its
+    watchdog stands down, and neither a start-up signal it kept nor its phase reaches the next flow run."""
+    stand_down()
+    _BEFORE_RUN.clear()
+    _PHASE[0] = ""
+
+
 class _QuietOnKeptSignals:
     """sys.unraisablehook that leaves out the exception of a signal `stop_before_the_run` kept, where Python ignored it
     (a traceback under 'Exception ignored in ...', of a signal the command still acts on); others go to `previous`."""

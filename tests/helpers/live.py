@@ -97,20 +97,25 @@ class Load:
     url: str
     body: bytes
     clients: int = 4
+    pause_s: float = 0.0  # between a client's requests
+    other_body: bytes | None = None  # posted every other request, client k starting with `body` if k is even
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def __enter__(self) -> Load:
         lock = threading.Lock()
+        bodies = [self.body, self.other_body if self.other_body is not None else self.body]
 
-        def client() -> None:
+        def client(k: int) -> None:
             while not self._stop.is_set():
-                answer = call(f"{self.url}/invocations", self.body)
+                answer = call(f"{self.url}/invocations", bodies[k % 2])
                 with lock:
                     self.answers.append(answer)
+                k += 1
+                self._stop.wait(self.pause_s)
 
-        self._threads = [threading.Thread(target=client, daemon=True) for _ in range(self.clients)]
+        self._threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(self.clients)]
         for thread in self._threads:
             thread.start()
         return self

@@ -135,11 +135,7 @@ def test_a_signal_once_the_run_s_body_ended_is_kept_for_the_command_to_say_not_r
             os.kill(os.getpid(), signum)
             time.sleep(0.05)
     finally:
-        stop.stand_down()
-        # the process is pytest's, and runs in-process flows after this test: no command's state may outlive it (a
-        # start-up signal kept in _BEFORE_RUN would stop the next flow run of this process at once)
-        stop._BEFORE_RUN.clear()
-        stop._PHASE[0] = ""
+        stop.end_command()  # pytest's process runs in-process flows after this test: no command's state outlives it
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
