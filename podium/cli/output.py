@@ -74,9 +74,11 @@ def _metrics_text(metrics: dict[str, float]) -> str:
 
 
 def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reason: str | None,
-                 champion: dict[str, Any] | None) -> None:
-    """A run's checkpoints, what the run promoted and why; then, apart, the model's champion and where it came
-    from. One precision (4 significant digits) throughout."""
+                 champion: dict[str, Any] | None, watch: dict[str, str] | None = None,
+                 ended_by: str | None = None) -> None:
+    """A run's checkpoints, what the run promoted and why (its watch, and who ended the run when its own command
+    could not); then, apart, the model's champion and where it came from. One precision (4 significant digits)
+    throughout."""
     print(f"run {config.run_name} (MLflow run {tracking.run_id}): {len(records)} checkpoints")
     for r in records:
         notes = [r.failure or "", "withdrawn" if r.withdrawn else "", "files deleted" if r.deleted else ""]
@@ -87,6 +89,10 @@ def print_status(config: Any, tracking: Any, records: list[Any], mine: Any, reas
                                    if mine else "nothing"))
     if reason:
         print(f"  why: {reason}")
+    if watch:
+        print(f"  watch: {watch['state']}: {watch['reason']}")
+    if ended_by and ended_by != reason:
+        print(f"  ended by another command: {ended_by}")
     print(f"champion of model {config.model} at {config.serving}: " + (
         f"{champion['version']} (step {champion['step']}, {champion['metric']}={format_number(champion['value'])}, "
         f"run {champion['run_name']}); {champion['mlflow_model']}" if champion else "none"))

@@ -19,7 +19,7 @@ from podium.cli.provenance import location_names, status_report
 from podium.errors import ServingError
 from podium.settings import PodiumSettings
 from podium.tracking.client import TAG_REASON, store_exists
-from podium.tracking.runs import find_tracking_run, latest_run_name, models_with_runs, run_tags
+from podium.tracking.runs import TAG_ENDED_BY, find_tracking_run, latest_run_name, models_with_runs, run_tags
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,8 +76,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         tags = run_tags(tracking)
         reason = tags.get(TAG_REASON)
         lineage_lines, lineage_json = status_report(tracking, config.serving, tags)
+        watch = _watch_of(config, tracking.tracking_uri, mine)
     except LookupError as exc:
         raise CliError(str(exc)) from None
+    ended_by = tags.get(TAG_ENDED_BY)  # its command was gone (a SIGKILL): another command ended its runs, and how
     problems = _disagreements(config, tracking.tracking_uri)
     for problem in problems:
         print(f"podium: check: {problem}", file=sys.stderr)
@@ -90,14 +92,35 @@ def cmd_status(args: argparse.Namespace) -> int:
             # what this run promoted (its newest version at the serving location), as `podium run --json` says
             "promoted": ({"version": mine.version, "uri": mine.uri, "step": mine.manifest.get("step"),
                           "metric": mine.manifest.get("metric"), "value": mine.manifest.get("value"),
-                          "current": bool(champion and champion["version"] == mine.version)} if mine else None),
+                          "current": bool(champion and champion["version"] == mine.version),
+                          # its watch after the switch, as the registry recorded it (passed, rolled-back; settled by
+                          # the next command when its promoter was gone), or null
+                          "watch": watch} if mine else None),
             "promotion_reason": reason,
+            "ended_by": ended_by,
             "champion": champion,
         }))
         return 0
-    print_status(config, tracking, records, mine, reason, champion)
+    print_status(config, tracking, records, mine, reason, champion, watch, ended_by)
     print("\n".join(lineage_lines))
     return 0
+
+
+def _watch_of(config: Any, tracking_uri: str, mine: Any) -> dict[str, str] | None:
+    """The watch of the version this run promoted, as its registered version's tags say ({state, reason}), or None:
+    nothing promoted, never registered, or never watched."""
+    if mine is None:
+        return None
+    from podium.tracking.registry import registered_version_for, version_tags
+
+    try:
+        name, _ = location_names(config.serving, None, None, config.promotion.registered_model)
+    except ServingError:
+        return None
+    version = registered_version_for(tracking_uri, name, mine.manifest.get("version_uid"), mine.uri)
+    tags = version_tags(tracking_uri, name, version) if version else {}
+    state = tags.get("podium.watch")
+    return {"state": state, "reason": tags.get("podium.watch.reason", "")} if state else None
 
 
 def _disagreements(config: Any, tracking_uri: str) -> list[str]:

@@ -16,6 +16,7 @@ from podium.tracking.client import (
     TAG_CONFIG_PREFIX,
     TAG_FLOW_RUN,
     TAG_OUTCOME,
+    TAG_REASON,
     TAG_RUN,
     TAG_STOPPED_EARLY,
     TrackingRun,
@@ -166,7 +167,9 @@ TAG_ENDED_BY = "podium.ended_by"  # on an MLflow run another command ended: its 
 @tracking_call("ending the MLflow runs a command that is gone left open")
 def kill_orphan_runs(tracking_uri: str, flow_run_id: str, reason: str) -> list[str]:
     """Mark KILLED every MLflow run still RUNNING whose attempt was the flow run `flow_run_id` (tag TAG_FLOW_RUN),
-    saying why (tag TAG_ENDED_BY): its process is gone (a SIGKILL), and nothing else would end it. Returns their ids."""
+    saying why (tag TAG_ENDED_BY): its process is gone (a SIGKILL), and nothing else would end it. The same words become
+    the run's last outcome (TAG_REASON, the "why:" of `podium status`): what the next command settled for it, not the
+    reason an earlier attempt left. Returns their ids."""
     client = tracking_client(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     if not experiments:
@@ -175,6 +178,7 @@ def kill_orphan_runs(tracking_uri: str, flow_run_id: str, reason: str) -> list[s
                                                          "attributes.status = 'RUNNING'")
     for run in runs:
         client.set_tag(run.info.run_id, TAG_ENDED_BY, reason[:MAX_TAG])
+        client.set_tag(run.info.run_id, TAG_REASON, reason[:MAX_TAG])
         client.set_terminated(run.info.run_id, status="KILLED")
     return [run.info.run_id for run in runs]
 

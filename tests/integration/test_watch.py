@@ -11,6 +11,8 @@ of the test are the clients. No training: the runs' checkpoints are made and val
   failing2   better still, failing as `failing`: its promoter is killed (SIGKILL) during its watch; the replicas go on
              counting its errors, and the next command rolls it back
   best       better still, with a shadow rollout too: it passes its shadow, then its watch, and is final
+  stop-int   better still: SIGINT to its promoter during its watch (past the point of no return): the promotion
+  stop-term  stands, exit 0, the watch `stopped`; and SIGTERM, a pod's or a scheduler's stop, the same
 After each of them, CURRENT, `podium serve`, the `@champion` alias and the history name one champion.
 """
 
@@ -42,7 +44,9 @@ RUNS = {"champion": ({"angle_deg": 40.0}, "load_linear"),
         "failing": ({"angle_deg": 20.0, "fail_below": -8.0}, "load_failing"),
         "good": ({"angle_deg": 10.0}, "load_linear"),
         "failing2": ({"angle_deg": 5.0, "fail_below": -8.0}, "load_failing"),
-        "best": ({"angle_deg": 2.5}, "load_linear")}
+        "best": ({"angle_deg": 2.5}, "load_linear"),
+        "stop-int": ({"angle_deg": 1.5}, "load_linear"),
+        "stop-term": ({"angle_deg": 1.0}, "load_linear")}
 WATCH = {"duration_s": 90, "min_requests": 10, "max_error_rate_increase": 0.0,
          "max_latency_p95_ratio": 1000.0}  # no latency limit to speak of: no test asserts a timing
 
@@ -277,6 +281,11 @@ def test_a_promoter_killed_during_its_watch_is_settled_by_the_next_command(world
     assert tags["podium.watch"] == "rolled-back" and "settled by the next command" in tags["podium.watch.reason"]
     outcome = json.loads(after.stdout.strip().splitlines()[-1])
     assert outcome["promoted"] is None, outcome  # its checkpoint was withdrawn by the rollback
+    # `podium status` of the killed promoter's run says what settled its watch, not only its promotion
+    settled = json.loads(podium(["status", "--json", "--config", str(config)], env).stdout)
+    assert settled["promoted"]["version"] == new, settled["promoted"]
+    assert settled["promoted"]["watch"]["state"] == "rolled-back", settled["promoted"]
+    assert "settled by the next command" in settled["promoted"]["watch"]["reason"], settled["promoted"]
 
 
 def test_a_candidate_that_passed_its_shadow_is_watched_after_its_switch(world, server):
@@ -292,3 +301,41 @@ def test_a_candidate_that_passed_its_shadow_is_watched_after_its_switch(world, s
     assert not live.failed(before) and not live.failed(new)
     assert _one_champion(root, env, server) == new
     assert _registered(env, new)[1]["podium.watch"] == "passed"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_during_the_watch_ends_it_and_the_promotion_stands(world, server, signum):
+    """SIGINT, and SIGTERM (a pod's or a scheduler's stop), to the promoter's process group during the watch: past the
+    switch, the point of no return, so the promotion stands (exit 0), the watch ends `stopped` with its pointer gone,
+    and `--json`, the flow run, the registry's alias, CURRENT and the replica agree on the new champion."""
+    root, env = world
+    before = _one_champion(root, env, server)
+    run = "stop-int" if signum == signal.SIGINT else "stop-term"
+    pointer = root / "serving" / "WATCH"
+    with Clients(server) as live:
+        # --always-promote: its accuracy may only tie the champion's (both near 1 this close to the truth)
+        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "promote", "--json", "--always-promote",
+                                 "--config", str(_config(root, run))], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not pointer.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pointer.exists(), proc.communicate(timeout=60)
+        time.sleep(1)  # the new champion answers live requests meanwhile
+        os.killpg(proc.pid, signum)
+        out, err = proc.communicate(timeout=120)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    result = json.loads(out.strip().splitlines()[-1])
+    new = result["promoted"]["version"]
+    assert result["watch"]["state"] == "stopped" and "the promotion stands" in result["watch"]["reason"], result
+    assert result["late_stop"] == f"{name} after the switch: {new} promoted; the run is complete", result["late_stop"]
+    assert f"{name} after the switch" in err, err[-3000:]
+    assert not pointer.exists()
+    assert _one_champion(root, env, server) == new != before
+    assert not live.failed(before) and not live.failed(new), (live.failed(before) + live.failed(new))[:3]
+    switch = read_history(str(root / "serving"))[-1]
+    state = flow_run_state(run_id=switch["origin"]["flow_run_id"])
+    assert state.is_completed() and f"{name} after the switch" in str(state.message), state
+    _, tags = _registered(env, new)
+    assert "podium.withdrawn" not in tags and tags.get("podium.approval") != "pending", tags

@@ -95,7 +95,7 @@ def test_a_signal_during_the_run_only_records_the_stop():
 def test_a_command_that_is_gone_has_its_open_mlflow_run_ended_killed_saying_why_and_no_other(tmp_path):
     """The next command that settles what a killed command left (a watch, a staged version) ends the MLflow run that
     command left RUNNING (podium.tasks.reconcile): the run its flow run trained, and no run of another flow run."""
-    from podium.tracking.client import TAG_FLOW_RUN
+    from podium.tracking.client import TAG_FLOW_RUN, TAG_REASON
     from podium.tracking.runs import TAG_ENDED_BY, kill_orphan_runs, open_tracking_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -107,6 +107,7 @@ def test_a_command_that_is_gone_has_its_open_mlflow_run_ended_killed_saying_why_
     assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "its watch was settled") == [gone.run_id]
     ended = gone.client().get_run(gone.run_id)
     assert ended.info.status == "KILLED" and ended.data.tags[TAG_ENDED_BY] == "its watch was settled"
+    assert ended.data.tags[TAG_REASON] == "its watch was settled"  # `podium status`'s "why:" says it, not a stale one
     assert alive.client().get_run(alive.run_id).info.status == "RUNNING"
     assert kill_orphan_runs(uri, "flow-run-of-the-killed-command", "again") == []  # ended once
 
