@@ -46,7 +46,7 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     2 checkpoints, epoch 1 the better), made and recorded without training."""
     root = tmp_path_factory.mktemp("promotion-state")
     env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
-    made = make_trained_run(json.loads(_config(root, "trained", "state-train").read_text()), env)
+    made = make_trained_run(json.loads(_config(root, "trained", "state-train").read_text()), env["MLFLOW_TRACKING_URI"])
     assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env
 

@@ -65,7 +65,7 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     root = tmp_path_factory.mktemp("stop-points")
     env = nightly_home(root, mlflow_template_db, prefect_api, shared_ray.driver_env())
     for run in RUNS:
-        made = make_trained_run(json.loads(_config(root, run, "made").read_text()), env)
+        made = make_trained_run(json.loads(_config(root, run, "made").read_text()), env["MLFLOW_TRACKING_URI"])
         assert [r.status for r in made.records] == ["validated", "validated"], made.records
     return root, env
 
