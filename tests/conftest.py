@@ -8,9 +8,15 @@ the pytest process that runs the session sets it before its test processes start
 suite inherits it (Ray's controller actors through the Ray they run on).
 
 Each test file's own cost (the seconds its tests' setup, call and teardown took, module-scoped fixtures
-included, and its starts) is printed per file and merged into `.podium-suite-costs.json` at the repository's
-root: a run of a few files updates their entries and keeps the others', so the heaviest files can be seen
-without a full run.
+included, and its starts) is printed per file and merged into `tests/suite-costs.json`, a committed file: a run of
+a few files updates their entries and keeps the others', so the heaviest files can be seen without a full run
+(`python -m json.tool tests/suite-costs.json | head`), and a change to a file's cost shows in review.
+
+The same file orders the suite for its two processes: the test files are handed out heaviest first (xdist's
+`loadscope` gives each process the next whole file when it is almost done with its last, in collection order;
+`--no-loadscope-reorder` in pyproject.toml keeps that order instead of xdist's by number of tests), so that the
+heaviest files do not start last while the other process has nothing left to do. A file the cost file does not
+know yet counts as `_UNKNOWN_S` (an integration file) or nothing (a unit file).
 """
 
 from __future__ import annotations
@@ -42,9 +48,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _OWN_LOG = pytest.StashKey[str]()
-COSTS_FILE = ".podium-suite-costs.json"
+COSTS_FILE = Path(__file__).parent / "suite-costs.json"
+_UNKNOWN_S = 60.0  # the seconds of an integration test file the cost file does not know yet
 _file_seconds: collections.Counter[str] = collections.Counter()  # on the session's own process: per test file
 _file_tests: collections.Counter[str] = collections.Counter()
+
+
+def stored_seconds(path: Path) -> dict[str, float]:
+    """Each test file's seconds in the cost file at `path` (empty if there is none, or it cannot be read)."""
+    try:
+        held = json.loads(path.read_text())
+        return {file: float(cost["seconds"]) for file, cost in held.items() if "seconds" in cost}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def heaviest_first(files: list[str], seconds: dict[str, float]) -> list[str]:
+    """`files` (paths from the repository's root) in the order to hand them out: the heaviest first, by their stored
+    seconds; a file not stored counts `_UNKNOWN_S` under tests/integration/, else nothing; ties keep their order."""
+    def cost(file: str) -> float:
+        return seconds.get(file, _UNKNOWN_S if file.startswith("tests/integration/") else 0.0)
+    return sorted(files, key=lambda file: -cost(file))
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, each file's tests together, the heaviest files first (the module docstring); a run in one
+    process (`-n 0`) keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    items[:] = [item for file in heaviest_first(list(by_file), stored_seconds(COSTS_FILE)) for item in by_file[file]]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -115,7 +150,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(f"file cost: {file} {cost['seconds']:.0f} s, {cost['tests']} tests, "
                                     + ", ".join(f"{cost[k]} {k}" for k in COSTS))
     if costs:
-        store_file_costs(Path(str(config.rootpath)) / COSTS_FILE, costs)
+        store_file_costs(COSTS_FILE, costs)
     own = config.stash.get(_OWN_LOG, None)
     if own:
         os.unlink(own)

@@ -22,6 +22,7 @@ from typing import Any
 
 from podium_nightly_code import weights, write_data
 
+from helpers.commands import environment
 from podium.config import build_config
 from podium.core.events import CheckpointEvent
 from podium.core.records import CheckpointRecord
@@ -103,3 +104,13 @@ def nightly_home(root: Path, template_db: Path, prefect_api: str, ray_env: dict[
     return {**os.environ, "PODIUM_HOME": str(root / "home"), "PREFECT_API_URL": prefect_api,
             "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", **ray_env,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(INTEGRATION), os.environ.get("PYTHONPATH")]))}
+
+
+def promote_in_process(config: dict[str, Any], env: dict[str, str]) -> Any:
+    """The promote-run flow of `config` in this process, with the environment `env` of the test's `podium` processes
+    (its MLflow store, its home), on the Prefect server this process's settings name: a champion that a test needs in
+    place before the promotion it checks through the `podium` process. The run's summary."""
+    from podium.flows.promote import promote_run
+
+    with environment(env):
+        return promote_run(config=build_config(config), tracking_uri=env["MLFLOW_TRACKING_URI"]).summary

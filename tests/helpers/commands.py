@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def podium(args: list[str], env: dict[str, str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
@@ -16,6 +19,42 @@ def podium(args: list[str], env: dict[str, str], check: bool = True, **kwargs) -
     if check and proc.returncode != 0:
         raise AssertionError(f"podium {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
     return proc
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str], cwd: str | Path | None = None):
+    """This process's environment replaced by `env` (and its current folder by `cwd`) for the block, as a `podium`
+    process started with them would have it; sys.path as it was afterwards (the command puts its folder first)."""
+    environ, path, here = dict(os.environ), list(sys.path), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(here)
+        sys.path[:] = path
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def podium_in_process(args: list[str], env: dict[str, str], check: bool = True, cwd: str | Path | None = None
+                      ) -> subprocess.CompletedProcess:
+    """`podium ARGS` called in this process (podium.cli.main.main, as from Python) with `env` and `cwd`, its output
+    captured (as `podium`'s, `check` included): for a read of the state a command left, or a case of a behaviour
+    whose process is tested in another case. No process is started, and none is counted."""
+    from podium.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with environment(env, cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 1
+    if check and code != 0:
+        raise AssertionError(f"podium {args} (in this process) returned {code}:\n{out.getvalue()}\n{err.getvalue()[-4000:]}")
+    return subprocess.CompletedProcess(["podium", *args], code, out.getvalue(), err.getvalue())
 
 
 def awaiting_approval(proc: subprocess.Popen, run_name: str, timeout_s: float = 300) -> str:

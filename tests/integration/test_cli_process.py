@@ -42,7 +42,7 @@ import types
 from pathlib import Path
 
 import pytest
-from helpers.commands import podium
+from helpers.commands import podium, podium_in_process
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -261,8 +261,8 @@ def beta(alpha, project, dataset):
     `podium status` held right after it."""
     proc = _beta_run(project, dataset, project.env, 40, SCORES, dataset[1])
     out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-    status = podium(["status", "--json", "--model", "beta", "--storage", str(project.storage)], project.env,
-                    check=False)
+    status = podium_in_process(["status", "--json", "--model", "beta", "--storage", str(project.storage)],
+                               project.env, check=False)  # a read: the status command's process is alpha's
     return types.SimpleNamespace(proc=proc, out=out, storage=_storage_now(project),
                                  mlflow=_mlflow_now(project, out and out["mlflow_run_id"]), status=status)
 
@@ -303,8 +303,8 @@ def _resumed_out(beta_resumed) -> dict:
 def beta_rolled_back(beta_resumed, project):
     """`podium rollback --json --model beta` after the resume promoted v000002; `podium status` after it."""
     rolled = podium(["rollback", "--json", "--model", "beta"], project.env, check=False)
-    status = podium(["status", "--json", "--model", "beta", "--storage", str(project.storage)], project.env,
-                    check=False)
+    status = podium_in_process(["status", "--json", "--model", "beta", "--storage", str(project.storage)],
+                               project.env, check=False)  # a read: the status command's process is alpha's
     return types.SimpleNamespace(proc=rolled, status=status)
 
 

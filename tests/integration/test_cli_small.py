@@ -1,4 +1,5 @@
-"""What a person meets at the edges of the `podium` command, through its own process (issue 61, point 6):
+"""What a person meets at the edges of the `podium` command, through its own process (issue 61, point 6), each
+command's once; the further cases of each in the test's process (podium.cli.main, helpers.commands.podium_in_process):
 
 - refusals in an empty project folder, of `run` (a typo'd metric, a storage filesystem that does not import, a label
   column the data lacks, shadow limits nothing asks for, a missing file, a storage or serving location under a file)
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from helpers.checkpoints import INTEGRATION, make_trained_run
-from helpers.commands import podium, prefect_servers_of
+from helpers.commands import podium, podium_in_process, prefect_servers_of
 from podium_nightly_code import FEATURES, write_data
 
 pytestmark = pytest.mark.integration
@@ -80,10 +81,15 @@ def _refusals(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+# the refusals met through the `podium` process; the rest are met by podium.cli.main in the test's process
+THROUGH_THE_PROCESS = {"metric", "history", "lineage", "rollback", "make-data where nothing can be made"}
+
+
 def test_refusals_in_an_empty_project_say_one_sentence_and_leave_nothing(tmp_path):
-    """Every refusal a person meets at the command line, through the real process, in an empty project folder on the
-    embedded defaults: exit 2, one sentence naming what was wrong (no traceback), nothing started (no Prefect
-    server, no "starting") and nothing written: no home folder (the demo data, the logs, an empty .podium/), no
+    """Every refusal a person meets at the command line, in an empty project folder on the embedded defaults (one of
+    each command's through the real process, and the label column's in a home that held something; the others in
+    this process): exit 2, one sentence naming what was wrong (no traceback), nothing started (no Prefect server, no
+    "starting") and nothing written: no home folder (the demo data, the logs, an empty .podium/), no
     storage. A refusal met after the demo data was written (a label column it lacks) leaves a home that held
     something as it was. (Every kind of refusal and its message in-process: test_plan, test_datasets; the time to
     the refusal: benchmarks/startup.py.)"""
@@ -97,7 +103,10 @@ def test_refusals_in_an_empty_project_say_one_sentence_and_leave_nothing(tmp_pat
     for home, what in runs:
         before = _contents(home)
         args, sentence = refusals[what]
-        proc = podium(args, _bare_env(home, f"sqlite:///{tmp_path / 'mlflow.db'}"), check=False, cwd=project)
+        # through the real process: a refusal of each command, and the one that wrote the demo data first; the others
+        # in this process (their sentence is what differs, not the process)
+        command = podium if what in THROUGH_THE_PROCESS or home == kept else podium_in_process
+        proc = command(args, _bare_env(home, f"sqlite:///{tmp_path / 'mlflow.db'}"), check=False, cwd=project)
         assert proc.returncode == 2, f"{what}: exit {proc.returncode}:\n{proc.stderr[-3000:]}"
         assert proc.stderr.startswith("podium: ") and sentence in proc.stderr, f"{what}: {proc.stderr[-3000:]}"
         assert "Traceback" not in proc.stderr and "starting" not in proc.stdout, f"{what}: {proc.stderr[-3000:]}"
@@ -135,16 +144,18 @@ def test_history_marks_the_switch_that_made_the_champion_current_and_a_wrong_fol
     lines = [line for line in out.splitlines() if re.match(r"\s+\d{4}-\d\d-\d\d ", line)]
     assert len(lines) == 3 and [line.endswith("[current]") for line in lines] == [False, False, True], out
     assert "promote  v000001" in lines[0] and "rollback v000001" in lines[2], out
-    doc = json.loads(podium(["history", "--model", "cancer", "--json"], env, cwd=project).stdout)
+    doc = json.loads(podium_in_process(["history", "--model", "cancer", "--json"], env, cwd=project).stdout)
     assert (doc["current"], doc["current_switch"]) == ("v000001", 2)
 
-    # the same commands one folder off: where podium looked, and how to point it at the project
+    # the same commands one folder off: where podium looked, and how to point it at the project (history's through
+    # its process, the others' in this one)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for args, then in ((["history", "--model", "cancer"], ")"),
                        (["lineage", "v000001", "--model", "cancer"], "), so no version v000001 there"),
                        (["rollback", "--model", "cancer"], "), nothing to roll back")):
-        proc = podium(args, env, check=False, cwd=elsewhere)
+        command = podium if args[0] == "history" else podium_in_process
+        proc = command(args, env, check=False, cwd=elsewhere)
         home = elsewhere / ".podium"
         assert proc.returncode == 2, f"{args}: exit {proc.returncode}: {proc.stdout}{proc.stderr}"
         assert proc.stderr.startswith(
@@ -186,7 +197,7 @@ def test_status_without_a_model_shows_the_only_model_with_runs_and_lists_them_wh
     assert [c["status"] for c in doc["checkpoints"]] == ["validated", "validated"], doc["checkpoints"]
     assert (f"podium: no --model given; the only model with runs in {tracking_uri} is 'cancer': showing it "
             "(--model cancer)") in proc.stderr, proc.stderr
-    named = podium(["status", "--model", "cancer"], env, cwd=tmp_path)
+    named = podium_in_process(["status", "--model", "cancer"], env, cwd=tmp_path)
     assert "no --model given" not in named.stderr and "cancer-night" in named.stdout
 
     make_trained_run(_made_config(tmp_path, "melanoma"), tracking_uri)

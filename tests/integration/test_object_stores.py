@@ -18,7 +18,7 @@ from pathlib import Path
 import mlflow.artifacts
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
-from helpers.commands import podium
+from helpers.commands import podium, podium_in_process
 from helpers.object_stores import AZURE_ACCOUNT, start_azurite, start_gcs_emulator
 from helpers.servers import MlflowServer
 from mlflow.tracking import MlflowClient
@@ -223,7 +223,7 @@ def test_two_podium_promotes_racing_to_one_serving_location_promote_once(store, 
     current = read_current(serving)
     assert current is not None and current.version == "v000001"
     assert [h["version"] for h in read_history(serving)] == ["v000001"]
-    history = json.loads(podium(["history", "--json", "--serving", serving], env).stdout)
+    history = json.loads(podium_in_process(["history", "--json", "--serving", serving], env).stdout)  # a read
     assert history["current"] == "v000001"
     fs, path = fsspec_filesystem(serving)
     assert backend_for(serving).read_versioned(fs, f"{path}/.promotion.lock") is None

@@ -16,7 +16,7 @@ import json
 import os
 
 import pytest
-from helpers.commands import podium
+from helpers.commands import podium, podium_in_process
 from podium_nightly_code import FEATURES, write_data
 
 pytestmark = pytest.mark.integration
@@ -41,12 +41,14 @@ def test_a_policy_or_a_value_that_cannot_be_right_is_refused_before_anything_sta
             "['accuracy', 'loss', 'val_accuracy', 'val_loss']") in err, err
     assert not (tmp_path / "storage" / "typo").exists()  # nothing trained
 
-    # typed fields take no value of another type (keep = true was 1, and deleted checkpoints)
-    for value, expected in (("true", "checkpoints.keep = True: expected a whole number, got a boolean"),
-                            ('"2"', "checkpoints.keep = '2': expected a whole number, got a string")):
+    # typed fields take no value of another type (keep = true was 1, and deleted checkpoints); the second in this
+    # process (its sentence is what differs)
+    for value, expected, command in (
+            ("true", "checkpoints.keep = True: expected a whole number, got a boolean", podium),
+            ('"2"', "checkpoints.keep = '2': expected a whole number, got a string", podium_in_process)):
         keep = tmp_path / "keep.toml"
         keep.write_text(f"[checkpoints]\nkeep = {value}\n")
-        err = _one_sentence(podium(["run", "--run-name", "keep", "--config", str(keep), *data], cli_env, check=False))
+        err = _one_sentence(command(["run", "--run-name", "keep", "--config", str(keep), *data], cli_env, check=False))
         assert expected in err, err
 
     # a bad integer flag: one sentence, not argparse's usage block
@@ -60,7 +62,7 @@ def test_a_policy_or_a_value_that_cannot_be_right_is_refused_before_anything_sta
     config = tmp_path / "confidence.json"
     config.write_text(json.dumps(_config("conf", tmp_path, {"epochs": 2, "angle_deg": 0.0},
                                          {"confidence": 0.95}, fn="podium_user_code:validate_fn")))
-    err = _one_sentence(podium(["run", "--config", str(config)], cli_env, check=False))
+    err = _one_sentence(podium_in_process(["run", "--config", str(config)], cli_env, check=False))  # as the typo's
     assert ("promotion.confidence = 0.95 needs per-row values, and validation.fn = 'podium_user_code:validate_fn' "
             "takes no per_row argument") in err, err
     assert not (tmp_path / "storage" / "conf").exists()

@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 from helpers.checkpoints import make_trained_run
-from helpers.commands import awaiting_approval, podium
+from helpers.commands import awaiting_approval, podium, podium_in_process
 from podium_nightly_code import FEATURES, write_data
 
 pytestmark = pytest.mark.integration
@@ -199,10 +199,12 @@ def test_thresholds_guards_and_confidence_decide_through_the_command_and_each_de
     assert low <= 0 < high
 
     # what a person reads: `podium status`, the promotion report in MLflow, the champion's manifest
-    text = podium(["status", "--run-name", "gate-3", "--serving", str(tmp_path / "serving")], cli_env).stdout
+    # (read in this process: the status and history commands' processes are test_cli_process's and test_cli_small's)
+    text = podium_in_process(["status", "--run-name", "gate-3", "--serving", str(tmp_path / "serving")],
+                             cli_env).stdout
     assert "refused by the promotion policy (confidence accuracy)" in text and "over 200 paired rows" in text
-    status = json.loads(podium(["status", "--json", "--run-name", "gate-3", "--serving", str(tmp_path / "serving")],
-                               cli_env).stdout)
+    status = json.loads(podium_in_process(["status", "--json", "--run-name", "gate-3", "--serving",
+                                           str(tmp_path / "serving")], cli_env).stdout)
     [check] = status["last_decision"]["checks"]
     assert (check["kind"], check["passed"], check["rows"], check["level"]) == ("confidence", False, 200, 0.95)
     client = MlflowClient(cli_env["MLFLOW_TRACKING_URI"])
@@ -304,7 +306,7 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
     assert version.version == challenger.version and version.tags["podium.approval"] == "approved"
     assert version.tags["podium.approval.reason"] == "beats last week's on every slice"
     assert "challenger" not in client.get_registered_model("approval").aliases
-    history = podium(["history", "--serving", str(root / "serving")], env).stdout
+    history = podium_in_process(["history", "--serving", str(root / "serving")], env).stdout
     assert "approval: approved by ana (podium approve): beats last week's on every slice" in history, history
     lineage = podium(["lineage", "v000001", "--serving", str(root / "serving"), "--model", "approval"], env).stdout
     assert "approval:   approved by ana (podium approve)" in lineage, lineage
@@ -331,8 +333,8 @@ def test_a_person_approves_or_rejects_the_candidate_through_the_command_and_sile
     assert out["promoted"] is None
     assert out["promotion_reason"].startswith("rejected on timeout: no decision within 3 s"), out["promotion_reason"]
     assert not (root / "serving-3" / "CURRENT").exists()
-    text = podium(["status", "--run-name", "appr", "--model", "approval", "--serving", str(root / "serving-3")],
-                  env).stdout
+    text = podium_in_process(["status", "--run-name", "appr", "--model", "approval", "--serving",
+                              str(root / "serving-3")], env).stdout
     assert "rejected on timeout" in text, text
 
 

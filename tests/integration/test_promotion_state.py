@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run, nightly_home
-from helpers.commands import awaiting_approval, podium
+from helpers.checkpoints import make_trained_run, nightly_home, promote_in_process
+from helpers.commands import awaiting_approval, podium, podium_in_process
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
@@ -164,7 +164,8 @@ def test_a_rejected_candidate_keeps_its_number_and_the_approved_one_after_it_is_
 def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world):
     root, env = world
     client = _client(world)
-    _ended(_promote(world, "a", "case2"))
+    # the first location's champion, promoted in this process: what is checked is the second's promotion
+    promote_in_process(json.loads(_config(root, "a", "case2").read_text()), env)
     a1 = client.get_model_version_by_alias("case2", "champion").version
     # the second location may not take the first's alias: refused before anything is written there
     refused = _promote(world, "b", "case2")
@@ -175,14 +176,15 @@ def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world
     # with an alias of its own it promotes, and a rollback at the first location leaves it where it is
     _ended(_promote(world, "b", "case2", "--alias", "staging"))
     b1 = client.get_model_version_by_alias("case2", "staging").version
-    _ended(_promote(world, "a", "case2", "--always-promote", mode="min"))  # the other checkpoint, as v000002
+    # the other checkpoint, as v000002 (in this process: `--always-promote` through the command: test_run_settings)
+    promote_in_process(json.loads(_config(root, "a", "case2", mode="min", always=True).read_text()), env)
     assert client.get_model_version_by_alias("case2", "staging").version == b1
     rolled = json.loads(podium(["rollback", "--json", "--serving", str(root / "a"), "--model", "state"], env).stdout)
     assert rolled["to_version"] == "v000001" and rolled["mlflow_version"] == str(a1)
     assert client.get_model_version_by_alias("case2", "champion").version == a1
     assert client.get_model_version_by_alias("case2", "staging").version == b1
-    status = json.loads(podium(["status", "--json", "--run-name", RUN, "--model", "state", "--serving",
-                                str(root / "b")], env).stdout)
+    status = json.loads(podium_in_process(["status", "--json", "--run-name", RUN, "--model", "state", "--serving",
+                                           str(root / "b")], env).stdout)
     assert status["champion"]["mlflow_model"] == "models:/case2@staging" and status["disagreements"] == []
     assert_state_agrees(world, "a", "case2")
     assert_state_agrees(world, "b", "case2", "staging")

@@ -32,8 +32,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run, nightly_home
-from helpers.commands import podium
+from helpers.checkpoints import make_trained_run, nightly_home, promote_in_process
+from helpers.commands import podium, podium_in_process
 from helpers.servers import free_port, wait_http_ok
 from podium_nightly_code import FEATURES
 
@@ -74,8 +74,9 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
     for run in RUNS:
         made = make_trained_run(json.loads(_config(root, run).read_text()), env["MLFLOW_TRACKING_URI"])
         assert [r.status for r in made.records] == ["validated", "validated"], made.records
-    first = json.loads(podium(["promote", "--json", "--config", str(_config(root, "champion"))], env).stdout)
-    assert first["promoted"] and first["shadow"] is None, first  # nothing to compare with: promoted directly
+    # in this process (the module's commands are the later promotions): nothing to compare with, promoted directly
+    first = promote_in_process(json.loads(_config(root, "champion").read_text()), env)
+    assert first.promotion.promoted and first.promotion.shadow is None, first.promotion
     return root, env
 
 
@@ -214,9 +215,10 @@ def test_a_candidate_failing_on_live_inputs_is_refused_with_its_error_rate_and_t
     assert (root / "serving" / "versions" / candidate / "DISCARDED.json").exists()
     _, tags = _registered(env, candidate)
     assert tags["podium.shadow"] == "refused" and float(tags["podium.shadow.error_rate"]) > 0
-    status = json.loads(podium(["status", "--json", "--config", str(_config(root, "broken"))], env).stdout)
+    # what `podium status` and `podium history` say (read in this process: their processes are test_cli_process's)
+    status = json.loads(podium_in_process(["status", "--json", "--config", str(_config(root, "broken"))], env).stdout)
     assert "refused by its shadow" in status["promotion_reason"] and status["champion"]["version"] == champion
-    history = json.loads(podium(["history", "--json", "--serving", str(root / "serving")], env).stdout)
+    history = json.loads(podium_in_process(["history", "--json", "--serving", str(root / "serving")], env).stdout)
     assert history["current"] == champion and all(s["version"] != candidate for s in history["switches"])
     assert "Refused" in _artifact("broken-shadow")
 

@@ -19,11 +19,9 @@ registered model of its own (the champion), then `strong` with the signal:
                                                                 serve`: the shadow waits for traffic)
 
 The after-switch case runs with SIGINT and with SIGTERM (a scheduler's, a pod's stop: the same outcome), and the
-approved case with SIGTERM. One case trains (the module's only training): `podium run` on a local Ray of its own,
-which it shuts down once training is done (podium.training.cluster.release_ray: Ray's shutdown reset SIGTERM to its
-default behind Python's back, and the run died of a SIGTERM from "training done" on), then SIGTERM right after its
-switch: exit 0, the late-stop line and `--json`'s, the flow run Completed, the MLflow run FINISHED, CURRENT the
-registered version @champion names.
+approved case with SIGTERM. Each case's champion is promoted in the test's process (the promote-run flow): the
+stopped promotion after it is the command's. (SIGTERM right after the switch of a `podium run` on a local Ray of its
+own, released once training is done: test_cli_alone's training carries it.)
 """
 
 from __future__ import annotations
@@ -37,8 +35,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.checkpoints import make_trained_run, nightly_home
-from helpers.commands import awaiting_approval, podium
+from helpers.checkpoints import make_trained_run, nightly_home, promote_in_process
+from helpers.commands import awaiting_approval, podium_in_process
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
@@ -73,12 +71,12 @@ def world(prefect_api, shared_ray, tmp_path_factory, mlflow_template_db):
 
 
 def _champion(world, case: str, **promotion) -> str:
-    """Promote `weak` to the case's location: its champion's version."""
+    """Promote `weak` to the case's location, in this process (the champion is the case's setting; the stopped
+    promotion after it is the command's): its champion's version."""
     root, env = world
-    out = json.loads(podium(["promote", "--json", "--config", str(_config(root, "weak", case, **promotion))],
-                            env).stdout)
-    assert out["promoted"]["version"] == "v000001", out
-    return out["promoted"]["version"]
+    summary = promote_in_process(json.loads(_config(root, "weak", case, **promotion).read_text()), env)
+    assert summary.promotion.promoted.version == "v000001", summary.promotion
+    return summary.promotion.promoted.version
 
 
 def _promote_paused(world, case: str, point: str, *more: str, **promotion) -> tuple[subprocess.Popen, Path]:
@@ -221,7 +219,8 @@ def test_a_stop_after_the_approval_but_before_the_switch_withdraws_the_approved_
     champion = _champion(world, case)
     proc, marker = _promote_paused(world, case, "before-switch", "--approval", "required")
     awaiting_approval(proc, "strong")
-    podium(["approve", "--run-name", "strong", "--reason", "looks good", "--by", "test"], env)
+    # the approval in this process (`podium approve`'s own: test_promotion_state, test_promotion_policy)
+    podium_in_process(["approve", "--run-name", "strong", "--reason", "looks good", "--by", "test"], env)
     _when(proc, marker)  # approved, sealed, about to switch
     os.killpg(proc.pid, signal.SIGTERM)  # a scheduler's stop: as Ctrl-C's
     out, err = _ended(proc, 143)
@@ -252,57 +251,3 @@ def test_a_stop_during_the_shadow_withdraws_the_candidate_and_the_champion_stays
     assert not (root / case / "SHADOW").exists()
     assert (root / case / "versions" / "v000002" / "DISCARDED.json").exists()
     assert_serving_agrees(world, case, champion)
-
-
-def test_a_sigterm_after_training_on_a_local_ray_released_early_completes_the_switched_promotion(world):
-    """`podium run` on a local Ray of its own (no RAY_ADDRESS), which it shuts down as soon as training is done; a
-    SIGTERM right after the switch (the promotion runs after that shutdown): the command ends on its own, exit 0, as
-    for Ctrl-C, and the flow run, the MLflow run, CURRENT and @champion all say the promotion stood."""
-    from podium.tracking.runs import find_tracking_run
-
-    root, env = world
-    case = "trained"
-    local = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
-    marker = root / f"paused-{case}"
-    config = _config(root, "strong", case)
-    trained = json.loads(config.read_text())
-    trained["run_name"] = "trained"
-    config.write_text(json.dumps(trained))
-    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "run", "--json", "--config", str(config)],
-                            env={**local, "PODIUM_TEST_PAUSE_AT": "after-switch", "PODIUM_TEST_PAUSE_FILE": str(marker)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    _when(proc, marker, timeout_s=480)
-    _ray_shut_down(proc.pid)  # the case of the issue: the signal comes after the local Ray's shutdown, not during it
-    os.kill(proc.pid, signal.SIGTERM)  # to the command alone, as a pod's stop reaches its main process
-    out, err = _ended(proc, 0)
-    said = json.loads(out.strip().splitlines()[-1])
-    late = "SIGTERM after the switch: v000001 promoted; the run is complete"
-    assert "training done" in err, err[-3000:]
-    assert said["late_stop"] == late and f"podium: {late}" in err, (said, err[-3000:])
-    assert said["promoted"]["version"] == "v000001" == said["champion"]["version"], said
-    aliases, _ = _registry(world, case)
-    assert said["promoted"]["mlflow_version"] == str(aliases["champion"]), (said["promoted"], aliases)
-    assert _flow_run_state("trained", "run") == "Completed"
-    run = find_tracking_run(env["MLFLOW_TRACKING_URI"], "stops", "trained")
-    assert run.client().get_run(run.run_id).info.status == "FINISHED"
-    assert_serving_agrees(world, case, "v000001")
-
-
-def _ray_shut_down(pid: int, timeout_s: float = 120) -> None:
-    """Wait until the local Ray the command `pid` started (its GCS and raylet, its children) is gone: released once
-    training was done (podium.training.cluster.release_ray)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        children = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()  # "pid (comm) state ppid ..."
-            except OSError:
-                continue
-            name, (state, ppid) = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()[:2]
-            if int(ppid) == pid and state != "Z" and name in ("gcs_server", "raylet"):
-                children.append(name)
-        if not children:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the local Ray of podium process {pid} was not shut down after training")
