@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
-from helpers.commands import podium
+from helpers.commands import podium, podium_in_process
 from helpers.live import Answer, call, serving
 from helpers.prefect_queries import flow_run_state
 from podium_nightly_code import FEATURES
@@ -263,7 +263,7 @@ def test_a_promoter_killed_during_its_watch_is_settled_by_the_next_command(world
     watched = json.loads(pointer.read_text())
     new = watched["version"]
     assert _current(root) == new and watched["previous"] == before
-    status = json.loads(podium(["status", "--json", "--config", str(config)], env).stdout)
+    status = json.loads(podium_in_process(["status", "--json", "--config", str(config)], env).stdout)
     assert any("watched by a command that is gone" in d for d in status["disagreements"]), status["disagreements"]
     with Clients(server) as live:  # the replicas count its answers for the watch nobody reads now
         tallies = root / "serving" / "watch" / watched["watch_id"]
@@ -282,7 +282,7 @@ def test_a_promoter_killed_during_its_watch_is_settled_by_the_next_command(world
     outcome = json.loads(after.stdout.strip().splitlines()[-1])
     assert outcome["promoted"] is None, outcome  # its checkpoint was withdrawn by the rollback
     # `podium status` of the killed promoter's run says what settled its watch, not only its promotion
-    settled = json.loads(podium(["status", "--json", "--config", str(config)], env).stdout)
+    settled = json.loads(podium_in_process(["status", "--json", "--config", str(config)], env).stdout)
     assert settled["promoted"]["version"] == new, settled["promoted"]
     assert settled["promoted"]["watch"]["state"] == "rolled-back", settled["promoted"]
     assert "settled by the next command" in settled["promoted"]["watch"]["reason"], settled["promoted"]
