@@ -38,6 +38,10 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "passwd", "procps", "ca-certificates")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# the wheelhouse's requirements beside podium[k8s]: torch pinned first (a bare torch is a CUDA build of GBs), and
+# redis's async-timeout, which it needs on the image's Python (bookworm's 3.11.2, before 3.11.3) and a newer Python
+# resolving the wheelhouse leaves out (the Containerfile's `pip check` refuses the image without it)
+WHEELS = ("torch==2.13.0", "async-timeout")
 # podium's own code, installed in the image's last layer
 SOURCE_DIRS = ("podium", "flows", "tasks", "training", "deployments")
 CONTAINERS_CONF = """\
@@ -128,13 +132,14 @@ def ensure_base(env: dict[str, str], cache: Path) -> str:
 def ensure_wheelhouse(cache: Path) -> Path:
     """podium's dependencies as wheels (torch first, pinned: the CPU build), resolved by pip with constraints.txt;
     made once per constraints.txt and pyproject.toml."""
-    key = _files_digest([ROOT / "constraints.txt", ROOT / "pyproject.toml"])
+    key = _digest(_files_digest([ROOT / "constraints.txt", ROOT / "pyproject.toml"]).encode(), *map(str.encode, WHEELS))
     house = cache / f"wheels-{key}"
     if house.is_dir():
         return house
     building = Path(tempfile.mkdtemp(prefix="wheels-", dir=cache))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-c", str(ROOT / "constraints.txt"), "-w",
-                    str(building), "torch==2.13.0", f"{ROOT}[k8s]"], check=True, capture_output=True, timeout=900)
+                    str(building), *WHEELS[:1], f"{ROOT}[k8s]", *WHEELS[1:]], check=True, capture_output=True,
+                   timeout=900)
     for own in building.glob("podium-*.whl"):  # podium itself is the image's last layer
         own.unlink()
     for old in cache.glob("wheels-*"):
@@ -331,7 +336,11 @@ class Relay:
 
     def __init__(self, listen_host: str, target: tuple[str, int]):
         self.target = target
-        self.server = socket.create_server((listen_host, 0))
+        self.server = socket.socket()
+        # IP_FREEBIND: the gateway's address is on the network's bridge only once a pod joins the network
+        self.server.setsockopt(socket.SOL_IP, getattr(socket, "IP_FREEBIND", 15), 1)
+        self.server.bind((listen_host, 0))
+        self.server.listen()
         self.address = self.server.getsockname()[:2]
         self.stopped = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -119,8 +120,9 @@ class Namespace:
                         self.rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0][
                             "env"] if "value" in e}
 
-    def put_data(self) -> None:
-        """The shared volume and the training data on it, through a pod of podium's image (kubectl run, cp)."""
+    def put_data(self, mlflow_db: Path) -> None:
+        """The shared volume and the training data on it, through a pod of podium's image (kubectl run, cp); and the
+        MLflow store that stands in for the cluster's MLflow server, its schema made (as an MLflow server's is)."""
         from podium.training.data import make_classification_data
 
         podman(["volume", "create", VOLUME], self.env)
@@ -132,6 +134,7 @@ class Namespace:
             podman(["exec", "podium-data", "mkdir", "-p", f"{MOUNT}/home/data"], self.env)
             for path in (train, val):
                 podman(["cp", path, f"podium-data:{MOUNT}/home/data/{Path(path).name}"], self.env)
+            podman(["cp", str(mlflow_db), f"podium-data:{MOUNT}/home/mlflow.db"], self.env)
             podman(["exec", "--user", "0", "podium-data", "chown", "-R", "1000:1000", f"{MOUNT}/home"], self.env)
         finally:
             podman(["rm", "-f", "-t", "0", "podium-data"], self.env)
@@ -168,7 +171,7 @@ class Namespace:
 
 
 @pytest.fixture(scope="module")
-def cluster_ns(tmp_path_factory, prefect_api, request):
+def cluster_ns(tmp_path_factory, prefect_api, mlflow_template_db, request):
     folder = tmp_path_factory.mktemp("k8s-podman")
     env = podman_env(folder)
     # what a run killed before its end left: its pods (all named podium-*), the network, the volume
@@ -180,7 +183,7 @@ def cluster_ns(tmp_path_factory, prefect_api, request):
     image = ensure_image(env, CACHE)
     ns = Namespace(folder, env, image.tag, prefect_api)
     try:
-        ns.put_data()
+        ns.put_data(mlflow_template_db)
         yield ns
     finally:
         ns.close()
@@ -238,9 +241,17 @@ def night_outcome(logs: str) -> dict:
     raise AssertionError(f"no outcome in the night's logs:\n{logs[-4000:]}")
 
 
+def deployment_pod(ns: Namespace, file: str) -> str:
+    """The pod podman made of a file's Deployment (`<name>-pod`, or `<name>-pod-0` in podman 4.3)."""
+    (deployment,) = [d for d in yaml.safe_load_all((ns.k8s / file).read_text()) if d["kind"] == "Deployment"]
+    name = deployment["metadata"]["name"]
+    (pod,) = [p for p in podman(["pod", "ps", "--format", "{{.Name}}"], ns.env).stdout.split()
+              if p in (f"{name}-pod", f"{name}-pod-0")]
+    return pod
+
+
 def serve_pod(ns: Namespace) -> str:
-    (deployment,) = [d for d in yaml.safe_load_all((ns.k8s / "serve.yaml").read_text()) if d["kind"] == "Deployment"]
-    return pod_ip(f"{deployment['metadata']['name']}-pod", NETWORK, ns.env)
+    return pod_ip(deployment_pod(ns, "serve.yaml"), NETWORK, ns.env)
 
 
 def invocation(ns: Namespace) -> bytes:
@@ -298,3 +309,36 @@ def test_a_night_stopped_midway_leaves_true_records_and_the_next_night_goes_on(c
     code, logs = run_night(ns, "after-the-stop")
     assert code == 0, logs[-4000:]
     assert night_outcome(logs)["run_name"] != run_names[0]
+
+
+def test_the_prefect_workers_pod_picks_up_a_flow_run_of_the_work_pool(cluster_ns, prefect_api):
+    """production.md's work pool steps against the test's Prefect server, and the worker's Deployment played: its
+    pod polls the pool and takes the flow run. The Job it would then make needs a Kubernetes API, which podman has
+    not: the flow run ends Crashed with the worker's reason (not run here: the flow run's Job)."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    ns = cluster_ns
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    pool = json.loads((ns.k8s / "prefect" / "work-pool.json").read_text())
+    pool_name = pool["job_configuration"]["job_manifest"]["spec"]["template"]["metadata"]["labels"][
+        "app.kubernetes.io/instance"]
+    prefect = str(Path(sys.executable).parent / "prefect")
+    subprocess.run([prefect, "work-pool", "create", pool_name, "--type", "kubernetes", "--base-job-template",
+                    str(ns.k8s / "prefect" / "work-pool.json")], env=env, check=True, capture_output=True)
+    deployed = subprocess.run([sys.executable, "-m", "podium.deployments", "deploy", "--pool", pool_name, "--config",
+                               str(ns.folder / "podium.toml"), "--home", f"{MOUNT}/home"], env=env,
+                              capture_output=True, text=True)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    ns.play(ns.k8s / "prefect-worker.yaml")
+    flow_run = run_deployment("promote-run/promote-on-demand", timeout=0)
+
+    def taken():
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.id).state
+        return state if state is not None and state.type.value not in ("SCHEDULED",) else None
+
+    state = wait_for("the worker's pod takes the flow run", taken, 180, 2)
+    logs = podman(["logs", f"{deployment_pod(ns, 'prefect-worker.yaml')}-prefect-worker"], ns.env, check=False)
+    assert str(flow_run.id) in logs.stdout + logs.stderr, logs.stdout[-3000:] + logs.stderr[-3000:]
+    assert state.type.value in ("PENDING", "RUNNING", "CRASHED", "FAILED"), state
