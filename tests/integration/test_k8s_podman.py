@@ -131,7 +131,7 @@ class Namespace:
         podman(["run", "-d", "--name", "podium-data", "--network", NETWORK, "--user", "1000:1000", "-v",
                 f"{VOLUME}:{MOUNT}", self.image, "sleep", "600"], self.env)
         try:
-            podman(["exec", "podium-data", "mkdir", "-p", f"{MOUNT}/home/data"], self.env)
+            podman(["exec", "--user", "0", "podium-data", "mkdir", "-p", f"{MOUNT}/home/data"], self.env)
             for path in (train, val):
                 podman(["cp", path, f"podium-data:{MOUNT}/home/data/{Path(path).name}"], self.env)
             podman(["cp", str(mlflow_db), f"podium-data:{MOUNT}/home/mlflow.db"], self.env)
