@@ -172,7 +172,8 @@ class Namespace:
             self.down(path)
         self.relay.close()
         podman(["network", "rm", "-f", NETWORK], self.env, check=False)
-        podman(["volume", "rm", "-f", VOLUME], self.env, check=False)
+        # the shared volume, and the volume podman made of the ConfigMap (kube down leaves it)
+        podman(["volume", "rm", "-f", VOLUME, self.config_map["metadata"]["name"]], self.env, check=False)
 
 
 @pytest.fixture(scope="module")
