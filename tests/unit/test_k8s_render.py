@@ -292,11 +292,13 @@ def test_registry_references_are_taken(image):
 
 
 def test_the_image_installs_the_k8s_extra_which_names_what_every_pod_runs():
-    """The Containerfile installs podium[k8s]; the extra brings Ray's dashboard (job submission, `ray start`), the
-    Prefect Kubernetes worker and Ray Serve, each pinned by constraints.txt (the image's build installs with it)."""
+    """The Containerfile installs the wheelhouse pip resolved for podium[k8s] with constraints.txt (its recipe, and
+    the container test's, tests/helpers/podman.py), with no index, and `pip check`s it; the extra brings Ray's
+    dashboard (job submission, `ray start`), the Prefect Kubernetes worker and Ray Serve, each pinned."""
     containerfile = (REPO / "deployments" / "image" / "Containerfile").read_text()
-    assert 'ARG EXTRAS=k8s' in containerfile and '"podium[${EXTRAS}]"' in containerfile
-    assert "--no-index" in containerfile and "-c /tmp/podium/constraints.txt" in containerfile
+    assert 'pip wheel -c constraints.txt -w image/wheels torch==2.13.0 ".[k8s]"' in containerfile
+    assert "--no-index" in containerfile and "pip check" in containerfile
+    assert 'f"{ROOT}[k8s]"' in (REPO / "tests" / "helpers" / "podman.py").read_text()
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     k8s = " ".join(extras["k8s"])
     assert "ray[default]" in k8s and "prefect-kubernetes" in k8s and "serve" in k8s
