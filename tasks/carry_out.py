@@ -11,7 +11,8 @@ in the registry, as a sequence of named steps, each a function of the `Rollout` 
 | `challenge` | registers it under the `challenger` alias instead, to wait for a person's decision             |
 | `shadow`    | puts the challenger in shadow (`promotion.rollout = "shadow"`): `podium serve` mirrors live requests to it |
 
-`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs.
+`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs (`SEQUENCES`: the one
+each of the decision's stages names).
 
 The point of no return is `switch` (or, for a candidate, `challenge`: from there a stop is the approval's or the
 shadow's to settle, and they withdraw it). Before it, `carry_out` asks the flow's stop request (`Rollout.stop`, the
@@ -44,7 +45,7 @@ from podium.core.approval import Approval, challenger_alias
 from podium.core.comparison import Comparison, comparison_from_dict, comparison_to_dict
 from podium.core.numbers import format_number
 from podium.core.policy import Check, check_from_dict, check_to_dict
-from podium.core.promotion import Decision, checks_summary, comparison_summary
+from podium.core.promotion import AWAIT, PROMOTE, SHADOW, Decision, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.core.watch import WatchOutcome
@@ -58,14 +59,14 @@ from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import ServedModel, build_served_model, load_hint
 from podium.tasks.plan import RunPlan
-from podium.tasks.reconcile import withdraw_candidate
+from podium.tasks.reconcile import sync_alias, withdraw_candidate
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_comparison
 from podium.tracking.models import log_served_model, served_files_path
-from podium.tracking.registry import TAG_LOCATION_ID, alias_target, registered_version_for
+from podium.tracking.registry import TAG_LOCATION_ID, registered_version_for
 from podium.training import promoted as load
 
 logger = logging.getLogger(__name__)
@@ -312,6 +313,8 @@ TO_PROMOTE: tuple[Step, ...] = (stage, verify, seal, switch, alias)
 TO_AWAIT: tuple[Step, ...] = (stage, verify, challenge)
 TO_SHADOW: tuple[Step, ...] = (stage, verify, challenge, shadow)
 ONCE_APPROVED: tuple[Step, ...] = (seal, switch)  # a candidate staged and verified, approved by a person
+# the sequence each stage a decision names runs (podium.core.promotion's actions)
+SEQUENCES: dict[str, tuple[Step, ...]] = {PROMOTE: TO_PROMOTE, SHADOW: TO_SHADOW, AWAIT: TO_AWAIT}
 
 
 POINTS_OF_NO_RETURN: tuple[Step, ...] = (switch, challenge)  # after them, a stop no longer withdraws in the steps
@@ -490,24 +493,19 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
 
 
 def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
-    """The champion is already current in serving; make sure the registry says so too.
-
-    A promotion interrupted after the pointer switch but before the alias moved
-    is finished here, when promotion runs again (its MLflow model was logged before the switch).
-    """
+    """The champion is already current in serving; make sure the registry says so too: registered if it never was
+    (its MLflow model was logged before the switch), the alias moved to it if a promotion was interrupted after the
+    pointer switch but before the alias moved (`podium.tasks.reconcile.sync_alias`, the one repair of the alias)."""
     p = plan.config.promotion
     current = layout.read_current(plan.serving)
     if current is None:
         return None
-    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
-                                     current.uri)
-    if version is None:
+    if registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
+                              current.uri) is None:
         version = register(plan, tracking, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
-    elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
-        ledger.repair_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
-        logger.info("moved alias %s to version %s (the current champion)", p.alias, version)
-    return version
+        return version
+    return sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
 
 
 def record_decision(tracking: TrackingRun, decision: Decision) -> None:

@@ -1,8 +1,9 @@
 """Gather: everything a promotion decision is made from (`podium.core.promotion.Evidence`), and all the I/O it takes.
 
-Under the serving location's promotion lock, `gather_evidence` first repairs what a command cut short
-(`podium.tasks.reconcile`), then picks the best of the run's checkpoint records, reads the champion, and
-measures what the decision asks for (`podium.core.promotion.missing_evidence`), in order:
+Under the serving location's promotion lock, once what a command cut short is finished
+(`podium.tasks.reconcile.finish_cut_short`, which the promotion calls first), `gather_evidence` only reads: it picks
+the best of the run's checkpoint records, reads the champion, and measures what the decision asks for
+(`podium.core.promotion.missing_evidence`), in order:
 
 - The same-data gate: a number measured on other validation data than the current one (by digest;
   `podium.core.comparison`) is measured again on it: in a nightly run that is the champion's, once, with the
@@ -45,7 +46,6 @@ from podium.serving import layout
 from podium.storage.fingerprint import DatasetDigest
 from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
-from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_rescore
 from podium.training.promoted import CHECKPOINT_META
@@ -66,14 +66,11 @@ def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
                     policy: Policy) -> Evidence:
-    """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock): the location and
-    the registry brought in line first, then the best checkpoint, the champion, and what the decision asks to be
-    measured. Checkpoints a rollback withdrew from this serving location are left out (its history says which)."""
+    """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock, once
+    `podium.tasks.reconcile.finish_cut_short` brought the location and the registry in line): the best checkpoint,
+    the champion, and what the decision asks to be measured; it moves nothing. Checkpoints a rollback withdrew from
+    this serving location are left out (its history says which)."""
     p = plan.config.promotion
-    # what a command cut short left (podium.tasks.reconcile), before anything is decided from the location
-    claim_location(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
-    withdraw_orphans(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
-    sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
     best, why = select_best(checkpoints, policy.metric, policy.mode, layout.withdrawn_checkpoints(plan.serving))
     current = layout.read_current(plan.serving)
     data = plan.data.get("val")

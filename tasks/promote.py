@@ -15,7 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
-from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, decide_promotion
+from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
@@ -36,6 +36,7 @@ from podium.tasks.carry_out import (
 )
 from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
 from podium.tasks.plan import RunPlan
+from podium.tasks.reconcile import finish_cut_short
 from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import list_records
@@ -95,8 +96,12 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
     under the `challenger` alias instead, and the outcome's `awaiting` says so; `settle_candidate` finishes it
     once a person (or the timeout) decided."""
     records = list_records(tracking)
-    policy = promotion_policy(plan.config.promotion, approval)
+    p = plan.config.promotion
+    policy = promotion_policy(p, approval)
     with promotion_lock(plan.serving) as still_locked:
+        # what a command cut short is finished first (an alias moved to what serves, orphans withdrawn): gathering
+        # only reads, against the location as it is now, in the lock
+        finish_cut_short(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
         evidence = gather_evidence(plan, tracking, records, policy)  # against the champion as it is now, in the lock
         decision = decide_promotion(evidence, policy)
         steps.record_decision(tracking, decision)
@@ -108,24 +113,25 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
 
 def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, champion: Champion | None,
                        still_locked: Callable[[], None], stop: StopPoint = NO_STOP) -> PromotionOutcome:
-    """What `decision` says to do: promote (`carry_out.TO_PROMOTE`), stage a candidate to await a person
-    (`TO_AWAIT`), bring the registry in line with a champion already current, or nothing; and the outcome."""
+    """What `decision` says to do, the stage it names (`carry_out.SEQUENCES`): promote (`TO_PROMOTE`), stage a
+    candidate for its shadow (`TO_SHADOW`) or to await a person (`TO_AWAIT`), bring the registry in line with a
+    champion already current, or nothing; and the outcome."""
     p = plan.config.promotion
     promoted: Promoted | None = None
     awaiting: Candidate | None = None
     reason = decision.reason
-    if decision.action == AWAIT:
-        shadowed = p.rollout == "shadow" and champion is not None  # the first promotion has no champion to shadow
-        if shadowed:
-            check_no_shadow(plan.serving)  # before anything is staged
+    if decision.action == SHADOW:
+        check_no_shadow(plan.serving)  # before anything is staged
+    if decision.held:
         rollout = Rollout.of(plan, tracking, decision, still_locked, stop=stop)
-        awaiting = steps.candidate(carry_out(steps.TO_SHADOW if shadowed else steps.TO_AWAIT, rollout))
-        waits = f"in shadow beside {champion.version}" if champion is not None and shadowed else "awaiting approval"
+        awaiting = steps.candidate(carry_out(steps.SEQUENCES[decision.action], rollout))
+        waits = (f"in shadow beside {champion.version}" if champion is not None and decision.action == SHADOW
+                 else "awaiting approval")
         reason = (f"{decision.reason}; {waits} as {awaiting.version} (MLflow {p.registered_model} "
                   f"v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
     elif decision.action == PROMOTE:
         rollout = Rollout.of(plan, tracking, decision, still_locked, origin(), stop)
-        promoted = steps.promoted(carry_out(steps.TO_PROMOTE, rollout))
+        promoted = steps.promoted(carry_out(steps.SEQUENCES[PROMOTE], rollout))
     elif decision.action == CURRENT and decision.candidate is not None:
         steps.finish_registration(plan, tracking, decision.candidate)
     return PromotionOutcome(promoted=promoted, reason=reason, awaiting=awaiting,

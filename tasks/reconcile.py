@@ -2,7 +2,7 @@
 aliases and tags are derived from it, checked against it and repaired where a command was cut short.
 
 Every command that changes what a location serves (`podium run`, `promote`, `rollback`, the decisions on a
-candidate) starts here, under the location's promotion lock:
+candidate) starts here, under the location's promotion lock (`finish_cut_short` does the first three in order):
 
 - `claim_location`: the location's identity (`LOCATION.json`: its registered model and alias) and the
   registry's record that the alias belongs to it; a second location of a model asking for the same alias is
@@ -60,6 +60,18 @@ def claim_location(serving: str, tracking_uri: str, registered_model: str, alias
     legacy = _legacy_owner(serving, tracking_uri, registered_model, alias) if found is None else None
     location = found or ensure_location(serving, registered_model, alias)
     ledger.claim_alias(tracking_uri, registered_model, alias, location.id, location.uri, legacy)
+    return location
+
+
+def finish_cut_short(serving: str, tracking_uri: str, registered_model: str, alias: str,
+                     alias_too: bool = True) -> Location:
+    """What a command cut short, finished before anything is read or decided from the location (call it under the
+    promotion lock): the location claimed, orphans withdrawn (a shadow ended, a watch settled), and the alias moved
+    to what serves (`alias_too`: False for a rollback, whose `switch_back` brings the whole registry in line)."""
+    location = claim_location(serving, tracking_uri, registered_model, alias)
+    withdraw_orphans(serving, tracking_uri, registered_model, alias)
+    if alias_too:
+        sync_alias(serving, tracking_uri, registered_model, alias)
     return location
 
 
@@ -171,8 +183,7 @@ def sync_alias(serving: str, tracking_uri: str, name: str, alias: str) -> str | 
         logger.warning("no registered version of %s is serving version %s: alias %s not moved", name,
                        current.version, alias)
         return None
-    if alias_target(tracking_uri, name, alias) != version:
-        ledger.repair_alias(tracking_uri, name, alias, version)
+    if ledger.align_alias(tracking_uri, name, alias, version):
         say("registry: moved @%s of %s to version %s (serving %s at %s)", alias, name, version, current.version,
             serving)
     return version

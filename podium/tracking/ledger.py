@@ -10,12 +10,14 @@ every write of that mirror is here, named for what it records:
 | `await_decision`       | a new version under the `challenger` alias, tagged `podium.approval = pending`         |
 | `settle_challenger`    | the decision on it (tags), the alias moved to it if it was promoted, `challenger` gone  |
 | `withdraw_challenger`  | a candidate whose command is gone: `podium.approval = withdrawn`, `challenger` gone     |
-| `repair_alias`         | the alias moved back in line with what serves (a command stopped before it moved it)   |
+| `align_alias`          | the alias moved back in line with what serves (a command stopped before it moved it)   |
 | `withdraw` / `reinstate` | a version a rollback left is tagged `podium.withdrawn` (and its LoggedModel), or not   |
 | `record_watch`         | the watch after a version's switch: `podium.watch` (passed, rolled-back), why, numbers  |
 
-Nothing else in podium calls MlflowClient's registry writes (tests/unit/test_ledger.py reads the package to
-check). Reads live in podium.tracking.registry.
+Who moves @champion (or any alias)? `move_alias`, here, and nothing else: each verb above that moves an alias
+(`promote_version`, `await_decision`, `settle_challenger`, `align_alias`) goes through it. Nothing else in podium
+calls MlflowClient's registry writes (tests/unit/test_ledger.py reads the package to check both). Reads live in
+podium.tracking.registry.
 
 A registered version's files are the bytes its serving version serves: each promotion's built model is logged
 into the checkpoint's LoggedModel at a path of its own (`served/<vN>-<uid>`, podium.tracking.models) and the
@@ -107,7 +109,7 @@ def _register(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: 
         mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
                                          description=description)
     version = _one_version(client, name, version_uid, str(mv.version))
-    client.set_registered_model_alias(name, alias, version)
+    move_alias(client, name, alias, version)
     if record.model_id:
         # the LoggedModel lists the versions made from it (as mlflow.register_model does): appended, once
         model = client.get_logged_model(record.model_id)
@@ -136,7 +138,7 @@ def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, ch
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     if promoted:
-        client.set_registered_model_alias(name, alias, version)
+        move_alias(client, name, alias, version)
         if model_id:
             client.set_logged_model_tags(model_id, {TAG_PROMOTED: "true"})
     mv = client.get_model_version(name, version)
@@ -146,7 +148,7 @@ def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, ch
     client.update_model_version(name, version, description=(mv.description or "").replace(
         f"awaiting approval (alias {challenger})", verdict))
     if alias_target(tracking_uri, name, challenger) == version:
-        client.delete_registered_model_alias(name, challenger)
+        move_alias(client, name, challenger, None)
 
 
 @tracking_call("withdrawing the candidate")
@@ -159,11 +161,23 @@ def withdraw_challenger(tracking_uri: str, name: str, version_uid: str, alias: s
                           decision if tags.get(TAG_APPROVAL) == PENDING else {})
 
 
+def move_alias(client: MlflowClient, name: str, alias: str, version: str | None) -> None:
+    """Point `alias` of `name` at `version` (None: remove it). The one place in podium that moves a registry alias:
+    the verbs of this module call it, each for what it records."""
+    if version is None:
+        client.delete_registered_model_alias(name, alias)
+    else:
+        client.set_registered_model_alias(name, alias, version)
+
+
 @tracking_call("moving the registry alias")
-def repair_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
-    """Move `alias` to `version`: the registered version of what serves (a promotion stopped between its switch
-    and its alias, a rollback)."""
-    tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)
+def align_alias(tracking_uri: str, name: str, alias: str, version: str) -> bool:
+    """Move `alias` to `version`, the registered version of what serves, if it names another (a promotion stopped
+    between its switch and its alias, a rollback); returns whether it moved."""
+    if alias_target(tracking_uri, name, alias) == version:
+        return False
+    move_alias(tracking_client(tracking_uri), name, alias, version)
+    return True
 
 
 @tracking_call("claiming the registry alias for the serving location")
