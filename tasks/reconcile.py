@@ -32,7 +32,7 @@ from typing import Any
 
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
-from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate_watch, decide_watch
+from podium.core.watch import BROKE, Watched, WatchVerdict, aggregate_watch, decide_watch
 from podium.errors import AliasTaken, HistoryError, ServingError, TrackingUnavailable
 from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
@@ -273,27 +273,22 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
     return sync_alias(serving, tracking_uri, registered_model, alias)
 
 
-def pointer_watch_limits(pointer: dict[str, Any]) -> WatchLimits:
-    """The limits a WATCH pointer carries (`promotion.watch`, as the promotion that started it read them)."""
-    return WatchLimits.from_dict(dict(pointer.get("limits") or {}))
-
-
-def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, pointer: dict[str, Any],
+def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched: Watched,
                  verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> str:
     """Carry out a watch's verdict, under the promotion lock: a limit broken rolls the watched version back to the
     champion it replaced (the history record says why), if it still serves; then its registered version is tagged
     with the outcome (`podium.watch`: rolled-back, passed, or ended when the champion changed meanwhile), the
     WATCH pointer goes, and a rollback is announced (`podium.serving.rolled-back`, the verdict in its payload).
     Returns the outcome's word."""
-    version, previous = str(pointer.get("version")), pointer.get("previous")
+    version, previous = watched.version, watched.previous
     current = (layout.read_pointer(serving) or {}).get("version")
     outcome = "passed"
     back = None
     if current != version:
         outcome = "ended"  # a rollback or a promotion meanwhile: the watched champion no longer serves
     elif verdict.state == BROKE:
-        back = switch_back(serving, tracking_uri, name, alias, still_locked, str(previous) if previous else None,
-                           verdict.reason, {**origin, "watch": verdict.as_dict()})
+        back = switch_back(serving, tracking_uri, name, alias, still_locked, previous, verdict.reason,
+                           {**origin, "watch": verdict.as_dict()})
         outcome = "rolled-back"
     watched = layout.read_version(serving, version)
     if watched is not None:
@@ -301,9 +296,9 @@ def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, pointer
         ledger.record_watch(tracking_uri, name, watched.manifest.get("version_uid"), watched.uri,
                             {"podium.watch": outcome, "podium.watch.reason": verdict.reason[:5000],
                              **{f"podium.watch.{k}": "" if v is None else repr(v) for k, v in numbers.items()}})
-    end_watch(serving, str(pointer.get("watch_id")))
+    end_watch(serving, watched.watch_id)
     if back is not None and back.switched:
-        model = str(pointer.get("model") or name)
+        model = watched.model or name
         emit_news(EVENT_ROLLED_BACK, model_resource(model), news_related(None, None, None, back.mlflow_version, name),
                   {"model": model, "registered_model": name, "from_version": back.from_version,
                    "to_version": back.to_version, "mlflow_version": back.mlflow_version, "withdrawn": back.withdrawn,
@@ -318,15 +313,16 @@ def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) 
     pointer = read_watch(serving)
     if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
         return None
-    numbers = aggregate_watch(read_watch_tallies(serving, str(pointer.get("watch_id"))))
-    verdict = decide_watch(numbers, pointer_watch_limits(pointer), over=True)
+    watched = Watched.from_pointer(pointer)
+    numbers = aggregate_watch(read_watch_tallies(serving, watched.watch_id))
+    verdict = decide_watch(numbers, watched.limits, over=True)
     cut = "its promoter ended during its watch, settled by the next command: "
     verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)
     origin = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid(),
               "command": "settled a watch its promoter left"}
-    outcome = settle_watch(serving, tracking_uri, name, alias, pointer, verdict, lambda: None, origin)
-    version = pointer.get("version")
-    said = (f"rolled back {version} to {pointer.get('previous')}: {verdict.reason}" if outcome == "rolled-back"
+    outcome = settle_watch(serving, tracking_uri, name, alias, watched, verdict, lambda: None, origin)
+    version = watched.version
+    said = (f"rolled back {version} to {watched.previous}: {verdict.reason}" if outcome == "rolled-back"
             else f"{version}: {verdict.reason}" if outcome == "passed"
             else f"ended the watch of {version}: it no longer serves")
     say("serving %s: %s", serving, said)

@@ -25,6 +25,7 @@ from podium.core.watch import (
     BROKE,
     WATCHING,
     Settled,
+    Watched,
     WatchLimits,
     WatchOutcome,
     WatchVerdict,
@@ -68,16 +69,14 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     w, p = plan.config.promotion.watch, plan.config.promotion
     assert w is not None and outcome.promoted is not None and outcome.champion_before is not None
     version, previous = outcome.promoted.version, outcome.champion_before
-    watch_id = f"{version}-{uuid.uuid4().hex[:8]}"
-    limits = watch_limits(plan)
-    start_watch(plan.serving, watch_id, version, previous, w.duration_s, limits,
-                this_process(tracking.run_name, flow_run_id=_flow_run_id()), model=plan.config.model,
+    watched = Watched(f"{version}-{uuid.uuid4().hex[:8]}", version, previous, watch_limits(plan), plan.config.model)
+    limits = watched.limits
+    start_watch(plan.serving, watched, w.duration_s, this_process(tracking.run_name, flow_run_id=_flow_run_id()),
                 run_name=tracking.run_name)
-    pointer = {"watch_id": watch_id, "version": version, "previous": previous, "model": plan.config.model}
     say("watch: %s serves in place of %s; watched for %g s (promotion.watch): rolled back if a limit breaks",
         version, previous, w.duration_s)
     started = time.monotonic()
-    polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watch_id)),
+    polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watched.watch_id)),
                        lambda n, over: decide_watch(n, limits, over).state != WATCHING, version, w.duration_s,
                        stop_requested, poll_s)
     # the verdict on the last numbers, however the poll ended (a rollback meanwhile: settle_watch says it ended)
@@ -85,14 +84,14 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     stopped = polled.ended == "stopped"
     state: Settled
     if stopped:
-        end_watch(plan.serving, watch_id)
+        end_watch(plan.serving, watched.watch_id)
         verdict = WatchVerdict(WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
                                          f"limit broken ({_said(verdict)}): the promotion stands",
                                verdict.numbers)
         said, state = verdict.reason, "stopped"
     else:
         with promotion_lock(plan.serving) as still_locked:
-            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, pointer,
+            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, watched,
                                             verdict, still_locked, origin()))
         said = (verdict.reason if state in ("rolled-back", "passed")
                 else f"its watch ended after {time.monotonic() - started:.0f} s: {version} no longer serves "
