@@ -201,7 +201,7 @@ class Rollout:
 
     plan: RunPlan
     tracking: TrackingRun
-    still_locked: Callable[[], None]  # raises once the promotion lock is lost (podium.tasks.promote.promotion_lock)
+    still_locked: Callable[[], None]  # raises once the promotion lock is lost (podium.tasks.reconcile.promotion_lock)
     record: CheckpointRecord
     value: float
     reason: str

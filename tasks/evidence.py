@@ -1,7 +1,7 @@
 """Gather: everything a promotion decision is made from (`podium.core.promotion.Evidence`), and all the I/O it takes.
 
 Under the serving location's promotion lock, once what a command cut short is finished
-(`podium.tasks.reconcile.finish_cut_short`, which the promotion calls first), `gather_evidence` only reads: it picks
+(`podium.tasks.promote.finish_cut_short`, which the promotion calls first), `gather_evidence` only reads: it picks
 the best of the run's checkpoint records, reads the champion, and measures what the decision asks for
 (`podium.core.promotion.missing_evidence`), in order:
 
@@ -67,7 +67,7 @@ def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
                     policy: Policy) -> Evidence:
     """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock, once
-    `podium.tasks.reconcile.finish_cut_short` brought the location and the registry in line): the best checkpoint,
+    `podium.tasks.promote.finish_cut_short` brought the location and the registry in line): the best checkpoint,
     the champion, and what the decision asks to be measured; it moves nothing. Checkpoints a rollback withdrew from
     this serving location are left out (its history says which)."""
     p = plan.config.promotion

@@ -4,12 +4,8 @@ decision out (`podium.tasks.carry_out`: stage, verify, seal, switch, alias); the
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import socket
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,8 +16,6 @@ from podium.core.records import Champion, CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
 from podium.serving.shadow import check_no_shadow
-from podium.settings import current_user
-from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks import carry_out as steps
 from podium.tasks.carry_out import (
@@ -36,7 +30,8 @@ from podium.tasks.carry_out import (
 )
 from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
 from podium.tasks.plan import RunPlan
-from podium.tasks.reconcile import finish_cut_short
+from podium.tasks.reconcile import claim_location, origin, promotion_lock, sync_alias, withdraw_orphans
+from podium.tasks.watch import settle_orphan_watch
 from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import list_records
@@ -44,47 +39,20 @@ from podium.tracking.records import list_records
 logger = logging.getLogger(__name__)
 
 
-def origin(command: str | None = None) -> dict[str, Any]:
-    """What started a switch of CURRENT, for its history record: the Prefect flow run (and deployment)
-    or the command, and who ran it where."""
-    from prefect.runtime import flow_run
-
-    # local: Prefect's runtime and API client load only when a promotion asks who started it
-    from podium.prefect_api import current_deployment
-
-    out: dict[str, Any] = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid()}
-    if command:
-        out["command"] = command
-    if flow_run.id:
-        out.update(flow=flow_run.flow_name, flow_run=flow_run.name, flow_run_id=str(flow_run.id))
-        started_by = current_deployment()
-        if started_by and started_by[1]:
-            out["deployment"] = started_by[1]
-    return out
-
-
-@contextlib.contextmanager
-def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[[], None]]:
-    """One promoter at a time per serving location, from decision to alias; yields a `check()`.
-
-    Without it two promoters could each switch CURRENT and move the alias in
-    interleaved order, leaving the registry naming another version than serving.
-    `<serving>/.promotion.lock`: an flock locally, a lease object on S3
-    (`training.lease.location_lock`). `check()` raises if an S3 lease was lost
-    (its holder stalled past the TTL and another promoter took it over):
-    promotion calls it before every step that others can see.
-    """
-    locked = False
-    try:
-        with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
-            locked = True
-            yield check
-    except LeaseError as exc:
-        raise layout.ServingError(str(exc)) from None
-    except OSError as exc:  # a full disk before anything was written: the lock file takes its holder's name
-        if locked or not layout.is_disk_full(exc):
-            raise
-        raise layout.full_location_error(serving, "its promotion lock", exc) from None
+def finish_cut_short(serving: str, tracking_uri: str, registered_model: str, alias: str, claim: bool = True,
+                     alias_too: bool = True) -> list[str]:
+    """What a command cut short, finished before anything is read or decided from the location (call it under the
+    promotion lock), in order: the location claimed (`claim`), orphans withdrawn (versions staged by a command that
+    is gone, a shadow it left; podium.tasks.reconcile), a watch it left settled (podium.tasks.watch), and the alias
+    moved to what serves (`alias_too`: not for a rollback, whose switch brings the whole registry in line). Returns
+    the versions withdrawn."""
+    if claim:
+        claim_location(serving, tracking_uri, registered_model, alias)
+    withdrawn = withdraw_orphans(serving, tracking_uri, registered_model, alias)
+    settle_orphan_watch(serving, tracking_uri, registered_model, alias)
+    if alias_too:
+        sync_alias(serving, tracking_uri, registered_model, alias)
+    return withdrawn
 
 
 def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool = False,

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from podium.errors import ServingError
 from podium.serving import layout
-from podium.tasks.promote import origin, promotion_lock
-from podium.tasks.reconcile import finish_cut_short, switch_back
+from podium.tasks.promote import finish_cut_short
+from podium.tasks.reconcile import origin, promotion_lock, switch_back
 
 logger = logging.getLogger(__name__)
 

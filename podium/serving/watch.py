@@ -7,7 +7,7 @@ replicas' tallies of it.
 A promotion with a `[promotion.watch]` table writes WATCH once its version is current (and registered), and removes
 it when the watch is decided. Each replica of `podium serve` follows WATCH as it follows SHADOW and rewrites its
 tally every poll; the promotion reads the tallies back. A promotion killed mid-watch leaves the pointer behind: the
-next command settles the watch on the numbers written by then (`podium.tasks.reconcile.settle_orphan_watch`).
+next command settles the watch on the numbers written by then (`podium.tasks.watch.settle_orphan_watch`).
 """
 
 from __future__ import annotations

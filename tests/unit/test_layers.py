@@ -390,8 +390,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.tracking.records": COMMAND.format("0.39")},
     "podium.cli.history": {"podium.serving.layout": COMMAND.format("0.65")},
     "podium.cli.decide": {
-        "podium.serving.staged": COMMAND.format("0.23"), "podium.tasks.promote": COMMAND.format("4.9"),
-        "podium.tasks.reconcile": COMMAND.format("0.49")},
+        "podium.serving.staged": COMMAND.format("0.23"), "podium.tasks.promote": COMMAND.format("4.9")},
     "podium.cli.rollback": {
         "podium.serving.layout": COMMAND.format("0.65"), "podium.cli.run": COMMAND.format("0.01"),
         # a rollback runs as a Prefect flow: the flow's modules cost what tasks.rollback did (4.7 s)
@@ -413,7 +412,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
                               "podium.tasks.validate": PENDING.format("0.018")},
     "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},
-    "podium.tasks.promote": {"podium.prefect_api": PENDING.format("0.004"), "prefect": PENDING.format("0.003")},
 }
 
 
