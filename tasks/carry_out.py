@@ -45,7 +45,7 @@ from podium.core.approval import Approval, challenger_alias
 from podium.core.comparison import Comparison, comparison_from_dict, comparison_to_dict
 from podium.core.numbers import format_number
 from podium.core.policy import Check, check_from_dict, check_to_dict
-from podium.core.promotion import AWAIT, PROMOTE, SHADOW, Decision, checks_summary, comparison_summary
+from podium.core.promotion import AWAIT, PROMOTE, SHADOW, Decision, Policy, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.core.watch import WatchOutcome
@@ -205,6 +205,7 @@ class Rollout:
     record: CheckpointRecord
     value: float
     reason: str
+    policy: Policy  # what the decision was made under: the promotion's metric and direction, read from here on
     started_by: dict[str, Any] = field(default_factory=dict)  # the history record's origin
     decision: Decision | None = None  # the decision being carried out (None: a candidate settled by a person)
     version: layout.PromotedVersion | None = None
@@ -217,11 +218,13 @@ class Rollout:
     withdrawn: bool = False  # a stop before the switch withdrew what it staged (`withdraw_staged`)
 
     @classmethod
-    def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
-           started_by: dict[str, Any] | None = None, stop: StopPoint = NO_STOP) -> Rollout:
-        """The rollout of a decision to promote (or to stage a candidate); `stop`: the flow's stop request."""
+    def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, policy: Policy,
+           still_locked: Callable[[], None], started_by: dict[str, Any] | None = None,
+           stop: StopPoint = NO_STOP) -> Rollout:
+        """The rollout of a decision to promote (or to stage a candidate) made under `policy`; `stop`: the flow's
+        stop request."""
         assert decision.candidate is not None and decision.value is not None
-        return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason,
+        return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason, policy,
                    started_by or {}, decision, stop=stop)
 
     @property
@@ -237,7 +240,7 @@ Step = Callable[[Rollout], None]
 def stage(r: Rollout) -> None:
     """Build the checkpoint's served model and copy it as a new serving version (not yet sealed; every file's hash
     checked against the source), marked as this process's; with its provenance (datasets, lineage, comparison)."""
-    p, record, decision = r.plan.config.promotion, r.record, r.decision
+    record, decision = r.record, r.decision
     assert decision is not None
     r.build = tempfile.TemporaryDirectory(prefix="podium-promote-")
     r.served = build_served_model(r.plan, r.tracking, record, r.build.name)
@@ -248,7 +251,7 @@ def stage(r: Rollout) -> None:
     uid = uuid.uuid4().hex  # the version's identity: its registered version is tagged with it
     info: dict[str, Any] = {"version_uid": uid,
                             "run_name": r.tracking.run_name, "mlflow_run_id": r.tracking.run_id, "step": record.step,
-                            "metric": p.metric, "mode": p.mode, "value": r.value,
+                            "metric": r.policy.metric, "mode": r.policy.mode, "value": r.value,
                             "metrics": record.metrics, "model_id": record.model_id, "model": r.plan.config.model,
                             "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
                             **r.served.info, **r.provenance}
@@ -262,7 +265,7 @@ def verify(r: Rollout) -> None:
     checkpoint's LoggedModel, at this serving version's own path (its registered version's files, the same bytes):
     before the switch, so that a champion is never current without its MLflow model. The local build goes."""
     assert r.build is not None and r.served is not None
-    check_copy(r.plan, r.record, r.staged)
+    check_copy(r.plan, r.policy, r.record, r.staged)
     if r.record.model_id:
         r.still_locked()
         log_served_model(r.tracking, r.record.model_id, r.served.local_folder,
@@ -287,14 +290,14 @@ def switch(r: Rollout) -> None:
 
 def alias(r: Rollout) -> None:
     """Register the version in MLflow under the promotion's alias (podium.tracking.ledger.promote_version)."""
-    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value)
+    r.mlflow_version = register(r.plan, r.tracking, r.policy, r.record, r.staged, r.value)
 
 
 def challenge(r: Rollout) -> None:
     """Register the staged version under the `challenger` alias: CURRENT and the promotion's alias stay as they
     are until a person decides."""
     r.still_locked()
-    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value, challenger=True)
+    r.mlflow_version = register(r.plan, r.tracking, r.policy, r.record, r.staged, r.value, challenger=True)
 
 
 def shadow(r: Rollout) -> None:
@@ -412,7 +415,7 @@ def _flow_run_id() -> str | None:
     return str(flow_run.id) if flow_run.id else None
 
 
-def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
+def check_copy(plan: RunPlan, policy: Policy, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
     """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
 
     'load': the copy loads, in this process, the way `load_promoted_model` loads it, and a served
@@ -427,14 +430,15 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.Promoted
     load.check_loadable(version)
     if p.verify != "revalidate":
         return
-    expected = record.metrics[p.metric]
+    metric = policy.metric
+    expected = record.metrics[metric]
     if layout.content_of(version.manifest) == "model":
-        got = evaluate_served(plan, version).get(p.metric)
+        got = evaluate_served(plan, version).get(metric)
     else:
         connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
-        got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
+        got = validate(plan, record, uri=version.uri).metrics.get(metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
-        raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
+        raise layout.ServingError(f"promoted copy {version.uri} gives {metric} = {got}, but the checkpoint "
                                   f"was recorded with {expected}: not promoted")
 
 
@@ -454,7 +458,7 @@ def promoted(r: Rollout) -> Promoted:
     p, version = r.plan.config.promotion, r.staged
     logger.info("promoted step %d as %s (MLflow %s v%s @%s)", r.record.step, version.version, p.registered_model,
                 r.mlflow_version, p.alias)
-    return Promoted(version=version.version, uri=version.uri, step=r.record.step, metric=p.metric, value=r.value,
+    return Promoted(version=version.version, uri=version.uri, step=r.record.step, metric=r.policy.metric, value=r.value,
                     mlflow_version=r.mlflow_version, checkpoint_uri=r.record.uri, model=r.plan.config.model,
                     served_as=version.manifest.get("served_as"), load=version.manifest.get("load"),
                     provenance=r.provenance)
@@ -468,14 +472,15 @@ def candidate(r: Rollout) -> Candidate:
                      model_id=r.record.model_id, reason=r.reason, provenance=r.provenance, shadow_id=r.shadow_id)
 
 
-def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
-             value: float | None, challenger: bool = False) -> str:
+def register(plan: RunPlan, tracking: TrackingRun, policy: Policy, record: CheckpointRecord,
+             version: layout.PromotedVersion, value: float | None, challenger: bool = False) -> str:
     """A registry version for a serving version (its tags and description say what it is and how to load it),
     under the promotion's alias, or `challenger` for a candidate awaiting a decision."""
     p = plan.config.promotion
     how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
-    tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
-            "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
+    tags = {"podium.serving_version": version.version, "podium.step": str(record.step),
+            "podium.metric": policy.metric, "podium.mode": policy.mode, "podium.value": repr(value),
+            "podium.checkpoint_uri": record.uri,
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
             TAG_LOCATION_ID: ensure_location(plan.serving, p.registered_model, p.alias).id,  # claimed: read back
             **provenance_tags(version.manifest)}
@@ -484,7 +489,7 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
     challenger_as = challenger_alias(p.alias)
     what = (f"awaiting approval (alias {challenger_as}) as serving {version.version}" if challenger
             else f"promoted by podium as serving {version.version}")
-    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
+    description = (f"{policy.metric} = {shown} ({policy.mode}), step {record.step} of run {tracking.run_name}, {what}. "
                    f"Load: {how}. Checkpoint (to resume): {record.uri}")
     register_as = ledger.await_decision if challenger else ledger.promote_version
     return register_as(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
@@ -492,7 +497,7 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
                        files_path=served_files_path(version.version, version.manifest.get("version_uid")))
 
 
-def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
+def finish_registration(plan: RunPlan, tracking: TrackingRun, policy: Policy, record: CheckpointRecord) -> str | None:
     """The champion is already current in serving; make sure the registry says so too: registered if it never was
     (its MLflow model was logged before the switch), the alias moved to it if a promotion was interrupted after the
     pointer switch but before the alias moved (`podium.tasks.reconcile.sync_alias`, the one repair of the alias)."""
@@ -502,7 +507,7 @@ def finish_registration(plan: RunPlan, tracking: TrackingRun, record: Checkpoint
         return None
     if registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
                               current.uri) is None:
-        version = register(plan, tracking, record, current, current.manifest.get("value"))
+        version = register(plan, tracking, policy, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
         return version
     return sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)

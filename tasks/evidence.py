@@ -83,29 +83,29 @@ def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[Chec
                         champion_files=is_served_as_files(current.manifest.get("served_as")) if current else None)
     while (wanted := missing_evidence(evidence, policy)) is not None:
         assert evidence.best is not None and data is not None
-        evidence = measure(plan, tracking, evidence, wanted, current, data)
+        evidence = measure(plan, tracking, policy, evidence, wanted, current, data)
     return evidence
 
 
-def measure(plan: RunPlan, tracking: TrackingRun, evidence: Evidence, wanted: str,
+def measure(plan: RunPlan, tracking: TrackingRun, policy: Policy, evidence: Evidence, wanted: str,
             current: layout.PromotedVersion | None, data: DatasetDigest) -> Evidence:
     """`evidence` with what `wanted` names measured: the candidate or the champion re-scored, or per-row values."""
     best, champion = evidence.best, evidence.champion
     assert best is not None
     if wanted == CANDIDATE_AGAIN:
-        again = measure_again(plan, tracking, f"step {best.step}", best.metrics[plan.config.promotion.metric],
+        again = measure_again(plan, tracking, policy.metric, f"step {best.step}", best.metrics[policy.metric],
                               best.val_digest, best.uri, best.step, best.model_id, data)
         return dataclasses.replace(evidence, candidate_again=again)
     assert champion is not None and current is not None
     served = served_checkpoint(current), champion.step or 0
     if wanted == CHAMPION_AGAIN:
-        again = measure_again(plan, tracking, f"champion {champion.version}", champion.value, evidence.champion_digest,
-                              *served, current.manifest.get("model_id"), data)
+        again = measure_again(plan, tracking, policy.metric, f"champion {champion.version}", champion.value,
+                              evidence.champion_digest, *served, current.manifest.get("model_id"), data)
         return dataclasses.replace(evidence, champion_again=again)
     progress.info("confidence %g: validating step %d and the champion again for per-row values of %s",
-                  plan.config.promotion.confidence, best.step, plan.config.promotion.metric)
-    mine, why = per_row_values(plan, best.uri, best.step)
-    theirs, why_theirs = per_row_values(plan, *served) if mine is not None else (None, "")
+                  policy.confidence, best.step, policy.metric)
+    mine, why = per_row_values(plan, policy.metric, best.uri, best.step)
+    theirs, why_theirs = per_row_values(plan, policy.metric, *served) if mine is not None else (None, "")
     return dataclasses.replace(evidence, rows=RowValues(mine, theirs, why, why_theirs))
 
 
@@ -197,11 +197,11 @@ def validate_again(plan: RunPlan, uri: str, step: int, per_row: bool = False) ->
     raise AssertionError("not reached")
 
 
-def measure_again(plan: RunPlan, tracking: TrackingRun, who: str, value: float | None, digest: str | None, uri: str,
-                  step: int, model_id: str | None, data: DatasetDigest) -> Remeasured:
+def measure_again(plan: RunPlan, tracking: TrackingRun, metric: str, who: str, value: float | None,
+                  digest: str | None, uri: str, step: int, model_id: str | None, data: DatasetDigest) -> Remeasured:
     """`who`'s checkpoint (at `uri`) validated on `data`, every metric it got recorded in MLflow; or why it could
-    not be (`value` and `digest`: its stored number and the data it was measured on, for the progress lines)."""
-    metric = plan.config.promotion.metric
+    not be (`value` and `digest`: its stored number and the data it was measured on, for the progress lines;
+    `metric`: the policy's)."""
     progress.info("%s was measured on other validation data (digest %s): re-scoring it on %s (digest %s)",
                   who, short(digest), data.uri, data.short)
     try:
@@ -217,13 +217,14 @@ def measure_again(plan: RunPlan, tracking: TrackingRun, who: str, value: float |
     return again
 
 
-def per_row_values(plan: RunPlan, uri: str, step: int) -> tuple[Any, str]:
-    """The promotion metric's value on every validation row for one checkpoint, or (None, why not)."""
+def per_row_values(plan: RunPlan, metric: str, uri: str, step: int) -> tuple[Any, str]:
+    """The promotion metric's (`metric`, the policy's) value on every validation row for one checkpoint, or (None,
+    why not)."""
     try:
         rows = validate_again(plan, uri, step, per_row=True).per_row
     except Exception as exc:
         return None, f"its validation for per-row values failed ({type(exc).__name__}: {exc})"[:300]
-    return rows_of(rows, plan.config.promotion.metric)
+    return rows_of(rows, metric)
 
 
 def rows_of(per_row: dict[str, Any], metric: str) -> tuple[Any, str]:

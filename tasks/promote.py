@@ -11,7 +11,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
-from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, decide_promotion
+from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, Policy, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
@@ -73,14 +73,15 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
         evidence = gather_evidence(plan, tracking, records, policy)  # against the champion as it is now, in the lock
         decision = decide_promotion(evidence, policy)
         steps.record_decision(tracking, decision)
-        outcome = carry_out_decision(plan, tracking, decision, evidence.champion, still_locked, stop)
+        outcome = carry_out_decision(plan, tracking, decision, policy, evidence.champion, still_locked, stop)
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", outcome.reason)
     return outcome
 
 
-def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, champion: Champion | None,
-                       still_locked: Callable[[], None], stop: StopPoint = NO_STOP) -> PromotionOutcome:
+def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, policy: Policy,
+                       champion: Champion | None, still_locked: Callable[[], None],
+                       stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """What `decision` says to do, the stage it names (`carry_out.SEQUENCES`): promote (`TO_PROMOTE`), stage a
     candidate for its shadow (`TO_SHADOW`) or to await a person (`TO_AWAIT`), bring the registry in line with a
     champion already current, or nothing; and the outcome."""
@@ -91,22 +92,22 @@ def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision,
     if decision.action == SHADOW:
         check_no_shadow(plan.serving)  # before anything is staged
     if decision.held:
-        rollout = Rollout.of(plan, tracking, decision, still_locked, stop=stop)
+        rollout = Rollout.of(plan, tracking, decision, policy, still_locked, stop=stop)
         awaiting = steps.candidate(carry_out(steps.SEQUENCES[decision.action], rollout))
         waits = (f"in shadow beside {champion.version}" if champion is not None and decision.action == SHADOW
                  else "awaiting approval")
         reason = (f"{decision.reason}; {waits} as {awaiting.version} (MLflow {p.registered_model} "
                   f"v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
     elif decision.action == PROMOTE:
-        rollout = Rollout.of(plan, tracking, decision, still_locked, origin(), stop)
+        rollout = Rollout.of(plan, tracking, decision, policy, still_locked, origin(), stop)
         promoted = steps.promoted(carry_out(steps.SEQUENCES[PROMOTE], rollout))
     elif decision.action == CURRENT and decision.candidate is not None:
-        steps.finish_registration(plan, tracking, decision.candidate)
+        steps.finish_registration(plan, tracking, policy, decision.candidate)
     return PromotionOutcome(promoted=promoted, reason=reason, awaiting=awaiting,
                             best_step=decision.candidate.step if decision.candidate else None,
                             champion_before=champion.version if champion else None,
                             # the reference line of the chart: only a value of the same metric
-                            champion_before_value=champion.value if champion and champion.metric == p.metric else None,
+                            champion_before_value=champion.value if champion and champion.metric == policy.metric else None,
                             champion_before_run=champion.run_name if champion else None,
                             comparison=decision.comparison, checks=decision.checks)
 
@@ -141,7 +142,8 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             reason = f"{candidate.reason}; {shadow_said}{approval.describe()}"
             record = CheckpointRecord(step=candidate.step, uri=candidate.checkpoint_uri, model_id=candidate.model_id)
             rollout = Rollout(plan, tracking, still_locked, record, candidate.value, reason,
-                              {**origin(), "approval": decided, **shadow}, version=version,
+                              promotion_policy(p, approval=True), {**origin(), "approval": decided, **shadow},
+                              version=version,
                               provenance=candidate.provenance,
                               mlflow_version=candidate.mlflow_version, stop=stop)
             try:
