@@ -55,13 +55,14 @@ progress = logging.getLogger("podium.progress")
 
 
 def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
-    """What the decision reads of `promotion` (`approval`: a person decides on a candidate before it is promoted;
-    `rollout` 'shadow': a candidate is shadowed before it replaces a champion)."""
-    return Policy(metric=p.metric, mode=p.mode, min_delta=p.min_delta, always=p.always, rescore=p.rescore,
-                  thresholds={k: t.model_dump() for k, t in p.thresholds.items()},
-                  guards={k: g.model_dump() for k, g in p.guards.items()}, confidence=p.confidence,
-                  confidence_without_rows=p.confidence_without_rows, approval=approval,
-                  shadow=p.rollout == "shadow", allow_files=p.allow_files, alias=p.alias)
+    """What the decision reads of `promotion`, read whole: every field of `Policy` that `promotion` has by the same
+    name (its tables as plain data), and the two it derives: `approval` (a person decides on a candidate before it
+    is promoted) and `shadow` (`rollout` 'shadow': a candidate is shadowed before it replaces a champion). A check
+    with a setting of its own adds the field to `promotion` and `Policy` alike, nothing here."""
+    settings = p.model_dump()
+    derived = {"approval": approval, "shadow": p.rollout == "shadow"}
+    return Policy(**{f.name: settings[f.name] for f in dataclasses.fields(Policy)
+                     if f.name in settings and f.name not in derived}, **derived)
 
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],

@@ -267,3 +267,18 @@ def test_a_decision_is_carried_out_by_named_steps_in_order():
 def test_the_first_promotion_of_a_shadowed_location_has_no_champion_to_shadow(approval, action):
     policy = dataclasses.replace(POLICY, shadow=True, approval=approval)
     assert decide_promotion(evidence(best(0.9), None), policy).action == action
+
+
+def test_the_policy_is_read_from_the_promotion_settings_whole():
+    """A check with a setting of its own adds it to `promotion` and `Policy` by one name: nothing reads it across."""
+    from podium.config import PromotionConfig, build_config
+    from podium.tasks.evidence import promotion_policy
+
+    derived = {"approval", "shadow"}
+    names = {f.name for f in dataclasses.fields(Policy)} - derived
+    assert names <= set(PromotionConfig.model_fields), names - set(PromotionConfig.model_fields)
+    p = build_config({"promotion": {"metric": "accuracy", "mode": "max", "min_delta": 0.01, "rollout": "shadow",
+                                    "thresholds": {"accuracy": {"min": 0.5}}, "allow_files": True}}).promotion
+    policy = promotion_policy(p, approval=True)
+    assert (policy.metric, policy.mode, policy.min_delta, policy.allow_files) == ("accuracy", "max", 0.01, True)
+    assert policy.thresholds == {"accuracy": {"min": 0.5, "max": None}} and policy.approval and policy.shadow
