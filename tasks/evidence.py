@@ -60,9 +60,9 @@ def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
     is promoted) and `shadow` (`rollout` 'shadow': a candidate is shadowed before it replaces a champion). A check
     with a setting of its own adds the field to `promotion` and `Policy` alike, nothing here."""
     settings = p.model_dump()
-    derived = {"approval": approval, "shadow": p.rollout == "shadow"}
-    return Policy(**{f.name: settings[f.name] for f in dataclasses.fields(Policy)
-                     if f.name in settings and f.name not in derived}, **derived)
+    derived: dict[str, Any] = {"approval": approval, "shadow": p.rollout == "shadow"}
+    read = {f.name: settings[f.name] for f in dataclasses.fields(Policy) if f.name in settings}
+    return Policy(**{**read, **derived})
 
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
