@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prefect.runtime import flow_run
 from pydantic import BaseModel, field_serializer, field_validator
 
 from podium.core.approval import Approval, challenger_alias
@@ -410,8 +411,6 @@ def _discarded_on_full_disk(r: Rollout) -> Iterator[None]:
 
 
 def _flow_run_id() -> str | None:
-    from prefect.runtime import flow_run
-
     return str(flow_run.id) if flow_run.id else None
 
 

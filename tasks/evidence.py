@@ -46,6 +46,7 @@ from podium.serving import layout
 from podium.storage.fingerprint import DatasetDigest
 from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
+from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_rescore
 from podium.training.promoted import CHECKPOINT_META
@@ -182,7 +183,6 @@ def validate_again(plan: RunPlan, uri: str, step: int, per_row: bool = False) ->
 
     # local: Ray Train's driver side loads only when promotion validates something
     from podium.tasks.train import connect_ray
-    from podium.tasks.validate import validate
 
     if not ray.is_initialized():  # inside the pipeline Ray is up; `podium promote` connects only now
         connect_ray(plan)
