@@ -13,7 +13,6 @@ from prefect.cache_policies import NO_CACHE
 from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
 from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, Policy, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
-from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
 from podium.serving.shadow import check_no_shadow
 from podium.storage.locations import join, normalize_location
@@ -133,7 +132,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         now = champion.version if champion else None
         promoted = None
         discarded = None  # why a candidate decided on (approved) was never served
-        tags = {**approval.tags(), **shadow_tags(outcome.shadow)}
+        tags = {**approval.tags(), **ledger.shadow_tags(outcome.shadow)}
         if approval.approved and now != outcome.champion_before:
             reason = discarded = (
                 f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
@@ -160,7 +159,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         if candidate.mlflow_version is not None:
             ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                                      challenger_alias(p.alias), candidate.model_id, promoted is not None,
-                                     {**tags, "podium.decision": reason[:5000]}, discarded=discarded)
+                                     {**tags, ledger.TAG_DECISION: reason[:5000]}, discarded=discarded)
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
                                              "approval": approval})
         record_attempt(plan.serving, tracking, settled)
@@ -185,23 +184,10 @@ def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidat
         if candidate.mlflow_version is not None:
             ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                                      challenger_alias(p.alias), candidate.model_id, False,
-                                     {**tags, "podium.decision": why[:5000]}, discarded=why)
+                                     {**tags, ledger.TAG_DECISION: why[:5000]}, discarded=why)
     except Exception as failed:  # the next command reconciles what is left; the switch's failure is the news
         logger.warning("candidate %s not discarded after its failed switch: %s: %s", candidate.version,
                        type(failed).__name__, failed)
-
-
-def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
-    """A shadow's verdict as registry tags (`podium.shadow`, `.requests`, `.error_rate`, ...): none without one."""
-    if verdict is None:
-        return {}
-    n = verdict.numbers
-    numbers = {"requests": n.requests, "errors": n.errors, "error_rate": n.error_rate, "agreement": n.agreement,
-               "latency_p95_ratio": n.latency_p95_ratio, "champion_p95_s": n.champion_p95_s,
-               "candidate_p95_s": n.candidate_p95_s}
-    return {"podium.shadow": verdict.outcome,
-            "podium.shadow.reason": verdict.reason[:5000],
-            **{f"podium.shadow.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)

@@ -130,10 +130,7 @@ def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched
         outcome = "rolled-back"
     served = layout.read_version(serving, version)
     if served is not None:
-        numbers = verdict.numbers.as_dict()
-        ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri,
-                            {"podium.watch": outcome, "podium.watch.reason": verdict.reason[:5000],
-                             **{f"podium.watch.{k}": "" if v is None else repr(v) for k, v in numbers.items()}})
+        ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri, outcome, verdict)
     end_watch(serving, watched.watch_id)
     if back is not None and back.switched:
         model = watched.model or name
