@@ -19,6 +19,7 @@ from prefect.utilities.annotations import opaque, quote
 
 from podium import prefect_api
 from podium.config import PipelineConfig, merge
+from podium.settings import PodiumSettings
 
 T = TypeVar("T")
 
@@ -83,8 +84,6 @@ def podium_logs_at_info() -> None:
         podium_logger.setLevel(logging.INFO)
     if deployment.id is None:
         return  # `podium run` (its own file handler), or a flow called in a test or a notebook
-    from podium.settings import PodiumSettings
-
     log_file = os.path.abspath(PodiumSettings().home_dir / "logs" / "podium.log")
     handlers = [*logging.getLogger().handlers, *podium_logger.handlers]
     if any(isinstance(h, logging.FileHandler) and h.baseFilename == log_file for h in handlers):

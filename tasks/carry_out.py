@@ -11,7 +11,8 @@ in the registry, as a sequence of named steps, each a function of the `Rollout` 
 | `challenge` | registers it under the `challenger` alias instead, to wait for a person's decision             |
 | `shadow`    | puts the challenger in shadow (`promotion.rollout = "shadow"`): `podium serve` mirrors live requests to it |
 
-`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs.
+`TO_PROMOTE`, `TO_AWAIT`, `TO_SHADOW` and `ONCE_APPROVED` are the sequences a decision runs (`SEQUENCES`: the one
+each of the decision's stages names).
 
 The point of no return is `switch` (or, for a candidate, `challenge`: from there a stop is the approval's or the
 shadow's to settle, and they withdraw it). Before it, `carry_out` asks the flow's stop request (`Rollout.stop`, the
@@ -38,13 +39,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prefect.runtime import flow_run
 from pydantic import BaseModel, field_serializer, field_validator
 
 from podium.core.approval import Approval, challenger_alias
 from podium.core.comparison import Comparison, comparison_from_dict, comparison_to_dict
 from podium.core.numbers import format_number
 from podium.core.policy import Check, check_from_dict, check_to_dict
-from podium.core.promotion import Decision, checks_summary, comparison_summary
+from podium.core.promotion import AWAIT, PROMOTE, SHADOW, Decision, Policy, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
 from podium.core.shadow import ShadowVerdict
 from podium.core.watch import WatchOutcome
@@ -58,14 +60,14 @@ from podium.storage.locations import join, normalize_location
 from podium.tasks.lineage import provenance, provenance_tags
 from podium.tasks.package import ServedModel, build_served_model, load_hint
 from podium.tasks.plan import RunPlan
-from podium.tasks.reconcile import withdraw_candidate
+from podium.tasks.reconcile import sync_alias, withdraw_candidate
 from podium.tasks.train import connect_ray
 from podium.tasks.validate import validate
 from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_comparison
 from podium.tracking.models import log_served_model, served_files_path
-from podium.tracking.registry import TAG_LOCATION_ID, alias_target, registered_version_for
+from podium.tracking.registry import TAG_LOCATION_ID, registered_version_for
 from podium.training import promoted as load
 
 logger = logging.getLogger(__name__)
@@ -200,10 +202,11 @@ class Rollout:
 
     plan: RunPlan
     tracking: TrackingRun
-    still_locked: Callable[[], None]  # raises once the promotion lock is lost (podium.tasks.promote.promotion_lock)
+    still_locked: Callable[[], None]  # raises once the promotion lock is lost (podium.tasks.reconcile.promotion_lock)
     record: CheckpointRecord
     value: float
     reason: str
+    policy: Policy  # what the decision was made under: the promotion's metric and direction, read from here on
     started_by: dict[str, Any] = field(default_factory=dict)  # the history record's origin
     decision: Decision | None = None  # the decision being carried out (None: a candidate settled by a person)
     version: layout.PromotedVersion | None = None
@@ -216,11 +219,13 @@ class Rollout:
     withdrawn: bool = False  # a stop before the switch withdrew what it staged (`withdraw_staged`)
 
     @classmethod
-    def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, still_locked: Callable[[], None],
-           started_by: dict[str, Any] | None = None, stop: StopPoint = NO_STOP) -> Rollout:
-        """The rollout of a decision to promote (or to stage a candidate); `stop`: the flow's stop request."""
+    def of(cls, plan: RunPlan, tracking: TrackingRun, decision: Decision, policy: Policy,
+           still_locked: Callable[[], None], started_by: dict[str, Any] | None = None,
+           stop: StopPoint = NO_STOP) -> Rollout:
+        """The rollout of a decision to promote (or to stage a candidate) made under `policy`; `stop`: the flow's
+        stop request."""
         assert decision.candidate is not None and decision.value is not None
-        return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason,
+        return cls(plan, tracking, still_locked, decision.candidate, decision.value, decision.reason, policy,
                    started_by or {}, decision, stop=stop)
 
     @property
@@ -236,7 +241,7 @@ Step = Callable[[Rollout], None]
 def stage(r: Rollout) -> None:
     """Build the checkpoint's served model and copy it as a new serving version (not yet sealed; every file's hash
     checked against the source), marked as this process's; with its provenance (datasets, lineage, comparison)."""
-    p, record, decision = r.plan.config.promotion, r.record, r.decision
+    record, decision = r.record, r.decision
     assert decision is not None
     r.build = tempfile.TemporaryDirectory(prefix="podium-promote-")
     r.served = build_served_model(r.plan, r.tracking, record, r.build.name)
@@ -247,7 +252,7 @@ def stage(r: Rollout) -> None:
     uid = uuid.uuid4().hex  # the version's identity: its registered version is tagged with it
     info: dict[str, Any] = {"version_uid": uid,
                             "run_name": r.tracking.run_name, "mlflow_run_id": r.tracking.run_id, "step": record.step,
-                            "metric": p.metric, "mode": p.mode, "value": r.value,
+                            "metric": r.policy.metric, "mode": r.policy.mode, "value": r.value,
                             "metrics": record.metrics, "model_id": record.model_id, "model": r.plan.config.model,
                             "source": record.uri, "checkpoint": record.uri, "checks": checks_summary(decision),
                             **r.served.info, **r.provenance}
@@ -261,7 +266,7 @@ def verify(r: Rollout) -> None:
     checkpoint's LoggedModel, at this serving version's own path (its registered version's files, the same bytes):
     before the switch, so that a champion is never current without its MLflow model. The local build goes."""
     assert r.build is not None and r.served is not None
-    check_copy(r.plan, r.record, r.staged)
+    check_copy(r.plan, r.policy, r.record, r.staged)
     if r.record.model_id:
         r.still_locked()
         log_served_model(r.tracking, r.record.model_id, r.served.local_folder,
@@ -286,14 +291,14 @@ def switch(r: Rollout) -> None:
 
 def alias(r: Rollout) -> None:
     """Register the version in MLflow under the promotion's alias (podium.tracking.ledger.promote_version)."""
-    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value)
+    r.mlflow_version = register(r.plan, r.tracking, r.policy, r.record, r.staged, r.value)
 
 
 def challenge(r: Rollout) -> None:
     """Register the staged version under the `challenger` alias: CURRENT and the promotion's alias stay as they
     are until a person decides."""
     r.still_locked()
-    r.mlflow_version = register(r.plan, r.tracking, r.record, r.staged, r.value, challenger=True)
+    r.mlflow_version = register(r.plan, r.tracking, r.policy, r.record, r.staged, r.value, challenger=True)
 
 
 def shadow(r: Rollout) -> None:
@@ -312,6 +317,8 @@ TO_PROMOTE: tuple[Step, ...] = (stage, verify, seal, switch, alias)
 TO_AWAIT: tuple[Step, ...] = (stage, verify, challenge)
 TO_SHADOW: tuple[Step, ...] = (stage, verify, challenge, shadow)
 ONCE_APPROVED: tuple[Step, ...] = (seal, switch)  # a candidate staged and verified, approved by a person
+# the sequence each stage a decision names runs (podium.core.promotion's actions)
+SEQUENCES: dict[str, tuple[Step, ...]] = {PROMOTE: TO_PROMOTE, SHADOW: TO_SHADOW, AWAIT: TO_AWAIT}
 
 
 POINTS_OF_NO_RETURN: tuple[Step, ...] = (switch, challenge)  # after them, a stop no longer withdraws in the steps
@@ -404,12 +411,10 @@ def _discarded_on_full_disk(r: Rollout) -> Iterator[None]:
 
 
 def _flow_run_id() -> str | None:
-    from prefect.runtime import flow_run
-
     return str(flow_run.id) if flow_run.id else None
 
 
-def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
+def check_copy(plan: RunPlan, policy: Policy, record: CheckpointRecord, version: layout.PromotedVersion) -> None:
     """Check the staged copy beyond its hashes (`stage_version` already proved every file identical).
 
     'load': the copy loads, in this process, the way `load_promoted_model` loads it, and a served
@@ -424,14 +429,15 @@ def check_copy(plan: RunPlan, record: CheckpointRecord, version: layout.Promoted
     load.check_loadable(version)
     if p.verify != "revalidate":
         return
-    expected = record.metrics[p.metric]
+    metric = policy.metric
+    expected = record.metrics[metric]
     if layout.content_of(version.manifest) == "model":
-        got = evaluate_served(plan, version).get(p.metric)
+        got = evaluate_served(plan, version).get(metric)
     else:
         connect_ray(plan)  # a no-op inside the pipeline; `podium promote` connects only when it promotes
-        got = validate(plan, record, uri=version.uri).metrics.get(p.metric)
+        got = validate(plan, record, uri=version.uri).metrics.get(metric)
     if got is None or not math.isclose(got, expected, rel_tol=p.verify_tolerance, abs_tol=1e-9):
-        raise layout.ServingError(f"promoted copy {version.uri} gives {p.metric} = {got}, but the checkpoint "
+        raise layout.ServingError(f"promoted copy {version.uri} gives {metric} = {got}, but the checkpoint "
                                   f"was recorded with {expected}: not promoted")
 
 
@@ -451,7 +457,7 @@ def promoted(r: Rollout) -> Promoted:
     p, version = r.plan.config.promotion, r.staged
     logger.info("promoted step %d as %s (MLflow %s v%s @%s)", r.record.step, version.version, p.registered_model,
                 r.mlflow_version, p.alias)
-    return Promoted(version=version.version, uri=version.uri, step=r.record.step, metric=p.metric, value=r.value,
+    return Promoted(version=version.version, uri=version.uri, step=r.record.step, metric=r.policy.metric, value=r.value,
                     mlflow_version=r.mlflow_version, checkpoint_uri=r.record.uri, model=r.plan.config.model,
                     served_as=version.manifest.get("served_as"), load=version.manifest.get("load"),
                     provenance=r.provenance)
@@ -465,14 +471,15 @@ def candidate(r: Rollout) -> Candidate:
                      model_id=r.record.model_id, reason=r.reason, provenance=r.provenance, shadow_id=r.shadow_id)
 
 
-def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, version: layout.PromotedVersion,
-             value: float | None, challenger: bool = False) -> str:
+def register(plan: RunPlan, tracking: TrackingRun, policy: Policy, record: CheckpointRecord,
+             version: layout.PromotedVersion, value: float | None, challenger: bool = False) -> str:
     """A registry version for a serving version (its tags and description say what it is and how to load it),
     under the promotion's alias, or `challenger` for a candidate awaiting a decision."""
     p = plan.config.promotion
     how = version.manifest.get("load") or load_hint(plan, layout.content_of(version.manifest))
-    tags = {"podium.serving_version": version.version, "podium.step": str(record.step), "podium.metric": p.metric,
-            "podium.mode": p.mode, "podium.value": repr(value), "podium.checkpoint_uri": record.uri,
+    tags = {"podium.serving_version": version.version, "podium.step": str(record.step),
+            "podium.metric": policy.metric, "podium.mode": policy.mode, "podium.value": repr(value),
+            "podium.checkpoint_uri": record.uri,
             "podium.served_as": str(version.manifest.get("served_as", "files")), "podium.load": how,
             TAG_LOCATION_ID: ensure_location(plan.serving, p.registered_model, p.alias).id,  # claimed: read back
             **provenance_tags(version.manifest)}
@@ -481,7 +488,7 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
     challenger_as = challenger_alias(p.alias)
     what = (f"awaiting approval (alias {challenger_as}) as serving {version.version}" if challenger
             else f"promoted by podium as serving {version.version}")
-    description = (f"{p.metric} = {shown} ({p.mode}), step {record.step} of run {tracking.run_name}, {what}. "
+    description = (f"{policy.metric} = {shown} ({policy.mode}), step {record.step} of run {tracking.run_name}, {what}. "
                    f"Load: {how}. Checkpoint (to resume): {record.uri}")
     register_as = ledger.await_decision if challenger else ledger.promote_version
     return register_as(tracking, record, version.uri, p.registered_model, challenger_as if challenger else p.alias,
@@ -489,25 +496,20 @@ def register(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord, ver
                        files_path=served_files_path(version.version, version.manifest.get("version_uid")))
 
 
-def finish_registration(plan: RunPlan, tracking: TrackingRun, record: CheckpointRecord) -> str | None:
-    """The champion is already current in serving; make sure the registry says so too.
-
-    A promotion interrupted after the pointer switch but before the alias moved
-    is finished here, when promotion runs again (its MLflow model was logged before the switch).
-    """
+def finish_registration(plan: RunPlan, tracking: TrackingRun, policy: Policy, record: CheckpointRecord) -> str | None:
+    """The champion is already current in serving; make sure the registry says so too: registered if it never was
+    (its MLflow model was logged before the switch), the alias moved to it if a promotion was interrupted after the
+    pointer switch but before the alias moved (`podium.tasks.reconcile.sync_alias`, the one repair of the alias)."""
     p = plan.config.promotion
     current = layout.read_current(plan.serving)
     if current is None:
         return None
-    version = registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
-                                     current.uri)
-    if version is None:
-        version = register(plan, tracking, record, current, current.manifest.get("value"))
+    if registered_version_for(tracking.tracking_uri, p.registered_model, current.manifest.get("version_uid"),
+                              current.uri) is None:
+        version = register(plan, tracking, policy, record, current, current.manifest.get("value"))
         logger.info("registered the current champion %s as version %s", current.version, version)
-    elif alias_target(tracking.tracking_uri, p.registered_model, p.alias) != version:
-        ledger.repair_alias(tracking.tracking_uri, p.registered_model, p.alias, version)
-        logger.info("moved alias %s to version %s (the current champion)", p.alias, version)
-    return version
+        return version
+    return sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
 
 
 def record_decision(tracking: TrackingRun, decision: Decision) -> None:

@@ -1,8 +1,9 @@
 """Gather: everything a promotion decision is made from (`podium.core.promotion.Evidence`), and all the I/O it takes.
 
-Under the serving location's promotion lock, `gather_evidence` first repairs what a command cut short
-(`podium.tasks.reconcile`), then picks the best of the run's checkpoint records, reads the champion, and
-measures what the decision asks for (`podium.core.promotion.missing_evidence`), in order:
+Under the serving location's promotion lock, once what a command cut short is finished
+(`podium.tasks.promote.finish_cut_short`, which the promotion calls first), `gather_evidence` only reads: it picks
+the best of the run's checkpoint records, reads the champion, and measures what the decision asks for
+(`podium.core.promotion.missing_evidence`), in order:
 
 - The same-data gate: a number measured on other validation data than the current one (by digest;
   `podium.core.comparison`) is measured again on it: in a nightly run that is the champion's, once, with the
@@ -45,7 +46,7 @@ from podium.serving import layout
 from podium.storage.fingerprint import DatasetDigest
 from podium.storage.locations import fsspec_filesystem
 from podium.tasks.plan import RunPlan
-from podium.tasks.reconcile import claim_location, sync_alias, withdraw_orphans
+from podium.tasks.validate import validate
 from podium.tracking.client import TrackingRun
 from podium.tracking.datasets import record_rescore
 from podium.training.promoted import CHECKPOINT_META
@@ -55,25 +56,23 @@ progress = logging.getLogger("podium.progress")
 
 
 def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
-    """What the decision reads of `promotion` (`approval`: a person decides on a candidate before it is promoted;
-    `rollout` 'shadow': a candidate is shadowed before it replaces a champion)."""
-    return Policy(metric=p.metric, mode=p.mode, min_delta=p.min_delta, always=p.always, rescore=p.rescore,
-                  thresholds={k: t.model_dump() for k, t in p.thresholds.items()},
-                  guards={k: g.model_dump() for k, g in p.guards.items()}, confidence=p.confidence,
-                  confidence_without_rows=p.confidence_without_rows, approval=approval,
-                  shadow=p.rollout == "shadow", allow_files=p.allow_files, alias=p.alias)
+    """What the decision reads of `promotion`, read whole: every field of `Policy` that `promotion` has by the same
+    name (its tables as plain data), and the two it derives: `approval` (a person decides on a candidate before it
+    is promoted) and `shadow` (`rollout` 'shadow': a candidate is shadowed before it replaces a champion). A check
+    with a setting of its own adds the field to `promotion` and `Policy` alike, nothing here."""
+    settings = p.model_dump()
+    derived: dict[str, Any] = {"approval": approval, "shadow": p.rollout == "shadow"}
+    read = {f.name: settings[f.name] for f in dataclasses.fields(Policy) if f.name in settings}
+    return Policy(**{**read, **derived})
 
 
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
                     policy: Policy) -> Evidence:
-    """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock): the location and
-    the registry brought in line first, then the best checkpoint, the champion, and what the decision asks to be
-    measured. Checkpoints a rollback withdrew from this serving location are left out (its history says which)."""
+    """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock, once
+    `podium.tasks.promote.finish_cut_short` brought the location and the registry in line): the best checkpoint,
+    the champion, and what the decision asks to be measured; it moves nothing. Checkpoints a rollback withdrew from
+    this serving location are left out (its history says which)."""
     p = plan.config.promotion
-    # what a command cut short left (podium.tasks.reconcile), before anything is decided from the location
-    claim_location(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
-    withdraw_orphans(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
-    sync_alias(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
     best, why = select_best(checkpoints, policy.metric, policy.mode, layout.withdrawn_checkpoints(plan.serving))
     current = layout.read_current(plan.serving)
     data = plan.data.get("val")
@@ -86,29 +85,29 @@ def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[Chec
                         champion_files=is_served_as_files(current.manifest.get("served_as")) if current else None)
     while (wanted := missing_evidence(evidence, policy)) is not None:
         assert evidence.best is not None and data is not None
-        evidence = measure(plan, tracking, evidence, wanted, current, data)
+        evidence = measure(plan, tracking, policy, evidence, wanted, current, data)
     return evidence
 
 
-def measure(plan: RunPlan, tracking: TrackingRun, evidence: Evidence, wanted: str,
+def measure(plan: RunPlan, tracking: TrackingRun, policy: Policy, evidence: Evidence, wanted: str,
             current: layout.PromotedVersion | None, data: DatasetDigest) -> Evidence:
     """`evidence` with what `wanted` names measured: the candidate or the champion re-scored, or per-row values."""
     best, champion = evidence.best, evidence.champion
     assert best is not None
     if wanted == CANDIDATE_AGAIN:
-        again = measure_again(plan, tracking, f"step {best.step}", best.metrics[plan.config.promotion.metric],
+        again = measure_again(plan, tracking, policy.metric, f"step {best.step}", best.metrics[policy.metric],
                               best.val_digest, best.uri, best.step, best.model_id, data)
         return dataclasses.replace(evidence, candidate_again=again)
     assert champion is not None and current is not None
     served = served_checkpoint(current), champion.step or 0
     if wanted == CHAMPION_AGAIN:
-        again = measure_again(plan, tracking, f"champion {champion.version}", champion.value, evidence.champion_digest,
-                              *served, current.manifest.get("model_id"), data)
+        again = measure_again(plan, tracking, policy.metric, f"champion {champion.version}", champion.value,
+                              evidence.champion_digest, *served, current.manifest.get("model_id"), data)
         return dataclasses.replace(evidence, champion_again=again)
     progress.info("confidence %g: validating step %d and the champion again for per-row values of %s",
-                  plan.config.promotion.confidence, best.step, plan.config.promotion.metric)
-    mine, why = per_row_values(plan, best.uri, best.step)
-    theirs, why_theirs = per_row_values(plan, *served) if mine is not None else (None, "")
+                  policy.confidence, best.step, policy.metric)
+    mine, why = per_row_values(plan, policy.metric, best.uri, best.step)
+    theirs, why_theirs = per_row_values(plan, policy.metric, *served) if mine is not None else (None, "")
     return dataclasses.replace(evidence, rows=RowValues(mine, theirs, why, why_theirs))
 
 
@@ -184,7 +183,6 @@ def validate_again(plan: RunPlan, uri: str, step: int, per_row: bool = False) ->
 
     # local: Ray Train's driver side loads only when promotion validates something
     from podium.tasks.train import connect_ray
-    from podium.tasks.validate import validate
 
     if not ray.is_initialized():  # inside the pipeline Ray is up; `podium promote` connects only now
         connect_ray(plan)
@@ -200,11 +198,11 @@ def validate_again(plan: RunPlan, uri: str, step: int, per_row: bool = False) ->
     raise AssertionError("not reached")
 
 
-def measure_again(plan: RunPlan, tracking: TrackingRun, who: str, value: float | None, digest: str | None, uri: str,
-                  step: int, model_id: str | None, data: DatasetDigest) -> Remeasured:
+def measure_again(plan: RunPlan, tracking: TrackingRun, metric: str, who: str, value: float | None,
+                  digest: str | None, uri: str, step: int, model_id: str | None, data: DatasetDigest) -> Remeasured:
     """`who`'s checkpoint (at `uri`) validated on `data`, every metric it got recorded in MLflow; or why it could
-    not be (`value` and `digest`: its stored number and the data it was measured on, for the progress lines)."""
-    metric = plan.config.promotion.metric
+    not be (`value` and `digest`: its stored number and the data it was measured on, for the progress lines;
+    `metric`: the policy's)."""
     progress.info("%s was measured on other validation data (digest %s): re-scoring it on %s (digest %s)",
                   who, short(digest), data.uri, data.short)
     try:
@@ -220,13 +218,14 @@ def measure_again(plan: RunPlan, tracking: TrackingRun, who: str, value: float |
     return again
 
 
-def per_row_values(plan: RunPlan, uri: str, step: int) -> tuple[Any, str]:
-    """The promotion metric's value on every validation row for one checkpoint, or (None, why not)."""
+def per_row_values(plan: RunPlan, metric: str, uri: str, step: int) -> tuple[Any, str]:
+    """The promotion metric's (`metric`, the policy's) value on every validation row for one checkpoint, or (None,
+    why not)."""
     try:
         rows = validate_again(plan, uri, step, per_row=True).per_row
     except Exception as exc:
         return None, f"its validation for per-row values failed ({type(exc).__name__}: {exc})"[:300]
-    return rows_of(rows, plan.config.promotion.metric)
+    return rows_of(rows, metric)
 
 
 def rows_of(per_row: dict[str, Any], metric: str) -> tuple[Any, str]:

@@ -4,24 +4,17 @@ decision out (`podium.tasks.carry_out`: stage, verify, seal, switch, alias); the
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import socket
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
-from podium.core.promotion import AWAIT, CURRENT, PROMOTE, Decision, decide_promotion
+from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, Policy, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
-from podium.core.shadow import ShadowVerdict
 from podium.serving import layout
 from podium.serving.shadow import check_no_shadow
-from podium.settings import current_user
-from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tasks import carry_out as steps
 from podium.tasks.carry_out import (
@@ -36,6 +29,8 @@ from podium.tasks.carry_out import (
 )
 from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
 from podium.tasks.plan import RunPlan
+from podium.tasks.reconcile import claim_location, origin, promotion_lock, sync_alias, withdraw_orphans
+from podium.tasks.watch import settle_orphan_watch
 from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 from podium.tracking.records import list_records
@@ -43,47 +38,20 @@ from podium.tracking.records import list_records
 logger = logging.getLogger(__name__)
 
 
-def origin(command: str | None = None) -> dict[str, Any]:
-    """What started a switch of CURRENT, for its history record: the Prefect flow run (and deployment)
-    or the command, and who ran it where."""
-    from prefect.runtime import flow_run
-
-    # local: Prefect's runtime and API client load only when a promotion asks who started it
-    from podium.prefect_api import current_deployment
-
-    out: dict[str, Any] = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid()}
-    if command:
-        out["command"] = command
-    if flow_run.id:
-        out.update(flow=flow_run.flow_name, flow_run=flow_run.name, flow_run_id=str(flow_run.id))
-        started_by = current_deployment()
-        if started_by and started_by[1]:
-            out["deployment"] = started_by[1]
-    return out
-
-
-@contextlib.contextmanager
-def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[[], None]]:
-    """One promoter at a time per serving location, from decision to alias; yields a `check()`.
-
-    Without it two promoters could each switch CURRENT and move the alias in
-    interleaved order, leaving the registry naming another version than serving.
-    `<serving>/.promotion.lock`: an flock locally, a lease object on S3
-    (`training.lease.location_lock`). `check()` raises if an S3 lease was lost
-    (its holder stalled past the TTL and another promoter took it over):
-    promotion calls it before every step that others can see.
-    """
-    locked = False
-    try:
-        with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
-            locked = True
-            yield check
-    except LeaseError as exc:
-        raise layout.ServingError(str(exc)) from None
-    except OSError as exc:  # a full disk before anything was written: the lock file takes its holder's name
-        if locked or not layout.is_disk_full(exc):
-            raise
-        raise layout.full_location_error(serving, "its promotion lock", exc) from None
+def finish_cut_short(serving: str, tracking_uri: str, registered_model: str, alias: str, claim: bool = True,
+                     alias_too: bool = True) -> list[str]:
+    """What a command cut short, finished before anything is read or decided from the location (call it under the
+    promotion lock), in order: the location claimed (`claim`), orphans withdrawn (versions staged by a command that
+    is gone, a shadow it left; podium.tasks.reconcile), a watch it left settled (podium.tasks.watch), and the alias
+    moved to what serves (`alias_too`: not for a rollback, whose switch brings the whole registry in line). Returns
+    the versions withdrawn."""
+    if claim:
+        claim_location(serving, tracking_uri, registered_model, alias)
+    withdrawn = withdraw_orphans(serving, tracking_uri, registered_model, alias)
+    settle_orphan_watch(serving, tracking_uri, registered_model, alias)
+    if alias_too:
+        sync_alias(serving, tracking_uri, registered_model, alias)
+    return withdrawn
 
 
 def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool = False,
@@ -95,44 +63,50 @@ def promote_best_checkpoint(plan: RunPlan, tracking: TrackingRun, approval: bool
     under the `challenger` alias instead, and the outcome's `awaiting` says so; `settle_candidate` finishes it
     once a person (or the timeout) decided."""
     records = list_records(tracking)
-    policy = promotion_policy(plan.config.promotion, approval)
+    p = plan.config.promotion
+    policy = promotion_policy(p, approval)
     with promotion_lock(plan.serving) as still_locked:
+        # what a command cut short is finished first (an alias moved to what serves, orphans withdrawn): gathering
+        # only reads, against the location as it is now, in the lock
+        finish_cut_short(plan.serving, tracking.tracking_uri, p.registered_model, p.alias)
         evidence = gather_evidence(plan, tracking, records, policy)  # against the champion as it is now, in the lock
         decision = decide_promotion(evidence, policy)
         steps.record_decision(tracking, decision)
-        outcome = carry_out_decision(plan, tracking, decision, evidence.champion, still_locked, stop)
+        outcome = carry_out_decision(plan, tracking, decision, policy, evidence.champion, still_locked, stop)
         record_attempt(plan.serving, tracking, outcome)
     logger.info("promotion: %s", outcome.reason)
     return outcome
 
 
-def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, champion: Champion | None,
-                       still_locked: Callable[[], None], stop: StopPoint = NO_STOP) -> PromotionOutcome:
-    """What `decision` says to do: promote (`carry_out.TO_PROMOTE`), stage a candidate to await a person
-    (`TO_AWAIT`), bring the registry in line with a champion already current, or nothing; and the outcome."""
+def carry_out_decision(plan: RunPlan, tracking: TrackingRun, decision: Decision, policy: Policy,
+                       champion: Champion | None, still_locked: Callable[[], None],
+                       stop: StopPoint = NO_STOP) -> PromotionOutcome:
+    """What `decision` says to do, the stage it names (`carry_out.SEQUENCES`): promote (`TO_PROMOTE`), stage a
+    candidate for its shadow (`TO_SHADOW`) or to await a person (`TO_AWAIT`), bring the registry in line with a
+    champion already current, or nothing; and the outcome."""
     p = plan.config.promotion
     promoted: Promoted | None = None
     awaiting: Candidate | None = None
     reason = decision.reason
-    if decision.action == AWAIT:
-        shadowed = p.rollout == "shadow" and champion is not None  # the first promotion has no champion to shadow
-        if shadowed:
-            check_no_shadow(plan.serving)  # before anything is staged
-        rollout = Rollout.of(plan, tracking, decision, still_locked, stop=stop)
-        awaiting = steps.candidate(carry_out(steps.TO_SHADOW if shadowed else steps.TO_AWAIT, rollout))
-        waits = f"in shadow beside {champion.version}" if champion is not None and shadowed else "awaiting approval"
+    if decision.action == SHADOW:
+        check_no_shadow(plan.serving)  # before anything is staged
+    if decision.held:
+        rollout = Rollout.of(plan, tracking, decision, policy, still_locked, stop=stop)
+        awaiting = steps.candidate(carry_out(steps.SEQUENCES[decision.action], rollout))
+        waits = (f"in shadow beside {champion.version}" if champion is not None and decision.action == SHADOW
+                 else "awaiting approval")
         reason = (f"{decision.reason}; {waits} as {awaiting.version} (MLflow {p.registered_model} "
                   f"v{awaiting.mlflow_version} @{challenger_alias(p.alias)})")
     elif decision.action == PROMOTE:
-        rollout = Rollout.of(plan, tracking, decision, still_locked, origin(), stop)
-        promoted = steps.promoted(carry_out(steps.TO_PROMOTE, rollout))
+        rollout = Rollout.of(plan, tracking, decision, policy, still_locked, origin(), stop)
+        promoted = steps.promoted(carry_out(steps.SEQUENCES[PROMOTE], rollout))
     elif decision.action == CURRENT and decision.candidate is not None:
-        steps.finish_registration(plan, tracking, decision.candidate)
+        steps.finish_registration(plan, tracking, policy, decision.candidate)
     return PromotionOutcome(promoted=promoted, reason=reason, awaiting=awaiting,
                             best_step=decision.candidate.step if decision.candidate else None,
                             champion_before=champion.version if champion else None,
                             # the reference line of the chart: only a value of the same metric
-                            champion_before_value=champion.value if champion and champion.metric == p.metric else None,
+                            champion_before_value=champion.value if champion and champion.metric == policy.metric else None,
                             champion_before_run=champion.run_name if champion else None,
                             comparison=decision.comparison, checks=decision.checks)
 
@@ -158,7 +132,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         now = champion.version if champion else None
         promoted = None
         discarded = None  # why a candidate decided on (approved) was never served
-        tags = {**approval.tags(), **shadow_tags(outcome.shadow)}
+        tags = {**approval.tags(), **ledger.shadow_tags(outcome.shadow)}
         if approval.approved and now != outcome.champion_before:
             reason = discarded = (
                 f"{approval.describe()}, but the champion changed while it waited ({outcome.champion_before or 'none'}"
@@ -167,7 +141,8 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
             reason = f"{candidate.reason}; {shadow_said}{approval.describe()}"
             record = CheckpointRecord(step=candidate.step, uri=candidate.checkpoint_uri, model_id=candidate.model_id)
             rollout = Rollout(plan, tracking, still_locked, record, candidate.value, reason,
-                              {**origin(), "approval": decided, **shadow}, version=version,
+                              promotion_policy(p, approval=True), {**origin(), "approval": decided, **shadow},
+                              version=version,
                               provenance=candidate.provenance,
                               mlflow_version=candidate.mlflow_version, stop=stop)
             try:
@@ -184,7 +159,7 @@ def settle_candidate(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOut
         if candidate.mlflow_version is not None:
             ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                                      challenger_alias(p.alias), candidate.model_id, promoted is not None,
-                                     {**tags, "podium.decision": reason[:5000]}, discarded=discarded)
+                                     {**tags, ledger.TAG_DECISION: reason[:5000]}, discarded=discarded)
         settled = outcome.model_copy(update={"promoted": promoted, "reason": reason, "awaiting": None,
                                              "approval": approval})
         record_attempt(plan.serving, tracking, settled)
@@ -209,23 +184,10 @@ def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidat
         if candidate.mlflow_version is not None:
             ledger.settle_challenger(tracking.tracking_uri, p.registered_model, candidate.mlflow_version, p.alias,
                                      challenger_alias(p.alias), candidate.model_id, False,
-                                     {**tags, "podium.decision": why[:5000]}, discarded=why)
+                                     {**tags, ledger.TAG_DECISION: why[:5000]}, discarded=why)
     except Exception as failed:  # the next command reconciles what is left; the switch's failure is the news
         logger.warning("candidate %s not discarded after its failed switch: %s: %s", candidate.version,
                        type(failed).__name__, failed)
-
-
-def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
-    """A shadow's verdict as registry tags (`podium.shadow`, `.requests`, `.error_rate`, ...): none without one."""
-    if verdict is None:
-        return {}
-    n = verdict.numbers
-    numbers = {"requests": n.requests, "errors": n.errors, "error_rate": n.error_rate, "agreement": n.agreement,
-               "latency_p95_ratio": n.latency_p95_ratio, "champion_p95_s": n.champion_p95_s,
-               "candidate_p95_s": n.candidate_p95_s}
-    return {"podium.shadow": verdict.outcome,
-            "podium.shadow.reason": verdict.reason[:5000],
-            **{f"podium.shadow.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 
 
 @task(name="promote-best-checkpoint", cache_policy=NO_CACHE)

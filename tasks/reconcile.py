@@ -2,7 +2,8 @@
 aliases and tags are derived from it, checked against it and repaired where a command was cut short.
 
 Every command that changes what a location serves (`podium run`, `promote`, `rollback`, the decisions on a
-candidate) starts here, under the location's promotion lock:
+candidate) starts under the location's promotion lock (`promotion_lock`; `origin` says who started a switch) with
+what a command cut short finished (`podium.tasks.promote.finish_cut_short`, in this order):
 
 - `claim_location`: the location's identity (`LOCATION.json`: its registered model and alias) and the
   registry's record that the alias belongs to it; a second location of a model asking for the same alias is
@@ -11,38 +12,38 @@ candidate) starts here, under the location's promotion lock:
   or in shadow, killed with SIGKILL) is withdrawn: its files go (its number stays taken), its registered version
   is tagged `podium.approval = withdrawn` and the challenger alias leaves it; a SHADOW pointer its process left
   is removed (`podium serve` stops mirroring to it).
+- a watch after a switch (`[promotion.watch]`) whose promoter is gone is settled next to the watch's own task
+  (`podium.tasks.watch.settle_orphan_watch`): a limit broken rolls the new champion back (`switch_back`, here).
 - `sync_alias`: the alias names the registered version made for the current serving version (matched by the
-  manifest's `version_uid`), moved there if a command stopped between the switch and the alias.
-- `settle_orphan_watch`: a watch after a switch (`[promotion.watch]`) whose promoter is gone is settled on the
-  numbers the replicas wrote by then: a limit broken rolls the new champion back (`switch_back`), else it is
-  final (`settle_watch`, which the promotion that watches calls too).
+  manifest's `version_uid`), moved there if a command stopped between the switch and the alias (the one repair of
+  the alias; `podium.tracking.ledger.align_alias` moves it).
 
 `disagreements` is the read-only check `podium status` reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from podium import prefect_api
 from podium.core.approval import challenger_alias, withdrawn
-from podium.core.watch import BROKE, WatchLimits, WatchVerdict, aggregate_watch, decide_watch
 from podium.errors import AliasTaken, HistoryError, ServingError, TrackingUnavailable
-from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.history import rollback_target
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
 from podium.serving.shadow import end_shadow, read_shadow
 from podium.serving.staged import is_alive, staged_versions
-from podium.serving.watch import end_watch, read_watch, read_watch_tallies
+from podium.serving.watch import read_watch
 from podium.settings import current_user
+from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
 from podium.tracking import ledger
 from podium.tracking.client import TAG_SERVED_URI
@@ -50,6 +51,47 @@ from podium.tracking.registry import alias_owner, alias_taken, alias_target, reg
 from podium.tracking.runs import kill_orphan_runs
 
 logger = logging.getLogger(__name__)
+
+
+def origin(command: str | None = None) -> dict[str, Any]:
+    """What started a switch of CURRENT, for its history record: the Prefect flow run (and deployment)
+    or the command, and who ran it where."""
+    # local: Prefect's runtime loads only when a promotion asks who started it (`podium status` reads this module)
+    from prefect.runtime import flow_run
+
+    out: dict[str, Any] = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid()}
+    if command:
+        out["command"] = command
+    if flow_run.id:
+        out.update(flow=flow_run.flow_name, flow_run=flow_run.name, flow_run_id=str(flow_run.id))
+        started_by = prefect_api.current_deployment()
+        if started_by and started_by[1]:
+            out["deployment"] = started_by[1]
+    return out
+
+
+@contextlib.contextmanager
+def promotion_lock(serving: str, timeout_s: float = 600.0) -> Iterator[Callable[[], None]]:
+    """One promoter at a time per serving location, from decision to alias; yields a `check()`.
+
+    Without it two promoters could each switch CURRENT and move the alias in
+    interleaved order, leaving the registry naming another version than serving.
+    `<serving>/.promotion.lock`: an flock locally, a lease object on S3
+    (`training.lease.location_lock`). `check()` raises if an S3 lease was lost
+    (its holder stalled past the TTL and another promoter took it over):
+    promotion calls it before every step that others can see.
+    """
+    locked = False
+    try:
+        with location_lock(serving, ".promotion.lock", timeout_s, "promotion") as check:
+            locked = True
+            yield check
+    except LeaseError as exc:
+        raise layout.ServingError(str(exc)) from None
+    except OSError as exc:  # a full disk before anything was written: the lock file takes its holder's name
+        if locked or not layout.is_disk_full(exc):
+            raise
+        raise layout.full_location_error(serving, "its promotion lock", exc) from None
 
 
 def claim_location(serving: str, tracking_uri: str, registered_model: str, alias: str) -> Location:
@@ -114,10 +156,9 @@ def withdraw_orphans(serving: str, tracking_uri: str, name: str, alias: str) -> 
         withdraw_candidate(serving, tracking_uri, name, alias, staged.version, who.get("version_uid"), why)
         say("serving %s: withdrew %s: %s", serving, staged.version, why)
         if who.get("flow_run_id"):
-            _end_flow_run(tracking_uri, str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
+            end_flow_run(tracking_uri, str(who["flow_run_id"]), f"{staged.version} withdrawn: {why}")
         withdrawn.append(staged.version)
     end_orphan_shadow(serving)
-    settle_orphan_watch(serving, tracking_uri, name, alias)
     return withdrawn
 
 
@@ -136,7 +177,7 @@ def end_orphan_shadow(serving: str) -> str | None:
     return version
 
 
-def _end_flow_run(tracking_uri: str, flow_run_id: str, message: str) -> None:
+def end_flow_run(tracking_uri: str, flow_run_id: str, message: str) -> None:
     """End the runs a command that is gone left open: its MLflow run KILLED (the run it trained, if any), and its flow
     run Crashed, if Prefect still shows it paused or running (nothing else would: no process reports for them), each
     saying why. Best effort: Prefect and MLflow mirror, the serving location decides."""
@@ -171,8 +212,7 @@ def sync_alias(serving: str, tracking_uri: str, name: str, alias: str) -> str | 
         logger.warning("no registered version of %s is serving version %s: alias %s not moved", name,
                        current.version, alias)
         return None
-    if alias_target(tracking_uri, name, alias) != version:
-        ledger.repair_alias(tracking_uri, name, alias, version)
+    if ledger.align_alias(tracking_uri, name, alias, version):
         say("registry: moved @%s of %s to version %s (serving %s at %s)", alias, name, version, current.version,
             serving)
     return version
@@ -260,66 +300,3 @@ def sync_registry(serving: str, tracking_uri: str, registered_model: str, alias:
     ledger.reinstate(tracking_uri, registered_model, current.manifest.get("version_uid"), current.uri,
                      current.manifest.get("model_id"))
     return sync_alias(serving, tracking_uri, registered_model, alias)
-
-
-def pointer_watch_limits(pointer: dict[str, Any]) -> WatchLimits:
-    """The limits a WATCH pointer carries (`promotion.watch`, as the promotion that started it read them)."""
-    return WatchLimits.from_dict(dict(pointer.get("limits") or {}))
-
-
-def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, pointer: dict[str, Any],
-                 verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> str:
-    """Carry out a watch's verdict, under the promotion lock: a limit broken rolls the watched version back to the
-    champion it replaced (the history record says why), if it still serves; then its registered version is tagged
-    with the outcome (`podium.watch`: rolled-back, passed, or ended when the champion changed meanwhile), the
-    WATCH pointer goes, and a rollback is announced (`podium.serving.rolled-back`, the verdict in its payload).
-    Returns the outcome's word."""
-    version, previous = str(pointer.get("version")), pointer.get("previous")
-    current = (layout.read_pointer(serving) or {}).get("version")
-    outcome = "passed"
-    back = None
-    if current != version:
-        outcome = "ended"  # a rollback or a promotion meanwhile: the watched champion no longer serves
-    elif verdict.state == BROKE:
-        back = switch_back(serving, tracking_uri, name, alias, still_locked, str(previous) if previous else None,
-                           verdict.reason, {**origin, "watch": verdict.as_dict()})
-        outcome = "rolled-back"
-    watched = layout.read_version(serving, version)
-    if watched is not None:
-        numbers = verdict.numbers.as_dict()
-        ledger.record_watch(tracking_uri, name, watched.manifest.get("version_uid"), watched.uri,
-                            {"podium.watch": outcome, "podium.watch.reason": verdict.reason[:5000],
-                             **{f"podium.watch.{k}": "" if v is None else repr(v) for k, v in numbers.items()}})
-    end_watch(serving, str(pointer.get("watch_id")))
-    if back is not None and back.switched:
-        model = str(pointer.get("model") or name)
-        emit_news(EVENT_ROLLED_BACK, model_resource(model), news_related(None, None, None, back.mlflow_version, name),
-                  {"model": model, "registered_model": name, "from_version": back.from_version,
-                   "to_version": back.to_version, "mlflow_version": back.mlflow_version, "withdrawn": back.withdrawn,
-                   "reason": verdict.reason, "watch": verdict.as_dict()})
-    return outcome
-
-
-def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:
-    """Settle a watch whose promoter is gone (seen from this host), on the numbers the replicas wrote by then: a
-    limit broken rolls the watched champion back, else it is final (`settle_watch`); the promoter's flow run ends
-    saying so. Returns the outcome's word; None when no watch was left. Call it under the promotion lock."""
-    pointer = read_watch(serving)
-    if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
-        return None
-    numbers = aggregate_watch(read_watch_tallies(serving, str(pointer.get("watch_id"))))
-    verdict = decide_watch(numbers, pointer_watch_limits(pointer), over=True)
-    cut = "its promoter ended during its watch, settled by the next command: "
-    verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)
-    origin = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid(),
-              "command": "settled a watch its promoter left"}
-    outcome = settle_watch(serving, tracking_uri, name, alias, pointer, verdict, lambda: None, origin)
-    version = pointer.get("version")
-    said = (f"rolled back {version} to {pointer.get('previous')}: {verdict.reason}" if outcome == "rolled-back"
-            else f"{version}: {verdict.reason}" if outcome == "passed"
-            else f"ended the watch of {version}: it no longer serves")
-    say("serving %s: %s", serving, said)
-    flow_run_id = dict(pointer.get("by") or {}).get("flow_run_id")
-    if flow_run_id:
-        _end_flow_run(tracking_uri, str(flow_run_id), said)
-    return outcome

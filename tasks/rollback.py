@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from podium.errors import ServingError
 from podium.serving import layout
-from podium.tasks.promote import origin, promotion_lock
-from podium.tasks.reconcile import claim_location, switch_back, withdraw_orphans
+from podium.tasks.promote import finish_cut_short
+from podium.tasks.reconcile import origin, promotion_lock, switch_back
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,7 @@ def roll_back(serving: str, tracking_uri: str, registered_model: str, alias: str
     if layout.read_pointer(serving) is None:  # checked before the lock, which would create the folder
         raise ServingError(f"nothing has been promoted to {serving!r}: nothing to roll back")
     with promotion_lock(serving) as still_locked:
-        claim_location(serving, tracking_uri, registered_model, alias)
-        withdraw_orphans(serving, tracking_uri, registered_model, alias)
+        finish_cut_short(serving, tracking_uri, registered_model, alias, alias_too=False)
         back = switch_back(serving, tracking_uri, registered_model, alias, still_locked, to_version, reason,
                            origin("podium rollback"))
     return RollbackOutcome(from_version=back.from_version, to_version=back.to_version,

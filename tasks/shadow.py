@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from podium import prefect_api
 from podium.core.approval import Approval, shadowed, withdrawn
+from podium.core.numbers import format_percent
 from podium.core.shadow import ShadowLimits, ShadowNumbers, aggregate, decide_shadow, stopped_shadow
 from podium.progress import say
 from podium.serving.shadow import end_shadow, read_tallies
@@ -82,16 +83,13 @@ def shadow_markdown(run_name: str, outcome: PromotionOutcome, limits: ShadowLimi
     v, c = outcome.shadow, outcome.awaiting
     n = v.numbers if v is not None else ShadowNumbers()
 
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{100 * x:.1f} %"
-
     def ms(x: float | None) -> str:
         return "n/a" if x is None else f"{1000 * x:.1f} ms"
 
     ratio = n.latency_p95_ratio
     rows = [("requests mirrored", str(n.requests), ""),
-            ("error rate", f"{pct(n.error_rate)} ({n.errors})", f"≤ {pct(limits.max_error_rate)}"),
-            ("agreement", f"{pct(n.agreement)} of {n.rows} predictions", f"≥ {pct(limits.min_agreement)}"),
+            ("error rate", f"{format_percent(n.error_rate)} ({n.errors})", f"≤ {format_percent(limits.max_error_rate)}"),
+            ("agreement", f"{format_percent(n.agreement)} of {n.rows} predictions", f"≥ {format_percent(limits.min_agreement)}"),
             ("latency p95", f"{ms(n.candidate_p95_s)} vs the champion's {ms(n.champion_p95_s)}"
              + (f" (x{ratio:.2f})" if ratio is not None else ""), f"≤ x{limits.max_latency_p95_ratio:g}"),
             ("replicas", str(n.replicas), "")]

@@ -1,21 +1,25 @@
 """The watch after the switch (`[promotion.watch]`): once a promotion made its version current in place of a
 champion, the replicas of `podium serve` count the new champion's live answers and the previous one's; the
 promotion reads their tallies every second and decides (`podium.core.watch.decide_watch`). A limit broken rolls
-the new champion back at once, under the promotion lock (`podium.tasks.reconcile.settle_watch`): the history
+the new champion back at once, under the promotion lock (`settle_watch`, here): the history
 record, the registry's tags and a Prefect event say why, and the promotion's outcome too. A watch that passed
 leaves the promotion final, and says so.
 
 The watch holds no lock while it waits: a rollback or another promotion may run meanwhile, and the watch then ends
 (the champion it watched no longer serves). A stop asked for during the watch ends it without a verdict: the
 promotion stands (its switch was the point of no return). A kill leaves the WATCH pointer: the next command settles
-the watch on the numbers written by then (`podium.tasks.reconcile.settle_orphan_watch`).
+the watch on the numbers written by then (`settle_orphan_watch`, here, which
+`podium.tasks.promote.finish_cut_short` calls).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -25,6 +29,7 @@ from podium.core.watch import (
     BROKE,
     WATCHING,
     Settled,
+    Watched,
     WatchLimits,
     WatchOutcome,
     WatchVerdict,
@@ -32,14 +37,17 @@ from podium.core.watch import (
     as_settled,
     decide_watch,
 )
+from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
-from podium.serving.staged import this_process
-from podium.serving.watch import end_watch, read_watch_tallies, start_watch
+from podium.serving import layout
+from podium.serving.staged import is_alive, this_process
+from podium.serving.watch import end_watch, read_watch, read_watch_tallies, start_watch
+from podium.settings import current_user
 from podium.tasks.carry_out import PromotionOutcome
 from podium.tasks.live import poll_live
 from podium.tasks.plan import RunPlan
-from podium.tasks.promote import origin, promotion_lock
-from podium.tasks.reconcile import settle_watch
+from podium.tasks.reconcile import end_flow_run, origin, promotion_lock, switch_back
+from podium.tracking import ledger
 from podium.tracking.client import TrackingRun
 
 WATCH_POLL_S = 1.0  # how often the tallies are read (the replicas write theirs at their own poll_s)
@@ -68,16 +76,14 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     w, p = plan.config.promotion.watch, plan.config.promotion
     assert w is not None and outcome.promoted is not None and outcome.champion_before is not None
     version, previous = outcome.promoted.version, outcome.champion_before
-    watch_id = f"{version}-{uuid.uuid4().hex[:8]}"
-    limits = watch_limits(plan)
-    start_watch(plan.serving, watch_id, version, previous, w.duration_s, limits,
-                this_process(tracking.run_name, flow_run_id=_flow_run_id()), model=plan.config.model,
+    watched = Watched(f"{version}-{uuid.uuid4().hex[:8]}", version, previous, watch_limits(plan), plan.config.model)
+    limits = watched.limits
+    start_watch(plan.serving, watched, w.duration_s, this_process(tracking.run_name, flow_run_id=_flow_run_id()),
                 run_name=tracking.run_name)
-    pointer = {"watch_id": watch_id, "version": version, "previous": previous, "model": plan.config.model}
     say("watch: %s serves in place of %s; watched for %g s (promotion.watch): rolled back if a limit breaks",
         version, previous, w.duration_s)
     started = time.monotonic()
-    polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watch_id)),
+    polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watched.watch_id)),
                        lambda n, over: decide_watch(n, limits, over).state != WATCHING, version, w.duration_s,
                        stop_requested, poll_s)
     # the verdict on the last numbers, however the poll ended (a rollback meanwhile: settle_watch says it ended)
@@ -85,14 +91,14 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     stopped = polled.ended == "stopped"
     state: Settled
     if stopped:
-        end_watch(plan.serving, watch_id)
+        end_watch(plan.serving, watched.watch_id)
         verdict = WatchVerdict(WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
                                          f"limit broken ({_said(verdict)}): the promotion stands",
                                verdict.numbers)
         said, state = verdict.reason, "stopped"
     else:
         with promotion_lock(plan.serving) as still_locked:
-            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, pointer,
+            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, watched,
                                             verdict, still_locked, origin()))
         said = (verdict.reason if state in ("rolled-back", "passed")
                 else f"its watch ended after {time.monotonic() - started:.0f} s: {version} no longer serves "
@@ -103,6 +109,62 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         say("watch: %s %s", version, said)
     record = WatchOutcome(verdict, state, said, round(time.monotonic() - started, 3), version, previous)
     return outcome.model_copy(update={"watch": record, "reason": f"{outcome.reason}; {said}"})
+
+
+def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched: Watched,
+                 verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> str:
+    """Carry out a watch's verdict, under the promotion lock: a limit broken rolls the watched version back to the
+    champion it replaced (the history record says why), if it still serves; then its registered version is tagged
+    with the outcome (`podium.watch`: rolled-back, passed, or ended when the champion changed meanwhile), the
+    WATCH pointer goes, and a rollback is announced (`podium.serving.rolled-back`, the verdict in its payload).
+    Returns the outcome's word."""
+    version, previous = watched.version, watched.previous
+    current = (layout.read_pointer(serving) or {}).get("version")
+    outcome = "passed"
+    back = None
+    if current != version:
+        outcome = "ended"  # a rollback or a promotion meanwhile: the watched champion no longer serves
+    elif verdict.state == BROKE:
+        back = switch_back(serving, tracking_uri, name, alias, still_locked, previous, verdict.reason,
+                           {**origin, "watch": verdict.as_dict()})
+        outcome = "rolled-back"
+    served = layout.read_version(serving, version)
+    if served is not None:
+        ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri, outcome, verdict)
+    end_watch(serving, watched.watch_id)
+    if back is not None and back.switched:
+        model = watched.model or name
+        emit_news(EVENT_ROLLED_BACK, model_resource(model), news_related(None, None, None, back.mlflow_version, name),
+                  {"model": model, "registered_model": name, "from_version": back.from_version,
+                   "to_version": back.to_version, "mlflow_version": back.mlflow_version, "withdrawn": back.withdrawn,
+                   "reason": verdict.reason, "watch": verdict.as_dict()})
+    return outcome
+
+
+def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:
+    """Settle a watch whose promoter is gone (seen from this host), on the numbers the replicas wrote by then: a
+    limit broken rolls the watched champion back, else it is final (`settle_watch`); the promoter's flow run ends
+    saying so. Returns the outcome's word; None when no watch was left. Call it under the promotion lock."""
+    pointer = read_watch(serving)
+    if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
+        return None
+    watched = Watched.from_pointer(pointer)
+    numbers = aggregate_watch(read_watch_tallies(serving, watched.watch_id))
+    verdict = decide_watch(numbers, watched.limits, over=True)
+    cut = "its promoter ended during its watch, settled by the next command: "
+    verdict = WatchVerdict(verdict.state, cut + verdict.reason, verdict.numbers, verdict.failed)
+    origin = {"user": current_user(), "host": socket.gethostname(), "pid": os.getpid(),
+              "command": "settled a watch its promoter left"}
+    outcome = settle_watch(serving, tracking_uri, name, alias, watched, verdict, lambda: None, origin)
+    version = watched.version
+    said = (f"rolled back {version} to {watched.previous}: {verdict.reason}" if outcome == "rolled-back"
+            else f"{version}: {verdict.reason}" if outcome == "passed"
+            else f"ended the watch of {version}: it no longer serves")
+    say("serving %s: %s", serving, said)
+    flow_run_id = dict(pointer.get("by") or {}).get("flow_run_id")
+    if flow_run_id:
+        end_flow_run(tracking_uri, str(flow_run_id), said)
+    return outcome
 
 
 def _flow_run_id() -> str | None:

@@ -67,8 +67,7 @@ def _awaiting_process_gone(flow_run_id: str, run_name: str, settings: PodiumSett
     killed, or its machine restarted), after withdrawing its candidate and ending the flow run Crashed; None when
     its process still runs, or runs on another host (which this one cannot see)."""
     from podium.serving.staged import staged_versions
-    from podium.tasks.promote import promotion_lock
-    from podium.tasks.reconcile import withdraw_orphans
+    from podium.tasks.promote import finish_cut_short, promotion_lock
 
     parameters = flow_run_parameters(flow_run_id)
     config = parameters.get("config") or {}
@@ -83,7 +82,7 @@ def _awaiting_process_gone(flow_run_id: str, run_name: str, settings: PodiumSett
     name = promotion.get("registered_model") or config.get("model") or "podium"
     alias = promotion.get("alias") or "champion"
     with promotion_lock(serving):
-        withdrawn = withdraw_orphans(serving, tracking_uri, name, alias)
+        withdrawn = finish_cut_short(serving, tracking_uri, name, alias, claim=False, alias_too=False)
     what = f"its candidate {', '.join(withdrawn)} was withdrawn" if withdrawn else "no candidate of it is staged"
     message = (f"run {run_name!r} awaits approval in Prefect, but the command that waits for it is gone (killed, or "
                f"its machine restarted): {what}, nothing was promoted; `podium promote --run-name {run_name}` asks "

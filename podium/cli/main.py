@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 
+from podium import services
 from podium.cli.errors import CliError, known_failure
 from podium.cli.options import Parser
 from podium.core.exits import EXIT_SIGINT, EXIT_SIGTERM, exit_for_signal
@@ -76,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # a local Prefect server still starting in the background (the command ends early) is not left running
         # unrecorded; one that started stays, as after any run (`podium server stop`)
-        from podium.services import abandon_starts
-
-        abandon_starts()
+        services.abandon_starts()
         if argv is not None:  # a call from Python: the process goes on, and a start-up signal's watchdog with it
             stop.stand_down()
         # the output is written: spare the exit a last garbage collection over every loaded library

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podium import prefect_api, services
 from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
@@ -39,7 +40,10 @@ from podium.errors import (
     UserCodeError,
 )
 from podium.flows import stop  # the command's signal handling: standard library only (0.005 s)
+from podium.outages import is_unreachable
 from podium.settings import PodiumSettings
+from podium.tracking.client import apply_http_retry_defaults
+from podium.tracking.runs import latest_run_name
 
 
 class _ProgressPrinter(logging.Handler):
@@ -67,9 +71,7 @@ def _library_variables() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    from podium.prefect_api import bound_client_settings
-
-    bound_client_settings(os.environ)  # Prefect's client reads them when it is imported, below
+    prefect_api.bound_client_settings(os.environ)  # Prefect's client reads them when it is imported, below
     os.environ.setdefault("TQDM_DISABLE", "1")
     # mlflow would add a stderr handler to its logger on import; without it, its records reach the file below
     # (and mlflow is imported when it is needed, not here)
@@ -169,8 +171,6 @@ def _start_servers(config: Any, settings: PodiumSettings, which: str) -> _Server
     the first thing a command does once its plan is made (`_plan`), so that they start while everything else
     loads. A check that fails after it (the tracking store, the serving location) ends the command, and a Ray it
     started with it."""
-    from podium import services
-
     log_file = settings.home_dir / "logs" / "podium.log"
     _library_environment(log_file)
     servers = _Servers(services.Background(services.ensure_prefect_server, settings.home_dir, settings.prefect_port,
@@ -213,11 +213,8 @@ def _prepare(config: Any, settings: PodiumSettings, clock: StartupClock, servers
     Returns (tracking_uri, api_url). The plan came first (`_plan`); the resume check is the flow's own
     (`check_resume_task`), under the run's lock. `mlflow_checked`: when the command checked the tracking URI
     already (`podium promote`, as it read the run's settings: podium.cli.recorded.promote_settings), not again."""
-    from podium import services
-
     tracking_uri = settings.resolved_tracking_uri()
     began = time.monotonic()
-    from podium.tracking.client import apply_http_retry_defaults
 
     apply_http_retry_defaults()  # before the first MLflow request
     if mlflow_checked is None:
@@ -291,8 +288,6 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     # Ctrl-C or a scheduler's SIGTERM before the run's own handler ends the command as an exception, not at once: a
     # server still starting in the background is stopped on the way out (main: abandon_starts)
-    from podium import services
-
     stop.stop_before_the_run(on_stuck=services.abandon_starts)
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
@@ -350,8 +345,6 @@ def _progress(args: argparse.Namespace, clock: StartupClock) -> logging.Logger:
 def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) -> None:
     """A refused command leaves no server behind: the Prefect server it started for this command (its start
     finished first, so that none is left starting) is stopped again. One it found running stays."""
-    from podium import services
-
     try:
         servers.prefect.result()
     except ServiceError:
@@ -363,7 +356,6 @@ def _stop_what_a_refusal_started(settings: PodiumSettings, servers: _Servers) ->
 
 def _latest_run(config: Any, tracking_uri: str) -> Any:
     """`config` naming the model's latest run (what `podium status` shows when no --run-name is given)."""
-    from podium.tracking.runs import latest_run_name
 
     try:
         latest = latest_run_name(tracking_uri, config.experiment)
@@ -388,11 +380,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
     began = time.monotonic()
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from podium.services import ui_url
-
-    logging.getLogger("podium.progress").info("Prefect UI: %s", ui_url(api_url))
-    from podium import prefect_api
-
+    logging.getLogger("podium.progress").info("Prefect UI: %s", services.ui_url(api_url))
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         if which == "run":
             from podium.flows.pipeline import train_validate_promote as flow_fn
@@ -421,7 +409,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
     if args.json:
         out = summary_json(summary, config.serving, config)
         out["wall_time_s"] = round(elapsed, 1)
-        out["prefect_ui"] = f"{ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
+        out["prefect_ui"] = f"{services.ui_url(api_url)}/runs/flow-run/{summary.flow_run_id}"
         out["startup"] = clock.to_dict()
         if getattr(args, "run_settings", None) is not None:  # `podium promote`: whose settings it used
             out["settings"] = args.run_settings
@@ -451,9 +439,7 @@ def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settin
     work exit 1."""
     from prefect.exceptions import CancelledRun
 
-    from podium import prefect_api
     from podium.flows.summary import result_of
-    from podium.outages import is_unreachable
 
     log = settings.home_dir / "logs" / "podium.log"
     try:

@@ -31,3 +31,9 @@ def format_number(v: object) -> str:
 def format_signed(v: float) -> str:
     """A difference as podium prints it: a sign, then `format_number` (+0.01130, -0.004000)."""
     return f"{v:+#.4g}".rstrip(".") if math.isfinite(v) else f"{v:+}"
+
+
+def format_percent(x: float | None) -> str:
+    """A share as the live checks print it (the shadow's and the watch's reasons, the shadow's artifact): `12.5 %`,
+    or `n/a` for no value."""
+    return "n/a" if x is None else f"{100 * x:.1f} %"

@@ -26,10 +26,11 @@ Then, except for the first three rows, the policy's checks (`podium.core.policy`
 the reason: a threshold on the candidate's metrics; a guard against the champion's, when it was measured
 on the same data; confidence, from both sides' per-row values, when a compared candidate would be promoted
 (else not made, saying why). A check that fails turns a promotion into a refusal ("refused by the promotion
-policy"), unless it is forced (`always`: reported, not blocking). A promotion with `approval` required
-awaits a person's decision instead. A side whose re-score failed under `rescore = 'stored'` is compared by
-its stored number, saying so; the comparison (`podium.core.comparison`) ends every reason when the current
-validation data is known.
+policy"), unless it is forced (`always`: reported, not blocking). The decision names the stage that comes
+next: a promotion is direct (`PROMOTE`), shadowed first where `shadow` is set and there is a champion to shadow
+(`SHADOW`), else held for a person's decision where `approval` is required (`AWAIT`). A side whose re-score
+failed under `rescore = 'stored'` is compared by its stored number, saying so; the comparison
+(`podium.core.comparison`) ends every reason when the current validation data is known.
 
 Last, the loadable gate (`gate_files`): a candidate that would be served as files never replaces a champion that
 loads as an MLflow model, forced or not, unless `allow_files` says so.
@@ -73,10 +74,12 @@ REFUSED_BY_POLICY = "refused by the promotion policy"  # how a reason refused by
 NOTHING: Final = "nothing to promote"  # no eligible checkpoint
 CURRENT: Final = "already the champion"  # nothing to switch; the registry is brought in line with serving
 REFUSE: Final = "refuse"  # a candidate that does not replace the champion
-PROMOTE: Final = "promote"  # stage, verify, seal, switch, alias (podium.tasks.carry_out)
-AWAIT: Final = "await approval"  # stage, verify, register as the challenger; a person (promotion.approval) or the
-#                                  shadow (promotion.rollout) decides
-Action = Literal["nothing to promote", "already the champion", "refuse", "promote", "await approval"]
+PROMOTE: Final = "promote"  # direct: stage, verify, seal, switch, alias (podium.tasks.carry_out.TO_PROMOTE)
+SHADOW: Final = "shadow"  # stage, verify, register as the challenger, mirror live traffic to it; its shadow decides
+#                           (promotion.rollout = 'shadow', a champion to shadow: TO_SHADOW)
+AWAIT: Final = "await approval"  # stage, verify, register as the challenger; a person decides (promotion.approval:
+#                                  TO_AWAIT)
+Action = Literal["nothing to promote", "already the champion", "refuse", "promote", "shadow", "await approval"]
 
 # what the decision may still need measured (`missing_evidence`), in this order
 CANDIDATE_AGAIN, CHAMPION_AGAIN, PER_ROW = "candidate re-scored", "champion re-scored", "per-row values"
@@ -87,7 +90,7 @@ class Decision:
     """The promotion decision, for the caller to carry out: what to do (`action`), the reason in words for the
     report, the candidate and its value, the comparison and every check of the policy."""
 
-    action: Action  # NOTHING, CURRENT, REFUSE, PROMOTE or AWAIT
+    action: Action  # NOTHING, CURRENT, REFUSE, PROMOTE, SHADOW or AWAIT: which stage comes next
     reason: str
     candidate: CheckpointRecord | None = None
     value: float | None = None
@@ -96,8 +99,14 @@ class Decision:
 
     @property
     def promote(self) -> bool:
-        """Whether the candidate goes on to replace the champion (at once, or once a person approves)."""
-        return self.action in (PROMOTE, AWAIT)
+        """Whether the candidate goes on to replace the champion (at once, after its shadow, or once a person
+        approves)."""
+        return self.action in (PROMOTE, SHADOW, AWAIT)
+
+    @property
+    def held(self) -> bool:
+        """Whether the candidate is staged as the challenger to wait for a decision (its shadow's, or a person's)."""
+        return self.action in (SHADOW, AWAIT)
 
 
 @dataclass(frozen=True)
@@ -285,10 +294,13 @@ def _decide(evidence: Evidence, policy: Policy) -> Decision:
 
 
 def _awaiting(decision: Decision, policy: Policy, champion: Champion | None) -> Decision:
-    """A promotion held for a decision: a person's, or its shadow's (only a champion can be shadowed: the first
-    promotion of a location is direct)."""
-    held = policy.approval or (policy.shadow and champion is not None)
-    return dataclasses.replace(decision, action=AWAIT) if decision.action == PROMOTE and held else decision
+    """A promotion held for a decision: its shadow's (`SHADOW`; only a champion can be shadowed: the first promotion
+    of a location is direct, or awaits a person), else a person's (`AWAIT`)."""
+    if decision.action != PROMOTE:
+        return decision
+    if policy.shadow and champion is not None:
+        return dataclasses.replace(decision, action=SHADOW)
+    return dataclasses.replace(decision, action=AWAIT) if policy.approval else decision
 
 
 def _compared_on(decision: Decision, comparison: Comparison) -> Decision:

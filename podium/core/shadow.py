@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from podium.core.numbers import format_percent
 from podium.core.traffic import latency_ratio
 
 
@@ -177,19 +178,13 @@ def aggregate(tallies: Iterable[Tally]) -> ShadowNumbers:
                          not_loaded=tuple(sorted({t.not_loaded for t in tallies if t.not_loaded})))
 
 
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
-
-
 def describe(numbers: ShadowNumbers) -> str:
     """The numbers in one phrase: `120 requests, error rate 0.0 %, agreement 98.3 % of 600 predictions, p95 4.1 ms
     vs the champion's 3.9 ms (x1.05)`."""
     if not numbers.requests:
         return "no request mirrored"
-    said = (f"{numbers.requests} request(s), error rate {_pct(numbers.error_rate)}, agreement "
-            f"{_pct(numbers.agreement)} of {numbers.rows} prediction(s)")
+    said = (f"{numbers.requests} request(s), error rate {format_percent(numbers.error_rate)}, agreement "
+            f"{format_percent(numbers.agreement)} of {numbers.rows} prediction(s)")
     ratio = numbers.latency_p95_ratio
     if ratio is None or not math.isfinite(ratio):
         return said
@@ -223,8 +218,8 @@ def decide_shadow(numbers: ShadowNumbers, limits: ShadowLimits, champion_changed
     rate = numbers.error_rate or 0.0
     if rate > limits.max_error_rate:
         examples = f" (e.g. {numbers.error_examples[0]})" if numbers.error_examples else ""
-        failed.append(f"error rate {_pct(rate)} ({numbers.errors} of {numbers.requests}) above max_error_rate "
-                      f"{_pct(limits.max_error_rate)}{examples}")
+        failed.append(f"error rate {format_percent(rate)} ({numbers.errors} of {numbers.requests}) above max_error_rate "
+                      f"{format_percent(limits.max_error_rate)}{examples}")
     ratio = numbers.latency_p95_ratio
     if ratio is not None and not ratio <= limits.max_latency_p95_ratio:
         failed.append(f"latency p95 x{ratio:.2f} the champion's, above max_latency_p95_ratio "
@@ -232,8 +227,8 @@ def decide_shadow(numbers: ShadowNumbers, limits: ShadowLimits, champion_changed
     agreement = numbers.agreement
     if (agreement is None and limits.min_agreement > 0) or (agreement is not None
                                                             and agreement < limits.min_agreement):
-        failed.append(f"agreement {_pct(agreement)} with the champion, below min_agreement "
-                      f"{_pct(limits.min_agreement)}")
+        failed.append(f"agreement {format_percent(agreement)} with the champion, below min_agreement "
+                      f"{format_percent(limits.min_agreement)}")
     if failed:
         return ShadowVerdict(False, f"refused by its shadow: {'; '.join(failed)} ({describe(numbers)})", numbers,
                              tuple(failed))

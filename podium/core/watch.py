@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
+from podium.core.numbers import format_percent
 from podium.core.traffic import (
     LATENCY_BUCKETS_MS,
     VersionTraffic,
@@ -57,6 +58,31 @@ class WatchLimits:
     def from_dict(cls, doc: Mapping[str, Any]) -> WatchLimits:
         """Read back from `as_dict`'s form (unknown keys ignored, missing ones the defaults)."""
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One watch after a switch: its id, the version watched, the champion it replaced, the limits it is judged
+    against, and the model it names. The promotion that watches holds it; a command that settles a watch its
+    promoter left reads it back from the WATCH pointer (`from_pointer`)."""
+
+    watch_id: str
+    version: str
+    previous: str | None
+    limits: WatchLimits
+    model: str | None = None
+
+    def pointer_fields(self) -> dict[str, Any]:
+        """What the WATCH pointer keeps of it (podium.serving.watch.start_watch adds when, how long and who)."""
+        return {"watch_id": self.watch_id, "version": self.version, "previous": self.previous,
+                "limits": self.limits.as_dict(), **({"model": self.model} if self.model is not None else {})}
+
+    @classmethod
+    def from_pointer(cls, doc: Mapping[str, Any]) -> Watched:
+        """Read back from a WATCH pointer (its limits as the promotion that started it read them)."""
+        previous, model = doc.get("previous"), doc.get("model")
+        return cls(str(doc.get("watch_id")), str(doc.get("version")), str(previous) if previous else None,
+                   WatchLimits.from_dict(dict(doc.get("limits") or {})), str(model) if model else None)
 
 
 def counts_of(traffic: VersionTraffic | None, fast: int = 0, warmup: int = 0) -> dict[str, Any]:
@@ -232,10 +258,6 @@ def as_settled(word: Any) -> Settled:
     return "ended"
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
-
-
 def describe_watch(n: WatchNumbers) -> str:
     """The numbers in one phrase: `120 request(s) after a warm-up of 10, error rate 0.0 % (the previous champion's
     0.0 %), latency p95 4.1 ms vs 3.9 ms (x1.05)`."""
@@ -244,7 +266,7 @@ def describe_watch(n: WatchNumbers) -> str:
     said = f"{n.requests} request(s)"
     if n.warmup:
         said += f" after a warm-up of {n.warmup}"
-    said += f", error rate {_pct(n.error_rate)} (the previous champion's {_pct(n.previous_error_rate)})"
+    said += f", error rate {format_percent(n.error_rate)} (the previous champion's {format_percent(n.previous_error_rate)})"
     if n.client_errors:
         said += f", {n.client_errors} bad request(s) from clients (4xx, not counted)"
     ratio = n.latency_p95_ratio
@@ -291,9 +313,9 @@ def decide_watch(numbers: WatchNumbers, limits: WatchLimits, over: bool) -> Watc
     if numbers.requests >= limits.min_requests:
         rate, before = numbers.error_rate or 0.0, numbers.previous_error_rate or 0.0
         if rate - before > limits.max_error_rate_increase + 1e-12:
-            failed.append(f"error rate {_pct(rate)} ({numbers.errors} of {numbers.requests}) above the previous "
-                          f"champion's {_pct(before)} by more than max_error_rate_increase "
-                          f"{_pct(limits.max_error_rate_increase)}")
+            failed.append(f"error rate {format_percent(rate)} ({numbers.errors} of {numbers.requests}) above the previous "
+                          f"champion's {format_percent(before)} by more than max_error_rate_increase "
+                          f"{format_percent(limits.max_error_rate_increase)}")
         broken, note = judge_latency(numbers, limits)
         failed += [broken] if broken else []
         notes += [note] if note else []

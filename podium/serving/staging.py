@@ -67,7 +67,7 @@ def _open_write(backend: Backend, fs: fsspec.AbstractFileSystem, path: str) -> B
 
 def _buffer_size(backend: Backend, size: int | None) -> int | None:
     """The buffers `_chunks` reads a file of this machine into (the file's size, up to CHUNK); None for a store."""
-    if backend.name != "local":
+    if not backend.on_this_disk:
         return None
     return CHUNK if size is None else min(CHUNK, max(size, 1 << 16))
 
@@ -180,7 +180,7 @@ def _copy_hashing(sbackend: Backend, sfs: fsspec.AbstractFileSystem, src: str, d
     with the bytes hashed (a memcmp instead of a second hash of the copy). Returns the sha256 (hex) and the size
     of what was copied, and whether the copy was read back."""
     h, size = hashlib.sha256(), 0
-    read_back = dbackend.name == "local"
+    read_back = dbackend.on_this_disk
     with (_open_read(sbackend, sfs, src, listed) as fin, _open_write(dbackend, dfs, dst) as fout,
           open(dst, "rb", buffering=0) if read_back else contextlib.nullcontext() as back):
         into = bytearray(min(CHUNK, max(int(listed["size"]), 1)))
@@ -207,7 +207,7 @@ def copy_hashing(source: str, dest: str,
 
     def copy_one(rel: str) -> tuple[dict[str, Any], bool]:
         src, dst = posixpath.join(sroot, rel), posixpath.join(droot, rel)
-        if not is_remote(dest):
+        if dbackend.on_this_disk:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
         digest, size, checked = _copy_hashing(sbackend, sfs, src, dbackend, dfs, dst, objects[rel])
         if size != objects[rel]["size"]:

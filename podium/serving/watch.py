@@ -7,7 +7,7 @@ replicas' tallies of it.
 A promotion with a `[promotion.watch]` table writes WATCH once its version is current (and registered), and removes
 it when the watch is decided. Each replica of `podium serve` follows WATCH as it follows SHADOW and rewrites its
 tally every poll; the promotion reads the tallies back. A promotion killed mid-watch leaves the pointer behind: the
-next command settles the watch on the numbers written by then (`podium.tasks.reconcile.settle_orphan_watch`).
+next command settles the watch on the numbers written by then (`podium.tasks.watch.settle_orphan_watch`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from podium.core.watch import WatchLimits, WatchTally
+from podium.core.watch import Watched, WatchTally
 from podium.errors import ServingError
 from podium.serving.shadow import read_replica_tallies, remove_pointer, safe_name, write_replica_tally
 from podium.storage.documents import read_json, write_json
@@ -30,17 +30,17 @@ def read_watch(serving: str) -> dict[str, Any] | None:
     return read_json(join(normalize_location(serving), WATCH_POINTER), ServingError)
 
 
-def start_watch(serving: str, watch_id: str, version: str, previous: str, duration_s: float, limits: WatchLimits,
-                mark: dict[str, Any], **more: Any) -> None:
-    """Say that `version`, just made current in place of `previous`, is watched for `duration_s` against `limits`
-    (`mark`: who watches, as a staged version's mark; `more`: what the settlement names, e.g. the model). A watch
-    left by another promotion is replaced: it watched a champion that is no longer the newest."""
-    safe_name(watch_id, "watch id")
+def start_watch(serving: str, watched: Watched, duration_s: float, mark: dict[str, Any], **more: Any) -> None:
+    """Say that `watched.version`, just made current in place of `watched.previous`, is watched for `duration_s`
+    against its limits (`mark`: who watches, as a staged version's mark; `more`: what else the pointer names, e.g.
+    the run). A watch left by another promotion is replaced: it watched a champion that is no longer the newest."""
+    safe_name(watched.watch_id, "watch id")
     now = time.time()
+    fields = watched.pointer_fields()
     write_json(join(normalize_location(serving), WATCH_POINTER),
-               {"watch_id": watch_id, "version": version, "previous": previous, "started_at": now,
-                "until": now + duration_s, "duration_s": duration_s, "limits": limits.as_dict(), "by": mark,
-                **more})
+               {"watch_id": fields.pop("watch_id"), "version": fields.pop("version"),
+                "previous": fields.pop("previous"), "started_at": now, "until": now + duration_s,
+                "duration_s": duration_s, "limits": fields.pop("limits"), "by": mark, **fields, **more})
 
 
 def end_watch(serving: str, watch_id: str) -> bool:

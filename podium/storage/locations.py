@@ -5,12 +5,13 @@ from __future__ import annotations
 import fsspec
 import pyarrow.fs as pafs
 
-from podium.storage.backends import backend_for, scheme_of, uri_of
+from podium.storage.backends import backend_for, uri_of
 
 
 def is_remote(uri: str) -> bool:
-    """True for URIs with a scheme other than file:// (s3://, gs://, ...)."""
-    return scheme_of(uri) not in ("", "file")
+    """True for a location in a store (s3://, gs://, ...), False for a path on this machine's disk (or file://):
+    its backend says."""
+    return not backend_for(uri).on_this_disk
 
 
 def normalize_location(uri: str) -> str:

@@ -10,12 +10,16 @@ every write of that mirror is here, named for what it records:
 | `await_decision`       | a new version under the `challenger` alias, tagged `podium.approval = pending`         |
 | `settle_challenger`    | the decision on it (tags), the alias moved to it if it was promoted, `challenger` gone  |
 | `withdraw_challenger`  | a candidate whose command is gone: `podium.approval = withdrawn`, `challenger` gone     |
-| `repair_alias`         | the alias moved back in line with what serves (a command stopped before it moved it)   |
+| `align_alias`          | the alias moved back in line with what serves (a command stopped before it moved it)   |
 | `withdraw` / `reinstate` | a version a rollback left is tagged `podium.withdrawn` (and its LoggedModel), or not   |
 | `record_watch`         | the watch after a version's switch: `podium.watch` (passed, rolled-back), why, numbers  |
 
-Nothing else in podium calls MlflowClient's registry writes (tests/unit/test_ledger.py reads the package to
-check). Reads live in podium.tracking.registry.
+Who moves @champion (or any alias)? `move_alias`, here, and nothing else: each verb above that moves an alias
+(`promote_version`, `await_decision`, `settle_challenger`, `align_alias`) goes through it. Nothing else in podium
+calls MlflowClient's registry writes (tests/unit/test_ledger.py reads the package to check both). Reads live in
+podium.tracking.registry. The names of what it writes are beside it (`TAG_APPROVAL`, `TAG_DECISION`, `TAG_SHADOW`,
+`TAG_WATCH`, ...; the ones the reads share, `TAG_LOCATION_OF` and `TAG_VERSION_UID`, in podium.tracking.registry),
+and a live check's outcome becomes tags in one way (`live_tags`: the shadow's and the watch's alike).
 
 A registered version's files are the bytes its serving version serves: each promotion's built model is logged
 into the checkpoint's LoggedModel at a path of its own (`served/<vN>-<uid>`, podium.tracking.models) and the
@@ -27,9 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from podium.core.records import CheckpointRecord
+from podium.core.shadow import ShadowVerdict
+from podium.core.watch import WatchVerdict
 from podium.errors import AliasTaken
 from podium.outages import is_unreachable
 from podium.tracking.client import TAG_SERVED_URI, TAG_WITHDRAWN, TrackingRun, tracking_call, tracking_client
@@ -53,6 +60,9 @@ TAG_APPROVAL = "podium.approval"  # a candidate's decision: pending, approved, r
 TAG_DECIDED = "podium.approval.decided"  # a discarded candidate: what was decided on it before it was discarded
 TAG_DISCARDED = "podium.discarded"  # a candidate decided on but never served: why
 TAG_PROMOTED = "podium.promoted"  # on a LoggedModel: a version of it was promoted
+TAG_DECISION = "podium.decision"  # a candidate's decision, in words
+TAG_SHADOW = "podium.shadow"  # a candidate's shadow: passed, refused or stopped; `.reason`, its numbers
+TAG_WATCH = "podium.watch"  # a champion's watch: passed, rolled-back or ended; `.reason`, its numbers
 PENDING, DISCARDED = "pending", "discarded"
 
 
@@ -107,7 +117,7 @@ def _register(tr: TrackingRun, record: CheckpointRecord, served_uri: str, name: 
         mv = client.create_model_version(name, source=served_uri, run_id=tr.run_id, tags=tags,
                                          description=description)
     version = _one_version(client, name, version_uid, str(mv.version))
-    client.set_registered_model_alias(name, alias, version)
+    move_alias(client, name, alias, version)
     if record.model_id:
         # the LoggedModel lists the versions made from it (as mlflow.register_model does): appended, once
         model = client.get_logged_model(record.model_id)
@@ -136,7 +146,7 @@ def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, ch
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     if promoted:
-        client.set_registered_model_alias(name, alias, version)
+        move_alias(client, name, alias, version)
         if model_id:
             client.set_logged_model_tags(model_id, {TAG_PROMOTED: "true"})
     mv = client.get_model_version(name, version)
@@ -146,7 +156,7 @@ def settle_challenger(tracking_uri: str, name: str, version: str, alias: str, ch
     client.update_model_version(name, version, description=(mv.description or "").replace(
         f"awaiting approval (alias {challenger})", verdict))
     if alias_target(tracking_uri, name, challenger) == version:
-        client.delete_registered_model_alias(name, challenger)
+        move_alias(client, name, challenger, None)
 
 
 @tracking_call("withdrawing the candidate")
@@ -159,11 +169,23 @@ def withdraw_challenger(tracking_uri: str, name: str, version_uid: str, alias: s
                           decision if tags.get(TAG_APPROVAL) == PENDING else {})
 
 
+def move_alias(client: MlflowClient, name: str, alias: str, version: str | None) -> None:
+    """Point `alias` of `name` at `version` (None: remove it). The one place in podium that moves a registry alias:
+    the verbs of this module call it, each for what it records."""
+    if version is None:
+        client.delete_registered_model_alias(name, alias)
+    else:
+        client.set_registered_model_alias(name, alias, version)
+
+
 @tracking_call("moving the registry alias")
-def repair_alias(tracking_uri: str, name: str, alias: str, version: str) -> None:
-    """Move `alias` to `version`: the registered version of what serves (a promotion stopped between its switch
-    and its alias, a rollback)."""
-    tracking_client(tracking_uri).set_registered_model_alias(name, alias, version)
+def align_alias(tracking_uri: str, name: str, alias: str, version: str) -> bool:
+    """Move `alias` to `version`, the registered version of what serves, if it names another (a promotion stopped
+    between its switch and its alias, a rollback); returns whether it moved."""
+    if alias_target(tracking_uri, name, alias) == version:
+        return False
+    move_alias(tracking_client(tracking_uri), name, alias, version)
+    return True
 
 
 @tracking_call("claiming the registry alias for the serving location")
@@ -201,17 +223,36 @@ def reinstate(tracking_uri: str, name: str, version_uid: str | None, served_uri:
     _mark_withdrawn(tracking_uri, name, version_uid, served_uri, model_id, None)
 
 
+def live_tags(tag: str, word: str, reason: str, numbers: Mapping[str, Any]) -> dict[str, str]:
+    """A live check's outcome as registry tags: `<tag>` (its word), `<tag>.reason`, and `<tag>.<number>` each (an
+    empty value for none): the shadow's (`TAG_SHADOW`) and the watch's (`TAG_WATCH`) alike."""
+    return {tag: word, f"{tag}.reason": reason[:5000],
+            **{f"{tag}.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
+
+
+def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
+    """A shadow's verdict as registry tags (`podium.shadow`, `.requests`, `.error_rate`, ...), for the decision on
+    its candidate (`settle_challenger`): none without one."""
+    if verdict is None:
+        return {}
+    n = verdict.numbers
+    return live_tags(TAG_SHADOW, verdict.outcome, verdict.reason, {
+        "requests": n.requests, "errors": n.errors, "error_rate": n.error_rate, "agreement": n.agreement,
+        "latency_p95_ratio": n.latency_p95_ratio, "champion_p95_s": n.champion_p95_s,
+        "candidate_p95_s": n.candidate_p95_s})
+
+
 @tracking_call("recording the watch of the champion")
-def record_watch(tracking_uri: str, name: str, version_uid: str | None, served_uri: str,
-                 tags: dict[str, str]) -> None:
-    """Tag the registered version of a watched serving version with its watch's outcome (`podium.watch`: passed or
-    rolled-back, `podium.watch.reason`, its numbers). A version never registered is skipped: the serving history
-    stays the source of truth."""
+def record_watch(tracking_uri: str, name: str, version_uid: str | None, served_uri: str, outcome: str,
+                 verdict: WatchVerdict) -> None:
+    """Tag the registered version of a watched serving version with its watch's outcome (`podium.watch`: passed,
+    rolled-back or ended, `podium.watch.reason`, its numbers). A version never registered is skipped: the serving
+    history stays the source of truth."""
     version = registered_version_for(tracking_uri, name, version_uid, served_uri)
     if version is None:
         return
     client = tracking_client(tracking_uri)
-    for key, value in tags.items():
+    for key, value in live_tags(TAG_WATCH, outcome, verdict.reason, verdict.numbers.as_dict()).items():
         client.set_model_version_tag(name, version, key, value)
 
 

@@ -24,7 +24,7 @@ from podium.core.policy import (
     check_from_dict,
     check_to_dict,
 )
-from podium.core.promotion import AWAIT, CURRENT, NOTHING, PROMOTE, REFUSE, Action, Decision
+from podium.core.promotion import AWAIT, CURRENT, NOTHING, PROMOTE, REFUSE, SHADOW, Action, Decision
 from podium.core.shadow import STOPPED, ShadowNumbers, ShadowVerdict, stopped_shadow
 from podium.core.watch import BROKE, PASSED, WatchNumbers, WatchOutcome, WatchVerdict
 from podium.tasks.carry_out import PromotionOutcome
@@ -66,10 +66,11 @@ def _json(data: object) -> object:
     return json.loads(json.dumps(data))
 
 
-def test_a_decision_is_tagged_by_one_of_five_actions():
-    assert set(get_args(Action)) == {NOTHING, CURRENT, REFUSE, PROMOTE, AWAIT}
-    assert [Decision(a, "why").promote for a in (NOTHING, CURRENT, REFUSE, PROMOTE, AWAIT)] == \
-        [False, False, False, True, True]
+def test_a_decision_is_tagged_by_one_of_six_actions_naming_the_next_stage():
+    actions = (NOTHING, CURRENT, REFUSE, PROMOTE, SHADOW, AWAIT)
+    assert set(get_args(Action)) == set(actions)
+    assert [Decision(a, "why").promote for a in actions] == [False, False, False, True, True, True]
+    assert [Decision(a, "why").held for a in actions] == [False, False, False, False, True, True]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: f"{c.kind}-{c.rule}")

@@ -311,9 +311,7 @@ def test_podium_takes_no_generic_top_level_name(generic, tmp_path):
 # and MLflow), flows.pipeline 1.9 s, tasks.plan 1.35 s, serving.layout and what reads it 0.13-0.65 s
 # (pyarrow, fsspec), training.export / training.validate / training.checkpoint 1.5-2.3 s (torch).
 #
-# An import whose cost measured under 0.1 s has no reason to wait: it goes to the top of its module. The
-# ones marked PENDING measured so, in modules that issue 51's other changes rewrite (the command, the
-# promotion decision): they move to the top once those land.
+# An import whose cost measured under 0.1 s has no reason to wait: it goes to the top of its module.
 
 # the reasons, one per kind of wait
 MLFLOW = "MLflow (1.0-1.5 s) loads at the first call that needs it: `podium run` starts training before it has loaded"
@@ -325,7 +323,6 @@ RAY = "Ray (0.3-0.8 s) loads where a call reaches the cluster: what a run asks o
 RAY_DATA = "Ray Data and Ray Train (1.0-1.2 s each) load when the datasets are built, not at `podium run`'s start-up"
 HELP = "`podium --help`, a bad flag and `podium lineage --help` answer without loading Prefect, MLflow, Ray or torch"
 COMMAND = "each command loads what it uses: this one costs {} s, paid by the commands that call it only"
-PENDING = "PENDING: measured {} s; moves to the top of the module once issue 51's changes to it land"
 
 ALLOWED: dict[str, dict[str, str]] = {
     "podium": {"podium.training.promoted": "`import podium` stays cheap in Ray workers and for `podium --help` "
@@ -377,7 +374,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.training.validation_call": {"ray": RAY, "podium.training.cluster": RAY + " (cluster: 1.1 s)",
                                         "podium.training.raytrain": RAY_DATA + " (raytrain: 2.4 s)"},
     # the command (cli/): issue 51 rewrites it; the measured costs say which waits are worth it
-    "podium.cli.main": {"podium.cli.registry": HELP, "podium.services": PENDING.format("0.017")},
+    "podium.cli.main": {"podium.cli.registry": HELP},
     "podium.cli.k8s": {"podium.deployments.k8s": COMMAND.format("6.1 (Prefect and the flows, for the deployments' "
                                                                 "nightly config)")},
     "podium.cli.output": {"podium.serving.layout": COMMAND.format("0.2"), "podium.serving.location": COMMAND.format("0.14")},
@@ -390,8 +387,7 @@ ALLOWED: dict[str, dict[str, str]] = {
         "podium.tracking.records": COMMAND.format("0.39")},
     "podium.cli.history": {"podium.serving.layout": COMMAND.format("0.65")},
     "podium.cli.decide": {
-        "podium.serving.staged": COMMAND.format("0.23"), "podium.tasks.promote": COMMAND.format("4.9"),
-        "podium.tasks.reconcile": COMMAND.format("0.49")},
+        "podium.serving.staged": COMMAND.format("0.23"), "podium.tasks.promote": COMMAND.format("4.9")},
     "podium.cli.rollback": {
         "podium.serving.layout": COMMAND.format("0.65"), "podium.cli.run": COMMAND.format("0.01"),
         # a rollback runs as a Prefect flow: the flow's modules cost what tasks.rollback did (4.7 s)
@@ -401,19 +397,12 @@ ALLOWED: dict[str, dict[str, str]] = {
     "podium.cli.run": {
         "podium.flows.pipeline": COMMAND.format("1.95"), "podium.flows.promote": COMMAND.format("1.77"),
         "podium.flows.summary": COMMAND.format("1.7"),
-        "podium.outages": PENDING.format("0.002"), "podium.prefect_api": PENDING.format("0.009"),
-        "podium.services": PENDING.format("0.001"),
         "podium.tasks.plan": COMMAND.format("1.35"), "podium.tasks.reconcile": COMMAND.format("0.18"),
-        "podium.tracking.client": PENDING.format("0.006"), "podium.tracking.runs": PENDING.format("0.008"),
         "podium.training.data": COMMAND.format("0.33"), "podium.training.resources": COMMAND.format("0.34"),
         "prefect": PREFECT_LATE + "; the servers start in the background before it loads",
         "ray": RAY, "torch": TORCH},
-    # the promotion decision and the run's plan: issue 51 rewrites them
-    "podium.flows.naming": {"podium.settings": PENDING.format("0.002")},
-    "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY,
-                              "podium.tasks.validate": PENDING.format("0.018")},
-    "podium.tasks.carry_out": {"podium.training.validate": TORCH, "prefect": PENDING.format("0.003")},
-    "podium.tasks.promote": {"podium.prefect_api": PENDING.format("0.004"), "prefect": PENDING.format("0.003")},
+    "podium.tasks.evidence": {"podium.tasks.train": RAY + " (tasks.train: 0.2 s)", "ray": RAY},
+    "podium.tasks.carry_out": {"podium.training.validate": TORCH},
 }
 
 

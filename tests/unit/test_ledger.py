@@ -56,3 +56,23 @@ def test_only_the_ledger_writes_a_logged_model_s_promotion_tags():
     for name, line, call in _calls(modules["podium.tracking.records"]):
         if name in LOGGED_MODEL_TAG_WRITES:
             assert "TAG_WITHDRAWN" not in ast.unparse(call), f"records.py:{line} writes the withdrawn tag"
+
+
+ALIAS_MOVES = {"set_registered_model_alias", "delete_registered_model_alias"}
+
+
+def test_one_function_moves_an_alias_and_only_the_ledger_calls_it():
+    """"Who moves @champion?": podium.tracking.ledger.move_alias, called by the ledger's own verbs only."""
+    modules = podium_modules()
+    tree = ast.parse(modules["podium.tracking.ledger"].read_text())
+    movers = {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+              for node in ast.walk(fn) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ALIAS_MOVES}
+    assert movers == {"move_alias"}
+    outside = [f"{module}:{line}: {name}" for module, path in modules.items() if module != "podium.tracking.ledger"
+               for name, line, _ in _calls(path) if name in ALIAS_MOVES | {"move_alias"}]
+    assert not outside, "alias moves outside podium.tracking.ledger:\n" + "\n".join(outside)
+    # nor by name: no other module reaches MlflowClient's alias writes through getattr or a string
+    spelled = [module for module, path in modules.items() if module != "podium.tracking.ledger"
+               and any(name in path.read_text() for name in ALIAS_MOVES)]
+    assert not spelled, spelled

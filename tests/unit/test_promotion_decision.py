@@ -16,6 +16,7 @@ from podium.core.promotion import (
     PER_ROW,
     PROMOTE,
     REFUSE,
+    SHADOW,
     Evidence,
     Policy,
     Remeasured,
@@ -158,6 +159,8 @@ def test_a_rescored_candidate_is_compared_by_its_number_on_tonights_data():
     (dataclasses.replace(POLICY, thresholds={"accuracy": {"min": 0.5, "max": None}}), PROMOTE,
      "checks: threshold accuracy min 0.5: candidate 0.9000, holds"),
     (dataclasses.replace(POLICY, approval=True), AWAIT, "better than champion v000001"),
+    (dataclasses.replace(POLICY, shadow=True), SHADOW, "better than champion v000001"),
+    (dataclasses.replace(POLICY, shadow=True, approval=True), SHADOW, "better than champion v000001"),
     (dataclasses.replace(POLICY, approval=True, thresholds={"accuracy": {"min": 0.95, "max": None}}), REFUSE,
      "refused by the promotion policy"),
 ])
@@ -255,3 +258,27 @@ def test_a_decision_is_carried_out_by_named_steps_in_order():
     assert names(carry_out.TO_AWAIT) == ["stage", "verify", "challenge"]
     assert names(carry_out.ONCE_APPROVED) == ["seal", "switch"]
     assert all(s.__doc__ for s in carry_out.TO_PROMOTE + carry_out.TO_AWAIT)
+    # the stage the decision names is the sequence that runs: tasks/promote.py does not choose it again
+    assert carry_out.SEQUENCES == {PROMOTE: carry_out.TO_PROMOTE, SHADOW: carry_out.TO_SHADOW,
+                                   AWAIT: carry_out.TO_AWAIT}
+
+
+@pytest.mark.parametrize(("approval", "action"), [(False, PROMOTE), (True, AWAIT)])
+def test_the_first_promotion_of_a_shadowed_location_has_no_champion_to_shadow(approval, action):
+    policy = dataclasses.replace(POLICY, shadow=True, approval=approval)
+    assert decide_promotion(evidence(best(0.9), None), policy).action == action
+
+
+def test_the_policy_is_read_from_the_promotion_settings_whole():
+    """A check with a setting of its own adds it to `promotion` and `Policy` by one name: nothing reads it across."""
+    from podium.config import PromotionConfig, build_config
+    from podium.tasks.evidence import promotion_policy
+
+    derived = {"approval", "shadow"}
+    names = {f.name for f in dataclasses.fields(Policy)} - derived
+    assert names <= set(PromotionConfig.model_fields), names - set(PromotionConfig.model_fields)
+    p = build_config({"promotion": {"metric": "accuracy", "mode": "max", "min_delta": 0.01, "rollout": "shadow",
+                                    "thresholds": {"accuracy": {"min": 0.5}}, "allow_files": True}}).promotion
+    policy = promotion_policy(p, approval=True)
+    assert (policy.metric, policy.mode, policy.min_delta, policy.allow_files) == ("accuracy", "max", 0.01, True)
+    assert policy.thresholds == {"accuracy": {"min": 0.5, "max": None}} and policy.approval and policy.shadow

@@ -26,14 +26,19 @@ from podium.core.shadow import (
     p95,
     stopped_shadow,
 )
+from podium.core.traffic import VersionTraffic
+from podium.core.watch import Watched, WatchLimits, WatchTally, counts_of
 from podium.errors import ConfigError
 from podium.live.server import VERSION_HEADER, ChampionServer
+from podium.serving.layout import read_current
 from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
 from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
+from podium.serving.watch import read_watch, start_watch, write_watch_tally
 from podium.tasks.promote import Candidate, PromotionOutcome
 from podium.tasks.reconcile import disagreements, end_orphan_shadow
 from podium.tasks.shadow import shadow_decision, watch_shadow
+from podium.tasks.watch import settle_orphan_watch
 
 LIMITS = ShadowLimits(max_error_rate=0.0, max_latency_p95_ratio=1.5, min_agreement=0.9)
 
@@ -209,6 +214,30 @@ def test_a_shadow_left_by_a_killed_promotion_is_ended_by_the_next_command_and_a_
     assert any("SHADOW names" in d for d in disagreements(plan.serving, f"sqlite:///{tmp_path / 'mlflow.db'}",
                                                             "churn", "champion"))
     assert end_orphan_shadow(plan.serving) == candidate.version and read_shadow(plan.serving) is None
+
+
+def test_a_watch_left_by_a_killed_promotion_is_settled_by_the_next_command_on_its_own_limits(
+        tmp_path, data, checkpoint):
+    """The WATCH pointer carries the watch (its limits included) for the next command: a limit broken on the numbers
+    the replicas wrote rolls the watched champion back, and the pointer goes."""
+    plan, served = _served(tmp_path, data, checkpoint[0])
+    v1 = _promote(plan, served)
+    v2 = _promote(plan, _second(tmp_path, data), step=9)
+    gone = {**this_process("killed"), "pid": 2 ** 22 + 1}  # above Linux's largest process id: no such process
+    limits = WatchLimits(max_error_rate_increase=0.0, min_requests=5)
+    start_watch(plan.serving, Watched("w1", v2.version, v1.version, limits, "churn"), 60.0, gone)
+    assert Watched.from_pointer(read_watch(plan.serving) or {}) == Watched("w1", v2.version, v1.version, limits,
+                                                                          "churn")
+    failing, fine = VersionTraffic(), VersionTraffic()
+    for i in range(10):
+        failing.add(1.0, 500 if i < 5 else 200)
+        fine.add(1.0, 200)
+    write_watch_tally(plan.serving, WatchTally("w1", "r1", v2.version, v1.version, counts_of(failing),
+                                               counts_of(fine)))
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert settle_orphan_watch(plan.serving, tracking_uri, "churn", "champion") == "rolled-back"
+    assert read_current(plan.serving).version == v1.version and read_watch(plan.serving) is None
+    assert settle_orphan_watch(plan.serving, tracking_uri, "churn", "champion") is None  # nothing left
 
 
 def test_a_passed_shadow_is_handed_to_the_person_when_approval_is_required_and_a_refused_one_never_is(

@@ -18,7 +18,7 @@ from podium.tasks.carry_out import Promoted, PromotionOutcome, Rollout
 
 def _rollout(stop: StopRequest) -> Rollout:
     return Rollout(plan=None, tracking=None, still_locked=lambda: None, record=None, value=1.0,  # type: ignore[arg-type]
-                   reason="test", stop=stop)
+                   reason="test", policy=None, stop=stop)  # type: ignore[arg-type]
 
 
 def _steps(ran: list[str], stop: StopRequest, stop_after: str):

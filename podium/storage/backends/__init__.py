@@ -68,7 +68,7 @@ def store_of(uri: str) -> str | None:
     if scheme not in REGISTRY:
         return scheme or None
     backend = backend_for(uri)
-    return None if backend.name == "local" else backend.name
+    return None if backend.on_this_disk else backend.name
 
 
 def uri_of(fs: pafs.FileSystem, path: str) -> str:

@@ -49,6 +49,9 @@ class Backend:
     conditional_writes: ClassVar[bool] = False
     # environment variables that say where the store is (never credentials), for processes started elsewhere
     setting_env: ClassVar[tuple[str, ...]] = ()
+    # True for this machine's disk: a location is a path, files are read into reused buffers, a copy is read back
+    # as it is written, and a folder is made before a file is written into it (podium.serving.staging)
+    on_this_disk: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ locations
 

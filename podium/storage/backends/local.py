@@ -19,6 +19,7 @@ class LocalBackend(Backend):
 
     name: ClassVar[str] = "local"
     schemes: ClassVar[tuple[str, ...]] = ("", "file")
+    on_this_disk: ClassVar[bool] = True
 
     def normalize(self, uri: str) -> str:
         """An absolute path (a file:// URI becomes its path)."""
