@@ -142,8 +142,9 @@ def ensure_wheelhouse(cache: Path) -> Path:
                    timeout=900)
     for own in building.glob("podium-*.whl"):  # podium itself is the image's last layer
         own.unlink()
-    for old in cache.glob("wheels-*"):
-        shutil.rmtree(old, ignore_errors=True)
+    for old in cache.glob("wheels-*"):  # the wheelhouses of older inputs (not the one just made)
+        if old != building:
+            shutil.rmtree(old, ignore_errors=True)
     building.rename(house)
     return house
 
