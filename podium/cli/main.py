@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         count_start("podium")
     args = build_parser().parse_args(argv)
     use_current_directory()
+    # a call from Python: the process goes on after the command, with the signal handlers it had before it
+    handlers = {sig: signal.getsignal(sig) for sig in stop.SIGNALS} if argv is not None else {}
     try:
         return args.func(args)
     except CliError as exc:
@@ -78,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         # a local Prefect server still starting in the background (the command ends early) is not left running
         # unrecorded; one that started stays, as after any run (`podium server stop`)
         services.abandon_starts()
-        if argv is not None:  # a call from Python: the process goes on, and a start-up signal's watchdog with it
-            stop.stand_down()
+        if argv is not None:  # a call from Python: the process goes on, and a start-up signal's watchdog with it;
+            stop.end_command()  # neither a signal the command kept nor its handlers reach what the process does next
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
         # the output is written: spare the exit a last garbage collection over every loaded library
         # (measured at seconds with torch, ray, prefect and mlflow loaded)
         gc.freeze()

@@ -303,6 +303,7 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
         stop.stop_before_the_run()  # the next command in this process starts with nothing pending
         stop.stop_if_signalled()
     finally:
+        stop.end_command()  # no command state left for the next flow run of this process (test_outages')
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.unraisablehook = hook
