@@ -120,6 +120,7 @@ SERVERS = (*MLFLOW, *TURNING)
 OPEN = ("mlflow", "podium")  # the open loop's servers (mlflow: the round's better one at that size)
 RATES = (("50 %", 0.5), ("80 %", 0.8), ("2x", 2.0))
 TICK = os.sysconf("SC_CLK_TCK")
+VARIANT = "podium "  # + flags: a server of --variant
 
 
 def log(msg: str) -> None:
@@ -377,6 +378,8 @@ class Bench:
         """A server's command line, environment and readiness path."""
         serve = [PYTHON, "-m", "podium.cli", "serve", "--serving", self.serving, "--port", str(port),
                  *self.args.podium_flag]
+        if name.startswith(VARIANT):  # podium with other flags beside the default one (--variant)
+            return serve + name[len(VARIANT):].split(), self.env, "/health"
         mlflow = [PYTHON, "-m", "mlflow", "models", "serve", "-m", self.model_dir, "--env-manager", "local",
                   "-h", "127.0.0.1", "-p", str(port), "-w"]
         return {"mlflow -w 1": (mlflow + ["1"], self.env, "/ping"),
@@ -438,8 +441,9 @@ class Bench:
         return [(self.args.open_s / 3, to(other, "promote")), (2 * self.args.open_s / 3, to(first, "rollback"))]
 
     def round(self, r: int) -> None:
-        turn = (r - 1) % len(TURNING)
-        names = [n for n in (*MLFLOW, *TURNING[turn:], *TURNING[:turn]) if n in self.args.servers]
+        turning = [*TURNING, *(VARIANT + flags for flags in self.args.variant)]
+        turn = (r - 1) % len(turning)
+        names = [n for n in (*MLFLOW, *turning[turn:], *turning[:turn]) if n in self.args.servers or n not in SERVERS]
         if any(n in MLFLOW for n in names):
             log(f"round {r}: {', '.join(n for n in MLFLOW if n in names)} (side by side, measured in turn)")
             with self.started(MLFLOW[0]) as (port1, pid1), self.started(MLFLOW[1]) as (port2, pid2):
@@ -475,7 +479,7 @@ def _rows(n: int) -> str:
 def render(b: Bench, cpu: dict[int, float]) -> str:
     """BENCHMARKS.md's serve section: the table by server, then the goals, the open loop, the switch."""
     args, sizes = b.args, b.args.rows
-    names = [n for n in SERVERS if any((n, rows) in b.closed for rows in sizes)]
+    names = [n for n in (*SERVERS, *(VARIANT + f for f in args.variant)) if any((n, rows) in b.closed for rows in sizes)]
     table = []
     for name in names:
         runs = [b.closed.get((name, rows), []) for rows in sizes]
@@ -566,6 +570,9 @@ def main() -> int:
                         help="Rows per request, comma-separated (default: 1,32,256).")
     parser.add_argument("--servers", type=lambda s: s.split(";"), default=list(SERVERS),
                         help="The servers, ';'-separated (default: all: " + "; ".join(SERVERS) + ").")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="podium serve with these flags (space-separated) as one more server, e.g. "
+                             "--variant='--max-batch-size 32' (repeatable).")
     parser.add_argument("--podium-flag", action="append", default=[],
                         help="A flag for `podium serve` (repeatable), e.g. --podium-flag=--batch-wait-ms=0.")
     parser.add_argument("--project", help="A project folder kept after the run, its champion made once and reused "
