@@ -136,7 +136,9 @@ def free_port() -> int:
 def podium_env(project: Path) -> dict[str, str]:
     """podium's embedded defaults in `project` (servers a user may point at are dropped)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "RAY_ADDRESS")}
-    return {**env, "PODIUM_HOME": str(project / ".podium"), "MLFLOW_TRACKING_URI": f"sqlite:///{project}/.podium/mlflow.db"}
+    path = os.pathsep.join([os.path.dirname(PYTHON), env.get("PATH", "")])  # mlflow runs the venv's `uvicorn`
+    return {**env, "PATH": path, "PODIUM_HOME": str(project / ".podium"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{project}/.podium/mlflow.db"}
 
 
 def make_champion(project: Path) -> str:
