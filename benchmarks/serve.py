@@ -565,6 +565,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--closed-s", type=float, default=2.0, help="Seconds per closed-loop run (default: %(default)s).")
     parser.add_argument("--open-s", type=float, default=3.0, help="Seconds per offered rate (default: %(default)s).")
+    parser.add_argument("--budget-s", type=float, default=780.0,
+                        help="Fewer rounds than --repeats where another would end past this many seconds "
+                             "(default: %(default)s; the section says how many ran).")
     parser.add_argument("--idle-s", type=float, default=3.0, help="Seconds of idle CPU (default: %(default)s).")
     parser.add_argument("--connections", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64],
                         help="The closed loop's connections, comma-separated (default: 8,64).")
@@ -589,6 +592,11 @@ def main() -> int:
         started = time.monotonic()
         for r in range(1, args.repeats + 1):
             bench.round(r)
+            spent = time.monotonic() - started
+            if r < args.repeats and spent / r * (r + 1) > args.budget_s:  # another round would overrun the budget
+                log(f"{r} rounds in {spent:.0f} s: a round more would pass --budget-s {args.budget_s:g}")
+                args.repeats = r
+                break
         log(f"rounds done in {time.monotonic() - started:.0f} s")
         cpu = shadow_cpu(bench.serving, bench.bodies)
         print(json.dumps({"closed": {f"{k[0]} {k[1]}": v for k, v in bench.closed.items()},
