@@ -565,7 +565,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--closed-s", type=float, default=2.0, help="Seconds per closed-loop run (default: %(default)s).")
     parser.add_argument("--open-s", type=float, default=3.0, help="Seconds per offered rate (default: %(default)s).")
-    parser.add_argument("--budget-s", type=float, default=780.0,
+    parser.add_argument("--budget-s", type=float, default=600.0,
                         help="Fewer rounds than --repeats where another would end past this many seconds "
                              "(default: %(default)s; the section says how many ran).")
     parser.add_argument("--idle-s", type=float, default=3.0, help="Seconds of idle CPU (default: %(default)s).")
