@@ -221,6 +221,8 @@ def cpu_since(root: int, before: dict[int, float]) -> float:
 
 
 def _seconds(text: str) -> float:
+    if text == "nans":  # not reported
+        return float("nan")
     value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
     return float(value) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[unit]
 
@@ -242,8 +244,11 @@ def closed_loop(port: int, body_file: Path, connections: int, seconds: float, pi
     failed += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     window = _seconds(took)
     ok = int(total) - failed
-    percentiles = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)$", out, re.M))
-    return {"rps": ok / window, "p50_ms": _seconds(percentiles["50"]) * 1000, "p99_ms": _seconds(percentiles["99"]) * 1000,
+    percentiles = dict(re.findall(r"^\s*(50|99)(?:\.0+)?%\s+([\d.]+(?:us|ms|s|m))\s*$", out, re.M))
+    if "50" not in percentiles or "99" not in percentiles:
+        log(f"wrk's percentiles not found in:\n{out}")
+    return {"rps": ok / window, "p50_ms": _seconds(percentiles.get("50", "nans")) * 1000,
+            "p99_ms": _seconds(percentiles.get("99", "nans")) * 1000,
             "failed": float(failed), "cpu_ms": server_cpu * 1000 / max(ok, 1), "client_pct": client_cpu / window * 100}
 
 
