@@ -504,12 +504,12 @@ def render(b: Bench, cpu: dict[int, float]) -> str:
         f"rounds. {machine_description().get('cpu', '')}, {os.cpu_count()} cores, shared; {load_average()}.", "",
         markdown_table(["server", *[f"answers/s; p99 ms, {_rows(n)}" for n in sizes],
                         "CPU-ms per answer, " + " · ".join(map(str, sizes)) + " rows", "idle CPU %",
-                        "wrk's CPU %"], table), ""]
+                        "wrk's CPU %"], table)]
     summary, open_said = goals(b, sizes)  # two lines: BENCHMARKS.md keeps to 250
     sw = b.switch
     lines += [summary, open_said + (
         f" Switching under load (podium, 1-row open loop at 50 % of mlflow's rate, CURRENT switched and switched back "
-        f"inside the window): {sum(x['failed'] for x in sw):.0f} failed of "
+        f"inside the window, its p99 with the switches' loads in it): {sum(x['failed'] for x in sw):.0f} failed of "
         f"{sum(x['offered'] * args.open_s for x in sw):.0f} requests, p99 {med([x['p99_ms'] for x in sw])} ms. A "
         "shadow's extra CPU per mirrored request (the candidate's answer and the comparison, in the replica's shadow "
         "thread): " + ", ".join(f"{cpu[n]:.2f} ms at {_rows(n)}" for n in sizes) + ".")]
@@ -533,7 +533,7 @@ def goals(b: Bench, sizes: list[int]) -> tuple[str, str]:
         p99 = [p["p99_ms"] / m["p99_ms"] for p, m in zip(b.open[("podium", rows, RATES[1][0])],
                                                         b.open[("mlflow", rows, RATES[1][0])])]
         cost = ratio("podium", rows, "cpu_ms")
-        said.append(f"{_rows(rows)}: throughput ×{med(throughput)}, p99 ×{med(p99)}, CPU per answer ×{med(cost, 2)}")
+        said.append(f"{_rows(rows)}: throughput ×{med(throughput)}, p99 ×{med(p99, 2)}, CPU per answer ×{med(cost, 2)}")
         goal = 1.5 if rows == 1 else 2.0
         floor = statistics.median(ratio("haproxy floor", rows, "rps")) if ("haproxy floor", rows) in b.closed else None
         if floor is not None and floor < goal:
