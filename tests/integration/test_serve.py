@@ -278,23 +278,51 @@ def _haproxy_processes(folder_prefix: str) -> list[str]:
     return found
 
 
+def _descendants(root: int) -> dict[int, str]:
+    """The processes below `root` (its children, theirs, ...), by pid, with their command lines."""
+    parent, args = {}, {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            args[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parent[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+    below, frontier = {}, [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier and pid not in below]
+        below.update({pid: args[pid] for pid in frontier})
+    return below
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_through_haproxy_ingress_requests_across_two_switches_never_fail_and_nothing_is_left_at_the_stop(
         switched, live):
-    """`podium serve --ingress haproxy` on a Ray of its own (Ray's HAProxy in front of the replica, direct
-    ingress): /health says so, clients' requests across a switch and a switch back each get one whole version,
-    none fails, and once the command has stopped no HAProxy of its own is left, nor its folder."""
+    """`podium serve` on a Ray of its own serves through Ray's HAProxy ingress by default (HAProxy in front of the
+    replica, direct ingress): /health says so, clients' requests across a switch and a switch back each get one
+    whole version, none fails, and once the command has stopped nothing it started is left (no HAProxy, no
+    replica, nothing of its Ray), nor HAProxy's folder."""
     from podium.serving.layout import read_version, switch_current
 
     root, env = live
     own_ray = {k: v for k, v in env.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     location = switched.location
-    with serving(location, own_ray, "--ingress", "haproxy", "--num-cpus", "0") as served:
+    with serving(location, own_ray, "--num-cpus", "0") as served:
         health = json.loads(call(f"{served.url}/health").body)
         assert health["ingress"] == "haproxy" and health["version"] == "v000001", health
         ours = [arg for line in _haproxy_processes("podium-haproxy-") for arg in line.split()
                 if arg.endswith("/haproxy.cfg")]
         assert ours, "no HAProxy process of podium serve's own"
         folder = os.path.dirname(ours[0])  # this command's own (another test's may run beside it)
+        started = _descendants(served.proc.pid)
+        assert any("ServeReplica" in args for args in started.values()), started
+        assert any(folder in args for args in started.values()), started  # the HAProxy is below the command
         with Load(served.url, BODY, clients=2) as load:
             load.wait_for("v000001", after=0)
             switch_current(location, read_version(location, "v000002"), "test: through HAProxy")
@@ -310,4 +338,8 @@ def test_through_haproxy_ingress_requests_across_two_switches_never_fail_and_not
     assert all(len(p) == 1 for p in by_version.values()), by_version
     left = _haproxy_processes(folder)
     assert not left and not os.path.exists(folder), f"HAProxy left after podium serve stopped: {left}"
+    deadline = time.monotonic() + 30  # a process the stop signalled may take a moment to exit
+    while (left := {pid: args for pid, args in started.items() if _alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes podium serve started are left after it stopped: {left}"
     print(f"{len(answers)} requests through HAProxy across two switches, 0 failed")

@@ -54,3 +54,30 @@ def test_each_podium_serve_gives_its_haproxy_its_own_folder_and_ports():
     finally:
         shutil.rmtree(first)
         shutil.rmtree(second)
+
+
+def test_haproxy_is_the_default_ingress_and_proxy_chooses_ray_serves_proxy(monkeypatch):
+    """`podium serve` turns HAProxy on for a Ray it starts unless --ingress proxy asks for Ray Serve's proxy; on a
+    cluster at RAY_ADDRESS the cluster's own setting stays (nothing is set here)."""
+    from podium.cli.main import build_parser
+    from podium.cli.serve import _choose_ingress
+
+    parser = build_parser()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    proxy = parser.parse_args(["serve", "--serving", "/srv/a", "--ingress", "proxy"])
+    assert _choose_ingress(proxy) is None and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    default = parser.parse_args(["serve", "--serving", "/srv/a"])
+    assert default.ingress == "haproxy"
+    monkeypatch.setenv("RAY_ADDRESS", "ray://elsewhere:10001")
+    assert _choose_ingress(default) is None and "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    monkeypatch.delenv("RAY_ADDRESS")
+    before = dict(os.environ)
+    folder = _choose_ingress(default)
+    try:
+        assert folder is not None and os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+        assert os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"].startswith(folder)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+        shutil.rmtree(folder, ignore_errors=True)
