@@ -28,6 +28,7 @@ from podium.core.redaction import has_password
 from podium.core.version import __version__ as podium_version
 from podium.deployments.definitions import WORK_POOL, nightly_config
 from podium.errors import ConfigError
+from podium.storage.backends import store_of  # the kind of store a location lives in: storage's own answer
 
 RAY_VERSION = "2.60.0"  # the Ray podium pins (pyproject.toml): the cluster's Ray must be the driver's
 KUBERNETES_VERSION = "1.37.0"  # the API version the manifests are validated against (tests/unit/test_k8s_render.py)
@@ -37,8 +38,6 @@ CONFIG_DIR = "/etc/podium"
 STORE_KEY_DIR = "/var/run/secrets/podium/store"  # a GCS service account's key file, mounted from its Secret
 GCS_KEY_FILE = "key.json"
 PART_OF = "podium"
-# object stores by the schemes podium accepts for them (podium.storage.backends)
-STORE_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # an RFC 1123 label: names, namespaces
 IMAGE_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 # registry[:port]/path[:tag]: the path lower-case (distribution's reference grammar, simplified)
@@ -200,14 +199,6 @@ def config_locations(config: PipelineConfig) -> dict[str, str]:
              "data.val": config.data.val}
     found.update({f"training.loop_datasets.{k}": v for k, v in config.training.loop_datasets.items()})
     return {field: uri for field, uri in found.items() if uri}
-
-
-def store_of(uri: str) -> str | None:
-    """'s3', 'gcs', 'azure', 'userfs' for a URI, None for a local path."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme == "file" or not scheme:
-        return None
-    return STORE_SCHEMES.get(scheme, scheme)
 
 
 def check_renderable(config: PipelineConfig, cluster: ClusterSettings) -> None:

@@ -19,6 +19,8 @@ from podium.cli.provenance import location_names, status_report
 from podium.errors import ServingError
 from podium.settings import PodiumSettings
 from podium.tracking.client import TAG_REASON, store_exists
+from podium.tracking.ledger import TAG_WATCH
+from podium.tracking.registry import registered_version_for, version_tags
 from podium.tracking.runs import TAG_ENDED_BY, find_tracking_run, latest_run_name, models_with_runs, run_tags
 
 
@@ -111,16 +113,14 @@ def _watch_of(config: Any, tracking_uri: str, mine: Any) -> dict[str, str] | Non
     nothing promoted, never registered, or never watched."""
     if mine is None:
         return None
-    from podium.tracking.registry import registered_version_for, version_tags
-
     try:
         name, _ = location_names(config.serving, None, None, config.promotion.registered_model)
     except ServingError:
         return None
     version = registered_version_for(tracking_uri, name, mine.manifest.get("version_uid"), mine.uri)
     tags = version_tags(tracking_uri, name, version) if version else {}
-    state = tags.get("podium.watch")
-    return {"state": state, "reason": tags.get("podium.watch.reason", "")} if state else None
+    state = tags.get(TAG_WATCH)
+    return {"state": state, "reason": tags.get(f"{TAG_WATCH}.reason", "")} if state else None
 
 
 def _disagreements(config: Any, tracking_uri: str) -> list[str]:

@@ -450,3 +450,16 @@ def test_local_imports_are_found():
     """The check above would see a new one (the test of the test)."""
     source = "import os\ndef f():\n    import mlflow.entities\n    from podium.a import b, c\n    return os\n"
     assert local_imports(source, {"podium.a", "podium.a.b"}) == {"mlflow": {3}, "podium.a.b": {4}, "podium.a": {4}}
+
+
+def test_no_test_module_imports_another_test_module():
+    """What tests share lives in tests/helpers/ (or a conftest): a test module imported by another runs its
+    module-level code twice and ties two files' worlds together."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(REPO)}: {name}" for name in names
+                      if name.split(".")[-1].startswith("test_")]
+    assert not found, found

@@ -3,60 +3,20 @@ location with real served models (no training: checkpoints in podium's format, p
 MLflow's scoring protocol, the version header, following CURRENT, and a version that must not be switched to; the
 fast path (podium.live.fast) against MLflow's own scoring code on the same model, and what it leaves to MLflow."""
 
-# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are test_served_model's, imported by name)
+# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are tests/helpers/served.py's, imported by name)
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
-import torch
-from starlette.requests import Request
-from test_served_model import FEATURES, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
+from helpers.served import FEATURES, _call, _promote, _rows, _second, _served, checkpoint, data  # noqa: F401 (fixtures)
 
 from podium.live.fast import fast_model_of
 from podium.live.server import VERSION_HEADER, ChampionServer, Fast, Serving, _answer_fast, _invoke, invoke
 from podium.serving.layout import switch_current
-from podium.training.checkpoint import CheckpointMeta, save_checkpoint
-from podium.training.model import ModelSpec, build_model
-
-
-def _call(server: ChampionServer, method: str, path: str, body: bytes = b"",
-          content_type: str = "application/json") -> tuple[int, dict[str, str], dict]:
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", content_type.encode())],
-             "query_string": b""}
-    response = asyncio.run(server(Request(scope, receive)))
-    try:
-        return response.status_code, dict(response.headers), json.loads(response.body or b"null")
-    except ValueError:  # MLflow's plain-text answers (415)
-        return response.status_code, dict(response.headers), {"text": response.body.decode()}
-
-
-def _rows(data: tuple[str, str]) -> bytes:
-    frame = pd.read_parquet(data[1])[FEATURES].head(5)
-    return json.dumps({"dataframe_split": json.loads(frame.to_json(orient="split", index=False))}).encode()
-
-
-def _second(tmp_path: Path, data: tuple[str, str]):
-    """Another checkpoint in podium's format (other weights), built as a served model: a second version."""
-    torch.manual_seed(7)
-    spec = ModelSpec(in_features=4, num_classes=3, hidden_size=8)
-    directory = str(tmp_path / "storage" / "run" / "checkpoint_00000009")
-    save_checkpoint(directory, build_model(spec), None, CheckpointMeta(spec, 2, 9, {}, {}, FEATURES, "label"))
-    (tmp_path / "second").mkdir()
-    return _served(tmp_path / "second", data, directory)[1]
 
 
 def test_a_replica_answers_as_mlflow_names_its_version_and_follows_promotions_and_rollbacks(

@@ -28,8 +28,6 @@ ALLOWED = {
     "remove_unregistered_checkpoints": "tasks.resume's call, with the plan, of training.raytrain's",
     # each command's module adds its own parser and handler under `podium`'s (podium.cli.registry calls them)
     "add_parser": "each podium.cli command module's own parser and handler, which podium.cli.registry adds",
-    # the kind of store a URI lives in: the Kubernetes manifests' copy goes once deployments.k8s calls storage's
-    "store_of": "podium.storage.backends.store_of, and deployments.k8s's table of the same stores",
 }
 
 

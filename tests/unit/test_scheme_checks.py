@@ -23,9 +23,10 @@ KNOWN = {
     # storage, still read by hand
     "podium.config": "a [storage] table's userfs:// location is built and parsed where the table is validated: "
                      "podium.config sits below podium.storage and cannot ask it",
+    "podium.deployments.k8s": "a Ray address (ray://), and a local location's path in the pods (`file://` removed: a "
+                              "path on the pods' shared volume, which storage's normalize would make this machine's)",
     "podium.cli.run": "the local folders a refused command removes again (`\"://\" not in uri`): the command avoids "
                       "loading pyarrow (podium.storage.backends) before its plan",
-    "podium.deployments.k8s": "its own STORE_SCHEMES table; podium.storage.backends.store_of answers the same",
 }
 
 

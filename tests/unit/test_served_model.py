@@ -4,6 +4,7 @@ No servers: a checkpoint on disk, the plan podium makes for it, the MLflow model
 staged into a local serving location and loaded back the ways users load it.
 """
 
+# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are tests/helpers/served.py's, imported by name)
 from __future__ import annotations
 
 import json
@@ -20,73 +21,17 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers.served import FEATURES, _promote, _served, _write, checkpoint, data  # noqa: F401 (fixtures)
 from torch import nn
 
-from podium.config import build_config
-from podium.core.records import CheckpointRecord
 from podium.errors import ServingError
-from podium.serving.layout import seal_version, switch_current
 from podium.serving.staging import stage_version
-from podium.tasks.package import build_served_model
-from podium.tasks.plan import plan_run
-from podium.tracking.client import TrackingRun
 from podium.tracking.models import column_type
-from podium.training.checkpoint import CheckpointMeta, load_model, save_checkpoint
+from podium.training.checkpoint import load_model
 from podium.training.export import ExportError
-from podium.training.model import ModelSpec, Standardize, build_model
+from podium.training.model import Standardize
 from podium.training.preprocessing import compute_feature_stats
 from podium.training.promoted import check_loadable, load_promoted_model
-
-FEATURES = ["income", "ratio", "visits", "member"]
-
-
-def _write(path: Path, n: int, seed: int) -> str:
-    """Mixed scales and types: a float64 in the thousands, a float32 fraction, an int count, a bool."""
-    rng = np.random.default_rng(seed)
-    pq.write_table(pa.table({
-        "income": rng.normal(50_000, 12_000, n), "ratio": rng.normal(0, 0.01, n).astype(np.float32),
-        "visits": rng.integers(0, 40, n), "member": rng.random(n) < 0.3, "label": rng.integers(0, 3, n)}), path)
-    return str(path)
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> tuple[str, str]:
-    return _write(tmp_path / "train.parquet", 200, 0), _write(tmp_path / "val.parquet", 60, 1)
-
-
-@pytest.fixture
-def checkpoint(tmp_path: Path, data: tuple[str, str]) -> tuple[str, nn.Module]:
-    stats = compute_feature_stats(pads.dataset(data[0]), FEATURES)
-    spec = ModelSpec(in_features=4, num_classes=3, hidden_size=8, standardize=True)
-    torch.manual_seed(0)
-    model = build_model(spec, stats.mean, stats.scale)
-    directory = str(tmp_path / "storage" / "run" / "checkpoint_00000005")
-    save_checkpoint(directory, model, torch.optim.Adam(model.parameters()),
-                    CheckpointMeta(spec, 1, 5, {"loss": 1.0}, {}, FEATURES, "label"))
-    return directory, model.eval()
-
-
-def _plan(tmp_path: Path, data: tuple[str, str], **promotion: str):
-    return plan_run(build_config({"model": "churn", "storage": str(tmp_path / "storage"),
-                                  "serving": str(tmp_path / "serving"), "data": {"train": data[0], "val": data[1]},
-                                  "promotion": promotion}))
-
-
-def _served(tmp_path: Path, data: tuple[str, str], uri: str, **promotion: str):
-    tracking = TrackingRun(f"sqlite:///{tmp_path / 'mlflow.db'}", "1", "run-id", "run")
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    plan = _plan(tmp_path, data, **promotion)
-    return plan, build_served_model(plan, tracking, CheckpointRecord(step=5, uri=uri), str(work))
-
-
-def _promote(plan, served, step: int = 5):
-    version = stage_version(plan.serving, served.files_uri, {"step": step, "source": "/ckpt", **served.info},
-                            served.content)
-    check_loadable(version)
-    seal_version(plan.serving, version)
-    switch_current(plan.serving, version, "test")
-    return version
 
 
 def test_feature_stats_streamed_in_batches_match_the_whole_column(tmp_path):

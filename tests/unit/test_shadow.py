@@ -2,7 +2,7 @@
 (podium.core.shadow), its configuration, and a replica of `podium serve` mirroring live requests to a candidate in
 shadow (podium.live.server.ChampionServer, called as Ray Serve calls it, on a real serving location)."""
 
-# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are test_served_model's, imported by name)
+# ruff: noqa: F811 (the fixtures `data` and `checkpoint` are tests/helpers/served.py's, imported by name)
 from __future__ import annotations
 
 import math
@@ -10,8 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_live import _call, _rows, _second
-from test_served_model import _plan, _promote, _served, checkpoint, data  # noqa: F401 (fixtures)
+from helpers.served import _call, _plan, _promote, _rows, _second, _served, checkpoint, data  # noqa: F401 (fixtures)
 
 from podium.config import build_config
 from podium.core.approval import VIA_SHADOW, VIA_STOP, shadowed
