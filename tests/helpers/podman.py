@@ -378,3 +378,18 @@ class Relay:
     def close(self) -> None:
         self.stopped.set()
         self.server.close()
+
+
+CACHE = Path(os.environ.get("PODIUM_IMAGE_CACHE", Path.home() / ".cache" / "podium-image"))
+
+
+if __name__ == "__main__":  # `.ci/run` builds the image ahead of the podman test, beside its other steps
+    import tempfile as _tempfile
+
+    if podman_present() is not None:
+        print(f"podium's image not built: {podman_present()}")
+        sys.exit(0)
+    with _tempfile.TemporaryDirectory() as work:
+        made = ensure_image(podman_env(Path(work)), CACHE)
+    print(f"podium's image {made.tag}: {'built' if made.built else 'cached'} in {made.build_s:.0f} s "
+          f"({made.size_mb:.0f} MiB)")

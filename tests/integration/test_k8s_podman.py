@@ -35,6 +35,7 @@ import yaml
 from tests.helpers.commands import podium
 from tests.helpers.live import call
 from tests.helpers.podman import (
+    CACHE,
     RayClusterNames,
     Relay,
     ensure_image,
@@ -67,7 +68,6 @@ num_workers = 1
 [validation]
 concurrency = 1
 """
-CACHE = Path(os.environ.get("PODIUM_IMAGE_CACHE", Path.home() / ".cache" / "podium-image"))
 
 
 def wait_for(what: str, check, timeout_s: float, every_s: float = 1.0):
@@ -230,7 +230,15 @@ def run_night(ns: Namespace, label: str, stop_when: str | None = None) -> tuple[
             wait_for(f"{stop_when!r} in the night's logs",
                      lambda: stop_when in podman(["logs", container], ns.env, check=False).stdout, 600, 2)
             podman(["pod", "stop", "-t", "10", names.head_pod], ns.env, timeout=120)
-        code = wait_exited(container, ns.env, 600)
+            # `ray job submit` goes on retrying a head that is gone; KubeRay's submitter Job fails then (its
+            # backoffLimit): here the submitter is given a minute, then stopped as its Job's end would
+            try:
+                code = wait_exited(container, ns.env, 60)
+            except subprocess.TimeoutExpired:
+                podman(["stop", "-t", "5", container], ns.env, timeout=60)
+                code = wait_exited(container, ns.env, 60) or 1
+        else:
+            code = wait_exited(container, ns.env, 600)
         logs = podman(["logs", container], ns.env).stdout
         ns.costs[f"night {label}"] = time.monotonic() - started
         return code, logs
