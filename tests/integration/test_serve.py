@@ -316,13 +316,13 @@ def test_through_haproxy_ingress_requests_across_two_switches_never_fail_and_not
     with serving(location, own_ray, "--num-cpus", "0") as served:
         health = json.loads(call(f"{served.url}/health").body)
         assert health["ingress"] == "haproxy" and health["version"] == "v000001", health
-        ours = [arg for line in _haproxy_processes("podium-haproxy-") for arg in line.split()
-                if arg.endswith("/haproxy.cfg")]
-        assert ours, "no HAProxy process of podium serve's own"
-        folder = os.path.dirname(ours[0])  # this command's own (another test's may run beside it)
         started = _descendants(served.proc.pid)
         assert any("ServeReplica" in args for args in started.values()), started
-        assert any(folder in args for args in started.values()), started  # the HAProxy is below the command
+        # the HAProxy below the command, on its own folder (another test's `podium serve` may run one beside it)
+        ours = [arg for args in started.values() if "haproxy" in args.split()[0] for arg in args.split()
+                if arg.endswith("/haproxy.cfg") and "podium-haproxy-" in arg]
+        assert ours, f"no HAProxy process of podium serve's own among what it started: {started}"
+        folder = os.path.dirname(ours[0])
         with Load(served.url, BODY, clients=2) as load:
             load.wait_for("v000001", after=0)
             switch_current(location, read_version(location, "v000002"), "test: through HAProxy")
