@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 PROXY = "ray-serve-http-proxy"
@@ -66,7 +67,7 @@ def stop_leftover_haproxy(folder: str) -> list[int]:
     """Stop every HAProxy process still running on the configuration in `folder` once the Ray that ran it is down;
     returns their pids. A reload (HAProxy's `-sf`, when Serve rewrites its configuration) leaves a process Ray's
     shutdown does not always end, seen here with parent 1 and the folder already removed."""
-    config = os.path.join(folder, "haproxy.cfg")
+    inside = os.path.join(folder, "").encode()  # Serve writes the configuration in a folder of its own below it
     stopped = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -76,10 +77,22 @@ def stop_leftover_haproxy(folder: str) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if argv and argv[0].endswith(b"haproxy") and config.encode() in argv:
+        if argv and argv[0].endswith(b"haproxy") and any(
+                a.startswith(inside) and a.endswith(b"haproxy.cfg") for a in argv):
             try:
                 os.kill(int(entry.name), signal.SIGTERM)
                 stopped.append(int(entry.name))
             except OSError:
                 continue
+    deadline = time.monotonic() + 10  # a reloaded HAProxy ends its connections first
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") and not _zombie(pid) for pid in stopped):
+        time.sleep(0.1)
     return stopped
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -94,8 +94,8 @@ def test_an_haproxy_left_on_a_stopped_servers_configuration_is_stopped_and_no_ot
         port = s.getsockname()[1]
     procs = {}
     for name in ("ours", "other"):
-        folder = tmp_path / name
-        folder.mkdir()
+        folder = tmp_path / name / "8773ae38"  # Serve's own folder below podium's
+        folder.mkdir(parents=True)
         (folder / "haproxy.cfg").write_text(
             "global\n  maxconn 10\ndefaults\n  mode http\n  timeout connect 1s\n  timeout client 1s\n"
             f"  timeout server 1s\nfrontend f\n  bind 127.0.0.1:{port if name == 'ours' else port + 1}\n")
