@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import signal
 import socket
 import tempfile
@@ -49,11 +50,22 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def haproxy_maxconn(ceiling: int = 4096) -> int:
+    """HAProxy's maxconn for this process's open-file limit: HAProxy needs about two descriptors per connection and
+    some two thousand more, and refuses to start where the hard limit is lower than that ("Cannot raise FD limit to
+    10267, limit is 4096" with Ray's default of 4096, in a container whose nofile is 4096)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return ceiling
+    return max(64, min(ceiling, (hard - 2200) // 2))
+
+
 def haproxy_environment(host: str) -> tuple[dict[str, str], str]:
     """The environment that turns HAProxy on for a Ray this process starts, with its own folder and ports; and the
     folder (removed by the caller once Ray is down)."""
     folder = tempfile.mkdtemp(prefix="podium-haproxy-")
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_NBTHREAD": "1",
+            "RAY_SERVE_HAPROXY_MAXCONN": str(haproxy_maxconn()),
             "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(folder, "haproxy.cfg"),
             "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
             "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
