@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from tests.helpers.s3_server import pipe  # one direction of a relayed connection
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deployments" / "image" / "Containerfile"
 # the base: Debian's minimal system and what the Containerfile and Ray use (venv, useradd, ps)
@@ -359,21 +361,7 @@ class Relay:
                 continue
             upstream.settimeout(None)
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self.stopped.set()
@@ -383,7 +371,8 @@ class Relay:
 CACHE = Path(os.environ.get("PODIUM_IMAGE_CACHE", Path.home() / ".cache" / "podium-image"))
 
 
-if __name__ == "__main__":  # `.ci/run` builds the image ahead of the podman test, beside its other steps
+# `.ci/run` builds the image ahead of the podman test, beside its other steps (python -m tests.helpers.podman)
+if __name__ == "__main__":
     import tempfile as _tempfile
 
     if podman_present() is not None:

@@ -153,6 +153,21 @@ def _answers_as_moto(endpoint: str, process: subprocess.Popen, timeout_s: float)
     return False
 
 
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy one direction of a relayed connection until either side ends, then shut both down."""
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class Relay:
     """A TCP relay on loopback in front of a server, that can be cut off and restored.
 
@@ -207,18 +222,4 @@ class Relay:
             with self._lock:
                 self._conns += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
