@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from podium.core.exits import EXIT_UNREACHABLE, exit_for_signal
+from podium.errors import PodiumError
 from podium.progress import say
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_GRACE_S = 30.0  # how long running validations may take to finish once a stop is asked for
 
 
-class RunStopped(Exception):
+class RunStopped(PodiumError):
     """The run was asked to stop (a signal): raised where the flow can stop cleanly."""
 
     def __init__(self, signum: int, message: str | None = None):
@@ -38,7 +39,7 @@ class RunStopped(Exception):
         super().__init__(message or f"stopped by {signal.Signals(signum).name}")
 
 
-class ClusterLost(Exception):
+class ClusterLost(PodiumError):
     """The Ray cluster the run depends on is gone (its head stopped answering): raised where the flow can
     end the run without Ray. The run resumes once the cluster is back."""
 

@@ -14,6 +14,8 @@ from Python catches them here. Each message is one sentence that names what was 
 - `ServingError`: the serving location is missing, inconsistent, or a copy failed verification
 - `HistoryError`: a rollback the serving history does not allow
 - `AliasTaken`: a registered model's alias belongs to another serving location
+- `NotFound`: what a command names does not exist (a run, its MLflow experiment, a run awaiting approval)
+- `NotAnswered`: a run awaiting approval could not take a decision (no longer paused, its pause timed out)
 - `UserCodeError`: the user's training loop raised (their exception and their own frames)
 - `NoCheckpointReported`: training ended and the run has no checkpoint
 - `RunEnded`: a run that reached its end, raised; it holds the run's result, as do:
@@ -82,6 +84,15 @@ class HistoryError(PodiumError, ValueError):
 
 class AliasTaken(PodiumError, ValueError):
     """An alias of the registered model belongs to another serving location."""
+
+
+class NotFound(PodiumError, LookupError):
+    """What a command names does not exist: a run, its MLflow experiment (or one deleted), a flow run awaiting
+    approval. Says what was searched, and what there is instead where it can."""
+
+
+class NotAnswered(PodiumError, RuntimeError):
+    """A run awaiting approval could not take a decision: its flow run is no longer paused, or its pause timed out."""
 
 
 class UserCodeError(PodiumError, RuntimeError):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podium import prefect_api, services
-from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli.errors import Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
 from podium.cli.recorded import promote_settings
@@ -468,10 +468,6 @@ def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settin
     except (RunInProgress, ConfigError, AliasTaken) as exc:
         # refused by the flow's own checks: a run in progress, a resume that changes the model, an alias taken
         raise Refused(str(exc)) from None
-    except (ServingError, LookupError) as exc:
-        # a serving location that is full or corrupt, a run to promote that does not exist: the run's
-        # records stay in the Prefect UI, its server up
-        raise CliError(str(exc)) from None
     except NoCheckpointReported as exc:
         raise RunFailed(str(exc)) from None
     except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log

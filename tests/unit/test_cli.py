@@ -15,9 +15,10 @@ import pytest
 
 import podium.cli.run as run_command
 import podium.services
-from podium.cli.errors import CliError
+from podium.cli.errors import CliError, exit_code_of
 from podium.cli.main import build_parser, main
 from podium.cli.options import OPTIONS, config_from_args
+from podium.errors import EXIT_REFUSED, ConfigError
 from podium.settings import PodiumSettings
 
 
@@ -77,7 +78,7 @@ def test_a_model_name_scopes_experiment_registered_model_and_serving(tmp_path):
     assert config.serving == str(tmp_path / "serving" / "churn") and config.training.standardize is False
     named = config_for(["run", "--model", "churn", "--experiment", "e", "--registered-model", "r"], tmp_path)
     assert (named.experiment, named.promotion.registered_model) == ("e", "r")
-    with pytest.raises(CliError, match="model = '../up'"):
+    with pytest.raises(ConfigError, match="model = '../up'"):
         config_for(["run", "--model", "../up"], tmp_path)
 
 
@@ -89,8 +90,9 @@ def test_flags_override_the_config_file(tmp_path):
 
 
 def test_invalid_flag_value_is_a_cli_error_naming_the_field(tmp_path):
-    with pytest.raises(CliError, match="promotion.mode = 'up'"):
+    with pytest.raises(ConfigError, match="promotion.mode = 'up'") as refused:
         config_for(["run", "--mode", "up"], tmp_path)
+    assert exit_code_of(refused.value) == EXIT_REFUSED  # the command's one table: printed, exit 2
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -254,9 +256,9 @@ def test_a_loops_config_from_a_file_and_key_value_flags(tmp_path):
 
 
 def test_a_loop_config_flag_without_a_key_names_the_flag(tmp_path):
-    with pytest.raises(CliError, match="--loop-config = '=3': expected KEY=VALUE"):
+    with pytest.raises(ConfigError, match="--loop-config = '=3': expected KEY=VALUE"):
         config_for(["run", "--loop-config", "=3"], tmp_path)
-    with pytest.raises(CliError, match="--loop-config-file = .*no such file"):
+    with pytest.raises(ConfigError, match="--loop-config-file = .*no such file"):
         config_for(["run", "--loop-config-file", str(tmp_path / "missing.json")], tmp_path)
 
 
