@@ -14,7 +14,7 @@ from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
 from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, Policy, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
-from podium.serving.shadow import check_no_shadow
+from podium.serving.live import check_no_shadow
 from podium.storage.locations import join, normalize_location
 from podium.tasks import carry_out as steps
 from podium.tasks.carry_out import (
