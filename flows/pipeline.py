@@ -319,7 +319,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         watch.close()
         stream.close()
     progress.flush()
-    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
+    summary = summarize_run(config, plan.policy, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
     # a run no checkpoint of which could be validated did not do its work: its MLflow run says FAILED
     close_tracking_run(tracking, failed=run_failure([r.status for r in summary.checkpoints]) is not None)
     return summary

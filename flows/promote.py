@@ -74,7 +74,7 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
             outcome = None
         if outcome is None or (stop.requested and outcome.promoted is None):  # a promotion that ended stands
             return Cancelled(message=_stopped(stop, config.run_name))  # type: ignore[return-value]
-        summary = summarize_run(config, tracking, outcome, mlflow_ui)
+        summary = summarize_run(config, plan.policy, tracking, outcome, mlflow_ui)
         # a State returned ends the flow run in it: its message says what the promotion did, and a stop after the
         # switch (decided once the reports were published: a signal while they were is said too)
         return final_state(summary.model_copy(  # type: ignore[return-value]
