@@ -19,10 +19,10 @@ from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.core.verdict import run_failure
-from podium.errors import TrackingUnavailable
+from podium.errors import RunStopped, TrackingUnavailable
 from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.promote import promote_and_announce
-from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
+from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import (
     RunResult,

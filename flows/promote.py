@@ -8,8 +8,9 @@ from prefect.states import Cancelled
 from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
+from podium.errors import RunStopped
 from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config, whole
-from podium.flows.stop import RunStopped, StopRequest, stop_on_signals
+from podium.flows.stop import StopRequest, stop_on_signals
 from podium.flows.summary import RunResult, final_state, late_stop, stopped_before_switch, summarize_run
 from podium.tasks.approval import await_approval
 from podium.tasks.carry_out import NO_STOP, StopPoint

@@ -18,6 +18,8 @@ from Python catches them here. Each message is one sentence that names what was 
 - `NotAnswered`: a run awaiting approval could not take a decision (no longer paused, its pause timed out)
 - `UserCodeError`: the user's training loop raised (their exception and their own frames)
 - `NoCheckpointReported`: training ended and the run has no checkpoint
+- `RunStopped`: a run asked to stop (SIGINT, SIGTERM), raised where its flow can stop cleanly
+- `ClusterLost`: the Ray cluster a run depends on is gone, raised where its flow can end the run without Ray
 - `RunEnded`: a run that reached its end, raised; it holds the run's result, as do:
 - `UnfinishedRun`: a run reached its end without doing its work; it holds the run's result
 - `EndNotRecorded`: a run reached its end, and the Prefect server did not answer to record it; it holds the result
@@ -27,6 +29,7 @@ Imports nothing of podium but `podium.core`: every layer may raise them.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 # What a command's exit code says: defined once, in podium.core.exits (re-exported here for callers of podium's API)
@@ -111,6 +114,19 @@ class UserCodeError(PodiumError, RuntimeError):
 
 class NoCheckpointReported(PodiumError, RuntimeError):
     """Training ended and the run has no checkpoint: nothing to validate or promote."""
+
+
+class RunStopped(PodiumError):
+    """The run was asked to stop (a signal): raised where the flow can stop cleanly (podium.flows.stop)."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+
+class ClusterLost(PodiumError):
+    """The Ray cluster the run depends on is gone (its head stopped answering): raised where the flow can
+    end the run without Ray. The run resumes once the cluster is back."""
 
 
 class RunEnded(PodiumError, RuntimeError):
