@@ -73,7 +73,7 @@ def shadow_decision(plan: RunPlan, outcome: PromotionOutcome) -> Approval | None
     assert verdict is not None
     if verdict.stopped:
         return withdrawn(verdict.reason)
-    if not verdict.passed or plan.config.promotion.approval != "required":
+    if not verdict.passed or not plan.policy.approval:
         return shadowed(verdict.passed, verdict.reason)
     return None
 
