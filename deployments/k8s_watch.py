@@ -23,6 +23,7 @@ from typing import Any
 from podium import prefect_api
 from podium.config import RUN_NAME_PLACEHOLDERS, expand_run_name
 from podium.core.rayjob import TERMINAL_DEPLOYMENT, RayJobOutcome, flow_run_end, observe_rayjob, rayjob_outcome
+from podium.errors import PodiumError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 IN_CLUSTER_API = "https://kubernetes.default.svc"
@@ -33,7 +34,7 @@ CLOCK_SKEW = timedelta(minutes=2)
 PATTERNS = {"date": r"\d{8}", "datetime": r"\d{8}-\d{6}"}
 
 
-class KubernetesApiError(Exception):
+class KubernetesApiError(PodiumError):
     """The Kubernetes API did not answer, or answered something other than the RayJob or a 404."""
 
 

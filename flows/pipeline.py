@@ -19,10 +19,10 @@ from podium.config import PipelineConfig
 from podium.core.early_stop import EarlyStop, early_stop
 from podium.core.events import TrainingRestart
 from podium.core.verdict import run_failure
-from podium.errors import TrackingUnavailable
+from podium.errors import RunStopped, TrackingUnavailable
 from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config
 from podium.flows.promote import promote_and_announce
-from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, RunStopped, StopRequest, exit_at_once, stop_on_signals
+from podium.flows.stop import LOST_EXIT, STOP_GRACE_S, StopRequest, exit_at_once, stop_on_signals
 from podium.flows.stream import CheckpointStream
 from podium.flows.summary import (
     RunResult,
@@ -319,7 +319,7 @@ def _train_validate_promote(plan: RunPlan, tracking_uri: str | None, mlflow_ui: 
         watch.close()
         stream.close()
     progress.flush()
-    summary = summarize_run(config, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
+    summary = summarize_run(config, plan.policy, tracking, outcome, mlflow_ui, training_ended_at, stopped_early)
     # a run no checkpoint of which could be validated did not do its work: its MLflow run says FAILED
     close_tracking_run(tracking, failed=run_failure([r.status for r in summary.checkpoints]) is not None)
     return summary

@@ -8,8 +8,9 @@ from prefect.states import Cancelled
 from podium import prefect_api
 from podium.config import PipelineConfig
 from podium.core.records import CheckpointRecord
+from podium.errors import RunStopped
 from podium.flows.naming import context, flow_run_namer, podium_logs_at_info, run_config, whole
-from podium.flows.stop import RunStopped, StopRequest, stop_on_signals
+from podium.flows.stop import StopRequest, stop_on_signals
 from podium.flows.summary import RunResult, final_state, late_stop, stopped_before_switch, summarize_run
 from podium.tasks.approval import await_approval
 from podium.tasks.carry_out import NO_STOP, StopPoint
@@ -74,7 +75,7 @@ def promote_run(config: PipelineConfig, tracking_uri: str | None = None,
             outcome = None
         if outcome is None or (stop.requested and outcome.promoted is None):  # a promotion that ended stands
             return Cancelled(message=_stopped(stop, config.run_name))  # type: ignore[return-value]
-        summary = summarize_run(config, tracking, outcome, mlflow_ui)
+        summary = summarize_run(config, plan.policy, tracking, outcome, mlflow_ui)
         # a State returned ends the flow run in it: its message says what the promotion did, and a stop after the
         # switch (decided once the reports were published: a signal while they were is said too)
         return final_state(summary.model_copy(  # type: ignore[return-value]

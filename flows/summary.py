@@ -13,6 +13,7 @@ from podium.config import PipelineConfig
 from podium.core.approval import VIA_UNASKED
 from podium.core.early_stop import EarlyStop
 from podium.core.numbers import format_number
+from podium.core.promotion import Policy
 from podium.core.records import CheckpointRecord
 from podium.core.verdict import run_failure
 from podium.errors import EXIT_FAILED, EXIT_OK, EndNotRecorded, RunEnded, UnfinishedRun
@@ -142,15 +143,15 @@ def result_of(exc: BaseException) -> RunResult | None:
     return None
 
 
-def summarize_run(config: PipelineConfig, tracking: TrackingRun, outcome: PromotionOutcome,
+def summarize_run(config: PipelineConfig, policy: Policy, tracking: TrackingRun, outcome: PromotionOutcome,
                   mlflow_ui: str | None, training_ended_at: float | None = None,
                   stopped_early: EarlyStop | None = None, late_stop: str | None = None) -> RunSummary:
     """Read the run's records back, publish the checkpoint table, promotion report and chart (Prefect
-    artifacts, MLflow), and return the summary the flow ends with (`late_stop`: the line of a stop that came after
-    the switch)."""
+    artifacts, MLflow), and return the summary the flow ends with (`policy`: the plan's, whose metric and direction
+    the reports show; `late_stop`: the line of a stop that came after the switch)."""
     records = list_records(tracking)
     mlflow_ui = mlflow_ui or PodiumSettings().mlflow_ui(tracking.tracking_uri)  # a deployment's run: as configured
-    publish_reports(config.run_name, tracking, records, outcome, config.promotion.metric, config.promotion.mode,
+    publish_reports(config.run_name, tracking, records, outcome, policy.metric, policy.mode,
                     tracking.run_url(mlflow_ui) if mlflow_ui else None)
     return RunSummary(run_name=config.run_name, tracking=tracking, checkpoints=records, promotion=outcome,
                       training_ended_at=training_ended_at, flow_run_id=str(flow_run.id) if flow_run.id else None,

@@ -14,8 +14,12 @@ from Python catches them here. Each message is one sentence that names what was 
 - `ServingError`: the serving location is missing, inconsistent, or a copy failed verification
 - `HistoryError`: a rollback the serving history does not allow
 - `AliasTaken`: a registered model's alias belongs to another serving location
+- `NotFound`: what a command names does not exist (a run, its MLflow experiment, a run awaiting approval)
+- `NotAnswered`: a run awaiting approval could not take a decision (no longer paused, its pause timed out)
 - `UserCodeError`: the user's training loop raised (their exception and their own frames)
 - `NoCheckpointReported`: training ended and the run has no checkpoint
+- `RunStopped`: a run asked to stop (SIGINT, SIGTERM), raised where its flow can stop cleanly
+- `ClusterLost`: the Ray cluster a run depends on is gone, raised where its flow can end the run without Ray
 - `RunEnded`: a run that reached its end, raised; it holds the run's result, as do:
 - `UnfinishedRun`: a run reached its end without doing its work; it holds the run's result
 - `EndNotRecorded`: a run reached its end, and the Prefect server did not answer to record it; it holds the result
@@ -25,6 +29,7 @@ Imports nothing of podium but `podium.core`: every layer may raise them.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 # What a command's exit code says: defined once, in podium.core.exits (re-exported here for callers of podium's API)
@@ -84,6 +89,15 @@ class AliasTaken(PodiumError, ValueError):
     """An alias of the registered model belongs to another serving location."""
 
 
+class NotFound(PodiumError, LookupError):
+    """What a command names does not exist: a run, its MLflow experiment (or one deleted), a flow run awaiting
+    approval. Says what was searched, and what there is instead where it can."""
+
+
+class NotAnswered(PodiumError, RuntimeError):
+    """A run awaiting approval could not take a decision: its flow run is no longer paused, or its pause timed out."""
+
+
 class UserCodeError(PodiumError, RuntimeError):
     """The user's training loop raised: their exception and their own frames, said once.
 
@@ -100,6 +114,19 @@ class UserCodeError(PodiumError, RuntimeError):
 
 class NoCheckpointReported(PodiumError, RuntimeError):
     """Training ended and the run has no checkpoint: nothing to validate or promote."""
+
+
+class RunStopped(PodiumError):
+    """The run was asked to stop (a signal): raised where the flow can stop cleanly (podium.flows.stop)."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+
+class ClusterLost(PodiumError):
+    """The Ray cluster the run depends on is gone (its head stopped answering): raised where the flow can
+    end the run without Ray. The run resumes once the cluster is back."""
 
 
 class RunEnded(PodiumError, RuntimeError):

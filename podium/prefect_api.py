@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+from podium.errors import NotAnswered, NotFound
 from podium.outages import is_unreachable
 from podium.progress import say
 from podium.services import prefect_health
@@ -400,7 +401,7 @@ def flow_run_parameter(name: str) -> Any:
 
 def paused_flow_run(run_name: str) -> str:
     """The id of the flow run of podium run `run_name` that is paused awaiting approval (`<run name>-run` or
-    `<run name>-promote`); LookupError, saying what there is instead, when none is."""
+    `<run name>-promote`); NotFound, saying what there is instead, when none is."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.client.schemas.sorting import FlowRunSort
@@ -413,10 +414,10 @@ def paused_flow_run(run_name: str) -> str:
     if len(paused) == 1:
         return str(paused[0].id)
     if paused:
-        raise LookupError(f"{len(paused)} flow runs of run {run_name!r} await approval "
+        raise NotFound(f"{len(paused)} flow runs of run {run_name!r} await approval "
                           f"({', '.join(str(r.id) for r in paused)}): answer one in the Prefect UI")
     latest = f": its latest flow run, {runs[0].name}, is {runs[0].state_name}" if runs else ""
-    raise LookupError(f"no flow run of run {run_name!r} awaits approval on this Prefect server{latest}")
+    raise NotFound(f"no flow run of run {run_name!r} awaits approval on this Prefect server{latest}")
 
 
 def flow_run_parameters(flow_run_id: str) -> dict[str, Any]:
@@ -448,8 +449,8 @@ def crash_flow_run(flow_run_id: str, message: str) -> None:
 
 
 def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
-    """Resume a paused flow run with the input its form asks for (RuntimeError when it cannot be resumed: it is
-    no longer paused, its pause timed out, or the input does not fit its form)."""
+    """Resume a paused flow run with the input its form asks for (NotAnswered when it cannot be resumed: it is
+    no longer paused, or its pause timed out)."""
 
     from prefect.exceptions import FlowPauseTimeout, NotPausedError
     from prefect.flow_runs import resume_flow_run
@@ -457,7 +458,7 @@ def resume_with_input(flow_run_id: str, run_input: dict[str, Any]) -> None:
     try:
         resume_flow_run(UUID(flow_run_id), run_input=run_input)
     except (FlowPauseTimeout, NotPausedError) as exc:
-        raise RuntimeError(str(exc)) from None
+        raise NotAnswered(str(exc)) from None
 
 
 def _in_context(fn: Callable[[], T]) -> Callable[[], T]:

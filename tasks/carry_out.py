@@ -44,16 +44,15 @@ from pydantic import BaseModel, field_serializer, field_validator
 
 from podium.core.approval import Approval, challenger_alias
 from podium.core.comparison import Comparison, comparison_from_dict, comparison_to_dict
+from podium.core.live import ShadowVerdict, WatchOutcome
 from podium.core.numbers import format_number
 from podium.core.policy import Check, check_from_dict, check_to_dict
 from podium.core.promotion import AWAIT, PROMOTE, SHADOW, Decision, Policy, checks_summary, comparison_summary
 from podium.core.records import CheckpointRecord
-from podium.core.shadow import ShadowVerdict
-from podium.core.watch import WatchOutcome
 from podium.progress import say
 from podium.serving import layout, staging
+from podium.serving.live import start_shadow
 from podium.serving.location import ensure_location
-from podium.serving.shadow import start_shadow
 from podium.serving.staged import this_process, unmark_staged
 from podium.storage.documents import write_json
 from podium.storage.locations import join, normalize_location
@@ -120,7 +119,7 @@ class PromotionOutcome(BaseModel):
     checks: tuple[Check, ...] = ()  # the promotion policy's thresholds, guards, confidence (podium.core.policy)
     awaiting: Candidate | None = None  # a candidate staged and waiting for a person's decision (promotion.approval)
     approval: Approval | None = None  # the decision on it (podium.core.approval), once made
-    shadow: ShadowVerdict | None = None  # its shadow's verdict and numbers (podium.core.shadow)
+    shadow: ShadowVerdict | None = None  # its shadow's verdict and numbers (podium.core.live)
     watch: WatchOutcome | None = None  # the watch after its switch: passed, rolled-back, ... (podium.tasks.watch)
 
     # the core types travel as they are; as data (the attempt record, `--json`, a Prefect result) each takes the

@@ -55,17 +55,6 @@ logger = logging.getLogger(__name__)
 progress = logging.getLogger("podium.progress")
 
 
-def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
-    """What the decision reads of `promotion`, read whole: every field of `Policy` that `promotion` has by the same
-    name (its tables as plain data), and the two it derives: `approval` (a person decides on a candidate before it
-    is promoted) and `shadow` (`rollout` 'shadow': a candidate is shadowed before it replaces a champion). A check
-    with a setting of its own adds the field to `promotion` and `Policy` alike, nothing here."""
-    settings = p.model_dump()
-    derived: dict[str, Any] = {"approval": approval, "shadow": p.rollout == "shadow"}
-    read = {f.name: settings[f.name] for f in dataclasses.fields(Policy) if f.name in settings}
-    return Policy(**{**read, **derived})
-
-
 def gather_evidence(plan: RunPlan, tracking: TrackingRun, checkpoints: list[CheckpointRecord],
                     policy: Policy) -> Evidence:
     """The evidence for a decision on the run's `checkpoints` (call it under the promotion lock, once
@@ -171,7 +160,7 @@ def promotion_needs_ray(plan: RunPlan, checkpoints: list[CheckpointRecord]) -> b
         current = layout.read_current(plan.serving)
     except Exception:  # a serving location promotion will refuse: it says why, with Ray or without
         return True
-    if current is not None and plan.config.promotion.confidence is not None:
+    if current is not None and plan.policy.confidence is not None:
         return True  # confidence validates the candidate and the champion again for per-row values
     return current is not None and needs_rescore(champion_digest(current), digest)
 

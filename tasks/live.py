@@ -1,7 +1,7 @@
 """One poller for the live checks: the shadow before a switch (podium.tasks.shadow) and the watch after one
 (podium.tasks.watch) both read the replicas' tallies of `podium serve` every poll until their policy has its
 answer, a stop is asked for, CURRENT moves away from the version the check expects, or its duration passes.
-The decisions are the policies' own (podium.core.shadow, podium.core.watch); this only waits."""
+The decisions are the policies' own (podium.core.live); this only waits."""
 
 from __future__ import annotations
 

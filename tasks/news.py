@@ -39,11 +39,11 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     """The events of a promotion decision, and their payload: promoted or refused; a candidate awaiting approval
     or in shadow; approved (and promoted) or rejected, once a person or the timeout decided; promoted or refused
     by its shadow alone (the payload's `shadow`: the verdict and its numbers)."""
-    p, cfg = outcome.promoted, plan.config
+    p, cfg, policy = outcome.promoted, plan.config, plan.policy
     payload: dict[str, Any] = {
         "model": cfg.model, "registered_model": cfg.promotion.registered_model, "run_name": tracking.run_name,
-        "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": cfg.promotion.metric,
-        "mode": cfg.promotion.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
+        "mlflow_run_id": tracking.run_id, "reason": outcome.reason, "metric": policy.metric,
+        "mode": policy.mode, "best_step": outcome.best_step, "champion_before": outcome.champion_before,
         "champion_before_value": outcome.champion_before_value, "champion_before_run": outcome.champion_before_run,
         "serving": plan.serving, "checks": [check_to_dict(c) for c in outcome.checks],
         "approval": outcome.approval.as_dict() if outcome.approval else None,
@@ -54,7 +54,7 @@ def promotion_news(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     if outcome.awaiting is not None:
         c = outcome.awaiting
         payload.update({"version": c.version, "mlflow_version": c.mlflow_version, "step": c.step, "value": c.value,
-                        "checkpoint_uri": c.checkpoint_uri, "alias": challenger_alias(cfg.promotion.alias)})
+                        "checkpoint_uri": c.checkpoint_uri, "alias": challenger_alias(policy.alias)})
         return [EVENT_SHADOWING if c.shadow_id and outcome.shadow is None else EVENT_AWAITING_APPROVAL], payload
     if outcome.approval is not None and outcome.approval.via != VIA_SHADOW:
         return ([EVENT_APPROVED, EVENT_PROMOTED] if p is not None else [EVENT_REJECTED]), payload

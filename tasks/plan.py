@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -20,9 +21,11 @@ from podium.config import (
     BUILTIN_VALIDATE,
     LOOP_CONFIG_PODIUM_KEY,
     PipelineConfig,
+    PromotionConfig,
     field_default,
 )
 from podium.core.policy import unknown_policy_metrics
+from podium.core.promotion import Policy
 from podium.core.redaction import redact_uri
 from podium.errors import ConfigError, RunInProgress
 from podium.imports import ImportPathError, resolve_callable
@@ -87,11 +90,28 @@ class RunPlan(BaseModel):
         return self.config.run_name
 
     @property
+    def policy(self) -> Policy:
+        """What the promotion decides by (`promotion_policy`; `approval` as `promotion.approval` says). Past the
+        plan, the promotion's settings are read from it, not from `config.promotion`."""
+        return promotion_policy(self.config.promotion, approval=self.config.promotion.approval == "required")
+
+    @property
     def data_facts(self) -> dict[str, Any]:
         """What podium read of the data (`val_data`, `feature_columns`, `num_classes`, ...): by name in the
         built-in loop's config, under its `podium` key in a loop of your own."""
         facts = self.loop_config.get(LOOP_CONFIG_PODIUM_KEY)
         return facts if isinstance(facts, dict) else self.loop_config
+
+
+def promotion_policy(p: PromotionConfig, approval: bool) -> Policy:
+    """What the decision reads of `promotion`, read whole: every field of `Policy` that `promotion` has by the same
+    name (its tables as plain data), and the two it derives: `approval` (a person decides on a candidate before it
+    is promoted) and `shadow` (`rollout` 'shadow': a candidate is shadowed before it replaces a champion). A check
+    with a setting of its own adds the field to `promotion` and `Policy` alike, nothing here."""
+    settings = p.model_dump()
+    derived: dict[str, Any] = {"approval": approval, "shadow": p.rollout == "shadow"}
+    read = {f.name: settings[f.name] for f in dataclasses.fields(Policy) if f.name in settings}
+    return Policy(**{**read, **derived})
 
 
 def check_writable(uri: str, field: str) -> str:

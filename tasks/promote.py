@@ -14,7 +14,7 @@ from podium.core.approval import VIA_SHADOW, Approval, challenger_alias
 from podium.core.promotion import CURRENT, PROMOTE, SHADOW, Decision, Policy, decide_promotion
 from podium.core.records import Champion, CheckpointRecord
 from podium.serving import layout
-from podium.serving.shadow import check_no_shadow
+from podium.serving.live import check_no_shadow
 from podium.storage.locations import join, normalize_location
 from podium.tasks import carry_out as steps
 from podium.tasks.carry_out import (
@@ -27,8 +27,8 @@ from podium.tasks.carry_out import (
     carry_out,
     record_attempt,
 )
-from podium.tasks.evidence import gather_evidence, promotion_policy, read_champion
-from podium.tasks.plan import RunPlan
+from podium.tasks.evidence import gather_evidence, read_champion
+from podium.tasks.plan import RunPlan, promotion_policy
 from podium.tasks.reconcile import claim_location, origin, promotion_lock, sync_alias, withdraw_orphans
 from podium.tasks.watch import settle_orphan_watch
 from podium.tracking import ledger
@@ -194,7 +194,7 @@ def discard_unswitched(plan: RunPlan, tracking: TrackingRun, candidate: Candidat
 def promote_best_checkpoint_task(plan: RunPlan, tracking: TrackingRun, stop: StopPoint = NO_STOP) -> PromotionOutcome:
     """Promote the run's best checkpoint to the serving location if it beats the champion (with approval
     required: stage it as the challenger, to wait for a decision). `stop`: the flow's stop request."""
-    return promote_best_checkpoint(plan, tracking, approval=plan.config.promotion.approval == "required", stop=stop)
+    return promote_best_checkpoint(plan, tracking, approval=plan.policy.approval, stop=stop)
 
 
 @task(name="settle-approval", cache_policy=NO_CACHE)

@@ -38,10 +38,9 @@ from podium.errors import AliasTaken, HistoryError, ServingError, TrackingUnavai
 from podium.progress import say
 from podium.serving import layout
 from podium.serving.history import rollback_target
+from podium.serving.live import end_shadow, read_shadow, read_watch
 from podium.serving.location import Location, check_belongs, ensure_location, read_location
-from podium.serving.shadow import end_shadow, read_shadow
 from podium.serving.staged import is_alive, staged_versions
-from podium.serving.watch import read_watch
 from podium.settings import current_user
 from podium.storage.lease import LeaseError, location_lock
 from podium.storage.locations import join, normalize_location
@@ -238,8 +237,8 @@ def disagreements(serving: str, tracking_uri: str, name: str, alias: str) -> lis
         out.append(f"{serving}/SHADOW names {shadow.get('version')}, put in shadow by a command that is gone; the next "
                    "promote or rollback removes it")
     watch = read_watch(serving)
-    if watch is not None and is_alive(dict(watch.get("by") or {})) is False:
-        out.append(f"{serving}/WATCH names {watch.get('version')}, watched by a command that is gone; the next promote "
+    if watch is not None and is_alive(watch.by) is False:
+        out.append(f"{serving}/WATCH names {watch.watched.version}, watched by a command that is gone; the next promote "
                    "or rollback settles its watch")
     if stale:
         out.append(f"{', '.join(stale)} staged by a command that is gone; the next promote or rollback withdraws it")

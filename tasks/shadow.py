@@ -1,5 +1,5 @@
 """The shadow stage of a promotion (`promotion.rollout = "shadow"`): gather the replicas' tallies while the
-candidate answers mirrored live requests, decide once (`podium.core.shadow.decide_shadow`), and hand the verdict
+candidate answers mirrored live requests, decide once (`podium.core.live.decide_shadow`), and hand the verdict
 to the settlement (`podium.tasks.promote.settle_candidate`) or to the person who decides (`promotion.approval`).
 
 The candidate was staged, verified, registered as the challenger and put in shadow under the promotion lock
@@ -20,10 +20,10 @@ from prefect.cache_policies import NO_CACHE
 
 from podium import prefect_api
 from podium.core.approval import Approval, shadowed, withdrawn
+from podium.core.live import ShadowLimits, ShadowNumbers, aggregate, decide_shadow, shadow_has_answer, stopped_shadow
 from podium.core.numbers import format_percent
-from podium.core.shadow import ShadowLimits, ShadowNumbers, aggregate, decide_shadow, stopped_shadow
 from podium.progress import say
-from podium.serving.shadow import end_shadow, read_tallies
+from podium.serving.live import end_shadow, read_tallies
 from podium.tasks.live import poll_live
 from podium.tasks.plan import RunPlan
 from podium.tasks.promote import PromotionOutcome
@@ -54,7 +54,7 @@ def watch_shadow(plan: RunPlan, outcome: PromotionOutcome, stop_requested: Calla
     shadow_id = c.shadow_id  # a str, for the reader below
     try:
         polled = poll_live(plan.serving, lambda: aggregate(read_tallies(plan.serving, shadow_id)),
-                           lambda n, _: n.requests >= s.requests or bool(n.replicas and len(n.not_loaded) >= n.replicas),
+                           lambda n, _: shadow_has_answer(n, s.requests),
                            outcome.champion_before, s.duration_s, stop_requested, poll_s)
     finally:
         end_shadow(plan.serving, shadow_id)
@@ -73,7 +73,7 @@ def shadow_decision(plan: RunPlan, outcome: PromotionOutcome) -> Approval | None
     assert verdict is not None
     if verdict.stopped:
         return withdrawn(verdict.reason)
-    if not verdict.passed or plan.config.promotion.approval != "required":
+    if not verdict.passed or not plan.policy.approval:
         return shadowed(verdict.passed, verdict.reason)
     return None
 

@@ -60,14 +60,14 @@ def verdict_before_validation(plan: RunPlan, record: CheckpointRecord,
     skipped, or to be validated (`verdict.validate`)."""
     names = argument_names(plan, request)
     asked = record.status == PENDING and (request is None or request.requested)
-    return decide_verdict(step=record.step, metric=plan.config.promotion.metric, status=record.status,
+    return decide_verdict(step=record.step, metric=plan.policy.metric, status=record.status,
                           training=record.metrics, request=request, validation_fn=plan.config.validation.fn,
                           missing_arguments=unfilled_arguments(plan, names) if asked else (), given_arguments=names)
 
 
 def verdict_after_validation(plan: RunPlan, record: CheckpointRecord, outcome: ValidationOutcome) -> Verdict:
     """The verdict on a checkpoint once its validation has ended (`podium.core.verdict.decide_verdict`)."""
-    return decide_verdict(step=record.step, metric=plan.config.promotion.metric, training=record.metrics,
+    return decide_verdict(step=record.step, metric=plan.policy.metric, training=record.metrics,
                           outcome=outcome)
 
 

@@ -1,6 +1,6 @@
 """The watch after the switch (`[promotion.watch]`): once a promotion made its version current in place of a
 champion, the replicas of `podium serve` count the new champion's live answers and the previous one's; the
-promotion reads their tallies every second and decides (`podium.core.watch.decide_watch`). A limit broken rolls
+promotion reads their tallies every second and decides (`podium.core.live.decide_watch`). A limit broken rolls
 the new champion back at once, under the promotion lock (`settle_watch`, here): the history
 record, the registry's tags and a Prefect event say why, and the promotion's outcome too. A watch that passed
 leaves the promotion final, and says so.
@@ -25,23 +25,20 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from podium.core.watch import (
-    BROKE,
-    WATCHING,
-    Settled,
+from podium.core.live import (
+    LiveState,
     Watched,
     WatchLimits,
     WatchOutcome,
     WatchVerdict,
     aggregate_watch,
-    as_settled,
     decide_watch,
 )
 from podium.prefect_events import EVENT_ROLLED_BACK, emit_news, model_resource, news_related
 from podium.progress import say
 from podium.serving import layout
+from podium.serving.live import end_watch, read_watch, read_watch_tallies, start_watch
 from podium.serving.staged import is_alive, this_process
-from podium.serving.watch import end_watch, read_watch, read_watch_tallies, start_watch
 from podium.settings import current_user
 from podium.tasks.carry_out import PromotionOutcome
 from podium.tasks.live import poll_live
@@ -84,26 +81,26 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
         version, previous, w.duration_s)
     started = time.monotonic()
     polled = poll_live(plan.serving, lambda: aggregate_watch(read_watch_tallies(plan.serving, watched.watch_id)),
-                       lambda n, over: decide_watch(n, limits, over).state != WATCHING, version, w.duration_s,
+                       lambda n, over: decide_watch(n, limits, over).state != LiveState.WATCHING, version, w.duration_s,
                        stop_requested, poll_s)
     # the verdict on the last numbers, however the poll ended (a rollback meanwhile: settle_watch says it ended)
     verdict = decide_watch(polled.numbers, limits, polled.over)
     stopped = polled.ended == "stopped"
-    state: Settled
+    state: LiveState
     if stopped:
         end_watch(plan.serving, watched.watch_id)
-        verdict = WatchVerdict(WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
+        verdict = WatchVerdict(LiveState.WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
                                          f"limit broken ({_said(verdict)}): the promotion stands",
                                verdict.numbers)
-        said, state = verdict.reason, "stopped"
+        said, state = verdict.reason, LiveState.STOPPED
     else:
         with promotion_lock(plan.serving) as still_locked:
-            state = as_settled(settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, watched,
-                                            verdict, still_locked, origin()))
-        said = (verdict.reason if state in ("rolled-back", "passed")
+            state = settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, watched,
+                                 verdict, still_locked, origin())
+        said = (verdict.reason if state in (LiveState.ROLLED_BACK, LiveState.PASSED)
                 else f"its watch ended after {time.monotonic() - started:.0f} s: {version} no longer serves "
                      "(a rollback or a promotion meanwhile)")
-    if verdict.state == BROKE and state == "rolled-back":
+    if verdict.state == LiveState.BROKE and state == LiveState.ROLLED_BACK:
         say("watch: %s %s; %s serves again", version, said, previous)
     else:
         say("watch: %s %s", version, said)
@@ -112,22 +109,22 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
 
 
 def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched: Watched,
-                 verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> str:
+                 verdict: WatchVerdict, still_locked: Callable[[], None], origin: dict[str, Any]) -> LiveState:
     """Carry out a watch's verdict, under the promotion lock: a limit broken rolls the watched version back to the
     champion it replaced (the history record says why), if it still serves; then its registered version is tagged
     with the outcome (`podium.watch`: rolled-back, passed, or ended when the champion changed meanwhile), the
     WATCH pointer goes, and a rollback is announced (`podium.serving.rolled-back`, the verdict in its payload).
-    Returns the outcome's word."""
+    Returns what became of the watch (one of `SETTLED`)."""
     version, previous = watched.version, watched.previous
     current = (layout.read_pointer(serving) or {}).get("version")
-    outcome = "passed"
+    outcome = LiveState.PASSED
     back = None
     if current != version:
-        outcome = "ended"  # a rollback or a promotion meanwhile: the watched champion no longer serves
-    elif verdict.state == BROKE:
+        outcome = LiveState.ENDED  # a rollback or a promotion meanwhile: the watched champion no longer serves
+    elif verdict.state == LiveState.BROKE:
         back = switch_back(serving, tracking_uri, name, alias, still_locked, previous, verdict.reason,
                            {**origin, "watch": verdict.as_dict()})
-        outcome = "rolled-back"
+        outcome = LiveState.ROLLED_BACK
     served = layout.read_version(serving, version)
     if served is not None:
         ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri, outcome, verdict)
@@ -141,14 +138,14 @@ def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched
     return outcome
 
 
-def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> str | None:
+def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> LiveState | None:
     """Settle a watch whose promoter is gone (seen from this host), on the numbers the replicas wrote by then: a
     limit broken rolls the watched champion back, else it is final (`settle_watch`); the promoter's flow run ends
     saying so. Returns the outcome's word; None when no watch was left. Call it under the promotion lock."""
     pointer = read_watch(serving)
-    if pointer is None or is_alive(dict(pointer.get("by") or {})) is not False:
+    if pointer is None or is_alive(pointer.by) is not False:
         return None
-    watched = Watched.from_pointer(pointer)
+    watched = pointer.watched
     numbers = aggregate_watch(read_watch_tallies(serving, watched.watch_id))
     verdict = decide_watch(numbers, watched.limits, over=True)
     cut = "its promoter ended during its watch, settled by the next command: "
@@ -157,11 +154,11 @@ def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) 
               "command": "settled a watch its promoter left"}
     outcome = settle_watch(serving, tracking_uri, name, alias, watched, verdict, lambda: None, origin)
     version = watched.version
-    said = (f"rolled back {version} to {watched.previous}: {verdict.reason}" if outcome == "rolled-back"
-            else f"{version}: {verdict.reason}" if outcome == "passed"
+    said = (f"rolled back {version} to {watched.previous}: {verdict.reason}" if outcome == LiveState.ROLLED_BACK
+            else f"{version}: {verdict.reason}" if outcome == LiveState.PASSED
             else f"ended the watch of {version}: it no longer serves")
     say("serving %s: %s", serving, said)
-    flow_run_id = dict(pointer.get("by") or {}).get("flow_run_id")
+    flow_run_id = pointer.by.get("flow_run_id")
     if flow_run_id:
         end_flow_run(tracking_uri, str(flow_run_id), said)
     return outcome

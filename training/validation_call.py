@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from podium.core.events import ValidationResult, read_validation_result
 from podium.core.failures import user_frames
+from podium.errors import PodiumError
 from podium.imports import resolve_callable
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def keep_arguments(user: dict[str, Any]) -> ray.ObjectRef:
     return ray.put(user)
 
 
-class ValidationStopped(RuntimeError):
+class ValidationStopped(PodiumError, RuntimeError):
     """A validation cancelled because the run is stopping (not a verdict: the checkpoint stays pending)."""
 
 

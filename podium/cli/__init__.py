@@ -4,6 +4,7 @@
 - `registry`: every command, each registering its own parser and handler (a new command: its module, one line here)
 - `options`: the options of `run` and `promote` (and those `status` and `ui` read), and the configuration they set
 - `errors`: the errors printed without a traceback, and the one table of their exit codes
+- `signals`: the command's SIGINT and SIGTERM at start-up and after its run (the run's own: podium.flows.stop)
 - `runs`: the parsers of `podium run` and `podium promote`
 - `run`: `podium run` and `podium promote`: the start-up beside the servers, the flow run, its exit codes
 - `recorded`: `podium promote` of a run on the run's own recorded settings, under the command's

@@ -12,7 +12,7 @@ import socket
 
 from podium.cli.errors import CliError, RunFailed, ServerUnreachable
 from podium.core.approval import signed_by_command
-from podium.errors import ServiceError
+from podium.errors import NotAnswered, ServiceError
 from podium.prefect_api import crash_flow_run, flow_run_parameters, paused_flow_run, resume_with_input
 from podium.services import running_prefect_server
 from podium.settings import PodiumSettings, current_user
@@ -45,10 +45,7 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
                        "project folder of the run, or set PREFECT_API_URL to the server it reports to")
     os.environ["PREFECT_API_URL"] = api_url  # before Prefect's client loads
 
-    try:
-        flow_run_id = paused_flow_run(args.run_name)
-    except LookupError as exc:
-        raise CliError(str(exc)) from None
+    flow_run_id = paused_flow_run(args.run_name)  # NotFound: none awaits (podium.cli.errors' table says exit 2)
     verb = "approve" if approve else "reject"
     gone = _awaiting_process_gone(flow_run_id, args.run_name, settings)
     if gone:
@@ -56,7 +53,7 @@ def cmd_decide(args: argparse.Namespace, approve: bool) -> int:
     by = signed_by_command(args.by or f"{current_user()}@{socket.gethostname()}", verb)
     try:
         resume_with_input(flow_run_id, {"decision": verb, "reason": args.reason, "by": by})
-    except RuntimeError as exc:
+    except NotAnswered as exc:  # the run's name with it: Prefect's sentence names a flow run id
         raise CliError(f"run {args.run_name!r} could not be answered: {exc}") from None
     print(f"run {args.run_name}: {verb.rstrip('e')}ed by {by}: {args.reason}; the run goes on (flow run {flow_run_id})")
     return 0

@@ -24,6 +24,8 @@ EXIT_CODES: tuple[tuple[type[PodiumError], int], ...] = (
     (errors.ServingError, EXIT_REFUSED),
     (errors.HistoryError, EXIT_REFUSED),
     (errors.AliasTaken, EXIT_REFUSED),
+    (errors.NotFound, EXIT_REFUSED),  # a run (or its experiment, or a run awaiting approval) that does not exist
+    (errors.NotAnswered, EXIT_REFUSED),  # a run awaiting approval that can no longer take a decision
     (errors.EndNotRecorded, errors.EXIT_NOT_RECORDED),
     (errors.UnfinishedRun, EXIT_FAILED),
     (errors.NoCheckpointReported, EXIT_FAILED),

@@ -15,10 +15,11 @@ import signal
 import sys
 
 from podium import services
+from podium.cli import signals  # the command's signal handling: standard library only (0.005 s)
 from podium.cli.errors import CliError, known_failure
 from podium.cli.options import Parser
 from podium.core.exits import EXIT_SIGINT, EXIT_SIGTERM, exit_for_signal
-from podium.flows import stop  # the command's signal handling: standard library only (0.005 s)
+from podium.flows.stop import SIGNALS
 from podium.settings import count_start
 
 
@@ -53,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     use_current_directory()
     # a call from Python: the process goes on after the command, with the signal handlers it had before it
-    handlers = {sig: signal.getsignal(sig) for sig in stop.SIGNALS} if argv is not None else {}
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS} if argv is not None else {}
     try:
         return args.func(args)
     except CliError as exc:
         print(f"podium: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:
-        signum = stop.start_up_signal()
+        signum = signals.start_up_signal()
         if signum is not None:  # a start-up signal's exception, wrapped where it landed (a class body's __set_name__)
             print(f"podium: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}", file=sys.stderr)
             return exit_for_signal(signum)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         # unrecorded; one that started stays, as after any run (`podium server stop`)
         services.abandon_starts()
         if argv is not None:  # a call from Python: the process goes on, and a start-up signal's watchdog with it;
-            stop.end_command()  # neither a signal the command kept nor its handlers reach what the process does next
+            signals.end_command()  # neither a signal the command kept nor its handlers reach what the process does next
             for sig, handler in handlers.items():
                 if handler is not None:
                     signal.signal(sig, handler)

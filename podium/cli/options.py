@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 
 from podium.cli.errors import CliError
 from podium.config import PipelineConfig, field_default, load_config, load_table_file, parse_assignment
-from podium.errors import ConfigError
 from podium.settings import PodiumSettings
 
 
@@ -212,10 +211,7 @@ def _table_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def config_from_args(args: argparse.Namespace, settings: PodiumSettings) -> PipelineConfig:
     """Config file, then flags, then embedded defaults for empty locations; validated; the run name's
     placeholders filled for now."""
-    try:
-        config = load_config(args.config, flag_overrides(args), settings)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    config = load_config(args.config, flag_overrides(args), settings)  # ConfigError: exit 2 (podium.cli.errors)
     if "{" in config.run_name:  # {date} / {datetime}: this command's run, as a deployment's run gets its start's
         config = config.at(datetime.now(timezone.utc))
     return config

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from podium import prefect_api, services
-from podium.cli.errors import CliError, Refused, RunFailed, ServerUnreachable, tracking_outage_message
+from podium.cli import signals  # the command's signal handling: standard library only (0.005 s)
+from podium.cli.errors import Refused, RunFailed, ServerUnreachable, tracking_outage_message
 from podium.cli.options import config_from_args, use_ray_address
 from podium.cli.output import print_summary, summary_json
 from podium.cli.recorded import promote_settings
@@ -39,7 +40,7 @@ from podium.errors import (
     UnfinishedRun,
     UserCodeError,
 )
-from podium.flows import stop  # the command's signal handling: standard library only (0.005 s)
+from podium.flows import stop  # the run's stop request (STOP), which the command reads once the run ended
 from podium.outages import is_unreachable
 from podium.settings import PodiumSettings
 from podium.tracking.client import apply_http_retry_defaults
@@ -288,7 +289,7 @@ def run_flow(args: argparse.Namespace, which: str) -> int:
     config = config_from_args(args, settings)  # a bad flag fails here, before any library loads
     # Ctrl-C or a scheduler's SIGTERM before the run's own handler ends the command as an exception, not at once: a
     # server still starting in the background is stopped on the way out (main: abandon_starts)
-    stop.stop_before_the_run(on_stuck=services.abandon_starts)
+    signals.stop_before_the_run(on_stuck=services.abandon_starts)
     progress = _progress(args, clock)
     progress.info("run %s: checking its data, code and settings before anything starts", config.run_name)
     _library_variables()  # the plan loads Prefect, which reads them
@@ -389,7 +390,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
         from podium.flows.summary import late_stop  # loaded with the flow
         clock.record("import_flow", began)
         logging.getLogger("podium.startup").info("start-up phases (s since start): %s", clock.phases)
-        stop.stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
+        signals.stop_if_signalled()  # a Ctrl-C or SIGTERM of the start-up that a library swallowed
         ended = _flow_result(flow_fn.with_options(flow_run_name=f"{config.run_name}-{which}"), config, plan,
                              tracking_uri, settings, which)
         if isinstance(ended, int):
@@ -402,7 +403,7 @@ def _run_started(args: argparse.Namespace, which: str, settings: PodiumSettings,
                 failed=shortfall is not None)
         not_recorded = prefect_api.link().settle(flow_end_recorded)
     # a signal that came once the run's body ended (the flow run's end being recorded, the servers settled): the
-    # command's own handler kept it (podium.flows.stop), and what it says is decided now, at the last moment
+    # command's own handler kept it (podium.cli.signals), and what it says is decided now, at the last moment
     summary = summary.model_copy(update={"late_stop": late_stop(stop.STOP.signum, summary.promotion)
                                          or summary.late_stop})
     elapsed = time.monotonic() - start
@@ -468,10 +469,6 @@ def _flow_result(flow_fn: Any, config: Any, plan: Any, tracking_uri: str, settin
     except (RunInProgress, ConfigError, AliasTaken) as exc:
         # refused by the flow's own checks: a run in progress, a resume that changes the model, an alias taken
         raise Refused(str(exc)) from None
-    except (ServingError, LookupError) as exc:
-        # a serving location that is full or corrupt, a run to promote that does not exist: the run's
-        # records stay in the Prefect UI, its server up
-        raise CliError(str(exc)) from None
     except NoCheckpointReported as exc:
         raise RunFailed(str(exc)) from None
     except UserCodeError as exc:  # the user's exception with their frames; Ray's whole trace is in the log

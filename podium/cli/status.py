@@ -16,7 +16,7 @@ from podium.cli.errors import CliError
 from podium.cli.options import add_read_options, config_from_args
 from podium.cli.output import champion_json, checkpoint_json, print_status
 from podium.cli.provenance import location_names, status_report
-from podium.errors import ServingError
+from podium.errors import NotFound, ServingError
 from podium.settings import PodiumSettings
 from podium.tracking.client import TAG_REASON, store_exists
 from podium.tracking.ledger import TAG_WATCH
@@ -43,24 +43,21 @@ def find_run(args: argparse.Namespace, settings: PodiumSettings) -> tuple[Any, A
     if not store_exists(tracking_uri):  # MLflow's client would create an empty store: a read must not
         raise CliError(f"no MLflow store at {tracking_uri}: nothing has run here yet (PODIUM_HOME = "
                        f"{settings.home_dir}; set MLFLOW_TRACKING_URI to read another store)")
-    try:
-        if "run_name" not in config.model_fields_set:
-            latest = latest_run_name(tracking_uri, config.experiment)
-            if latest is None:
-                others = [m for m in models_with_runs(tracking_uri) if m != config.experiment]
-                named = args.config or getattr(args, "model", None) or getattr(args, "experiment", None)
-                if len(others) == 1 and not named:
-                    # no model named, and one model has runs here: that is the one meant
-                    print(f"podium: no --model given; the only model with runs in {tracking_uri} is {others[0]!r}: "
-                          f"showing it (--model {others[0]})", file=sys.stderr)
-                    args.model = others[0]
-                    return find_run(args, settings)
-                hint = (f"; runs of other models are here: {', '.join(others)} (--model NAME)" if others else "")
-                raise LookupError(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
-            config = config.model_copy(update={"run_name": latest})
-        return config, find_tracking_run(tracking_uri, config.experiment, config.run_name)
-    except LookupError as exc:  # no such run: a refusal (podium.cli.errors maps TrackingUnavailable)
-        raise CliError(str(exc)) from None
+    if "run_name" not in config.model_fields_set:
+        latest = latest_run_name(tracking_uri, config.experiment)
+        if latest is None:
+            others = [m for m in models_with_runs(tracking_uri) if m != config.experiment]
+            named = args.config or getattr(args, "model", None) or getattr(args, "experiment", None)
+            if len(others) == 1 and not named:
+                # no model named, and one model has runs here: that is the one meant
+                print(f"podium: no --model given; the only model with runs in {tracking_uri} is {others[0]!r}: "
+                      f"showing it (--model {others[0]})", file=sys.stderr)
+                args.model = others[0]
+                return find_run(args, settings)
+            hint = (f"; runs of other models are here: {', '.join(others)} (--model NAME)" if others else "")
+            raise NotFound(f"no podium run in MLflow experiment {config.experiment!r} at {tracking_uri}{hint}")
+        config = config.model_copy(update={"run_name": latest})
+    return config, find_tracking_run(tracking_uri, config.experiment, config.run_name)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -71,16 +68,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from podium.serving.layout import promoted_by
     from podium.tracking.records import list_records
 
-    try:
-        records = list_records(tracking)
-        champion = champion_json(config)
-        mine = promoted_by(config.serving, tracking.run_id)
-        tags = run_tags(tracking)
-        reason = tags.get(TAG_REASON)
-        lineage_lines, lineage_json = status_report(tracking, config.serving, tags)
-        watch = _watch_of(config, tracking.tracking_uri, mine)
-    except LookupError as exc:
-        raise CliError(str(exc)) from None
+    records = list_records(tracking)
+    champion = champion_json(config)
+    mine = promoted_by(config.serving, tracking.run_id)
+    tags = run_tags(tracking)
+    reason = tags.get(TAG_REASON)
+    lineage_lines, lineage_json = status_report(tracking, config.serving, tags)
+    watch = _watch_of(config, tracking.tracking_uri, mine)
     ended_by = tags.get(TAG_ENDED_BY)  # its command was gone (a SIGKILL): another command ended its runs, and how
     problems = _disagreements(config, tracking.tracking_uri)
     for problem in problems:

@@ -9,9 +9,10 @@
 - `policy`: the promotion policy's thresholds, guards and confidence, checked on a candidate
 - `comparison`: which numbers a promotion compared, on which data (the same-data gate)
 - `approval`: a person's decision on a candidate awaiting approval, and what no decision in time means
-- `shadow`: a candidate's shadow on live requests: the replicas' tallies summed, and whether it passed
-- `watch`: a new champion's watch after its switch: the replicas' counts summed, and whether it stays
-- `traffic`: a replica's live requests per served version: counts, errors, latency quantiles from fixed buckets
+- `live`: the live checks as two policies over the replicas' numbers: a candidate's shadow on live requests
+  (whether it passed) and a new champion's watch after its switch (whether it stays), in one set of states
+- `traffic`: a replica's live requests per served version (counts, errors, latency quantiles from fixed buckets),
+  and the tallies it writes of a shadow and a watch
 - `numbers`: finite or not, listed for people
 - `failures`: failure reasons as people read them
 - `redaction`: credentials kept out of messages, logs and records

@@ -44,7 +44,7 @@ class Approval:
             return f"undecided: {self.reason}"
         if self.via == VIA_STOP:
             return f"withdrawn: {self.reason}"
-        if self.via == VIA_SHADOW:  # its reason says passed or refused, with the numbers (podium.core.shadow)
+        if self.via == VIA_SHADOW:  # its reason says passed or refused, with the numbers (podium.core.live)
             return self.reason
         verdict = "approved" if self.approved else "rejected"
         if self.via == VIA_TIMEOUT:
@@ -107,5 +107,5 @@ def unasked(why: str, at: float | None = None) -> Approval:
 
 
 def shadowed(passed: bool, reason: str, at: float | None = None) -> Approval:
-    """The verdict of a candidate's shadow (podium.core.shadow.decide_shadow), where no person is asked."""
+    """The verdict of a candidate's shadow (podium.core.live.decide_shadow), where no person is asked."""
     return Approval(passed, "podium", reason, time.time() if at is None else at, VIA_SHADOW)

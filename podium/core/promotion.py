@@ -111,7 +111,7 @@ class Decision:
 
 @dataclass(frozen=True)
 class Policy:
-    """What `promotion` configures for the decision (`podium.tasks.evidence.promotion_policy` reads it from the
+    """What `promotion` configures for the decision (`podium.tasks.plan.promotion_policy` reads it from the
     configuration): the metric and its direction, the margin, the checks, and whether a person approves."""
 
     metric: str

@@ -8,6 +8,10 @@ size does not grow with the requests it counts. Its p50 and p95 are estimated fr
 `histogram_quantile` does (linearly within a bucket), kept within the fastest and slowest latencies measured:
 accurate to a bucket's width. A `VersionWindow` keeps what the watch compares: a version's requests past its
 warm-up, and its last stretch of them.
+
+What a replica writes of a live check, the numbers its policies (podium.core.live) sum and judge: a shadow's
+`Tally` (the candidate's answers to mirrored requests, compared with the champion's: `compare_answers`) and a
+watch's `WatchTally` (the new champion's counts and the previous one's, as `counts_of` puts a `VersionTraffic`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # upper bounds (ms) of the latency buckets; one more bucket holds what is slower than the last
@@ -135,6 +139,151 @@ class VersionWindow:
             counted.add(latency_ms, status)
             fast += on_fast
         return counted, fast
+
+
+@dataclass
+class Tally:
+    """One replica's account of one shadow (as written under `<serving>/shadow/<shadow id>/<replica>.json`)."""
+
+    shadow_id: str
+    replica: str
+    champion: str | None = None  # the version that answered the requests compared
+    candidate: str | None = None
+    requests: int = 0  # mirrored and answered (or failed) by the candidate
+    errors: int = 0
+    error_examples: list[str] = field(default_factory=list)  # the first few failures, in words
+    rows: int = 0  # predictions compared, on the requests the candidate answered
+    agreed: int = 0
+    champion_latency_s: list[float] = field(default_factory=list)  # one per request, in order
+    candidate_latency_s: list[float] = field(default_factory=list)
+    not_loaded: str | None = None  # why this replica could not load the candidate (it mirrored nothing)
+
+    EXAMPLES = 3
+
+    def add(self, champion_s: float, candidate_s: float, failure: str | None, rows: int = 0, agreed: int = 0) -> None:
+        """One mirrored request: both models' latencies, the candidate's failure (None: it answered), and on how
+        many predictions it agreed with the champion."""
+        self.requests += 1
+        self.champion_latency_s.append(champion_s)
+        self.candidate_latency_s.append(candidate_s)
+        if failure is not None:
+            self.errors += 1
+            if len(self.error_examples) < self.EXAMPLES:
+                self.error_examples.append(failure[:300])
+            return
+        self.rows += rows
+        self.agreed += agreed
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tally as plain data (the replica's file)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Tally:
+        """A tally read back (unknown keys ignored)."""
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        return cls(**known)
+
+
+
+def counts_of(traffic: VersionTraffic | None, fast: int = 0, warmup: int = 0) -> dict[str, Any]:
+    """One version's counts on one replica as plain data (a watch tally's entry): `fast`, how many of them the fast
+    path answered; `warmup`, the requests kept apart before them. Empty without a request."""
+    if traffic is None or not traffic.requests:
+        return {"warmup": warmup} if warmup else {}
+    statuses = dict(traffic.error_statuses)  # one copy: a replica's event loop may add a status meanwhile
+    return {"requests": traffic.requests, "error_statuses": {str(k): v for k, v in statuses.items()},
+            "buckets": list(traffic.buckets), "fastest_ms": traffic.fastest_ms, "slowest_ms": traffic.slowest_ms,
+            "fast": fast, "warmup": warmup}
+
+
+def traffic_of(counts: Iterable[Mapping[str, Any]]) -> VersionTraffic:
+    """Several replicas' counts of one version, summed into one (latency buckets added up)."""
+    total = VersionTraffic(LATENCY_BUCKETS_MS)
+    for c in counts:
+        buckets = list(c.get("buckets") or [])
+        if not c.get("requests") or len(buckets) != len(total.buckets):
+            continue
+        total.requests += int(c["requests"])
+        for status, n in dict(c.get("error_statuses") or {}).items():
+            total.error_statuses[int(status)] = total.error_statuses.get(int(status), 0) + int(n)
+        total.buckets = [a + int(b) for a, b in zip(total.buckets, buckets)]
+        total.fastest_ms = min(total.fastest_ms, float(c.get("fastest_ms", math.inf)))
+        total.slowest_ms = max(total.slowest_ms, float(c.get("slowest_ms", 0.0)))
+    return total
+
+
+
+@dataclass
+class WatchTally:
+    """One replica's account of one watch (as written under `<serving>/watch/<watch id>/<replica>.json`): its
+    counts of the new champion since its warm-up, and of the previous one over its last stretch of answers."""
+
+    watch_id: str
+    replica: str
+    champion: str
+    previous: str | None = None
+    champion_counts: dict[str, Any] = field(default_factory=dict)
+    previous_counts: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tally as plain data (the replica's file)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> WatchTally:
+        """A tally read back (unknown keys ignored)."""
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+
+def is_finite_answer(predictions: Any) -> bool:
+    """Whether every number in a decoded answer is finite (no NaN, no infinity), at any depth."""
+    if isinstance(predictions, bool) or predictions is None or isinstance(predictions, str):
+        return True
+    if isinstance(predictions, (int, float)):
+        return math.isfinite(predictions)
+    if isinstance(predictions, Mapping):
+        return all(is_finite_answer(v) for v in predictions.values())
+    if isinstance(predictions, (list, tuple)):
+        return all(is_finite_answer(v) for v in predictions)
+    return True
+
+
+def same_answer(a: Any, b: Any, tolerance: float) -> bool:
+    """Whether two decoded predictions (of one row) are the same answer: numbers within `tolerance` (absolute, or
+    relative to the larger), everything else equal, structure included."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_answer(a[k], b[k], tolerance) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_answer(x, y, tolerance) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def answer_rows(answer: Any) -> list[Any]:
+    """The per-row predictions of a decoded scoring answer (`{"predictions": [...]}`, or the list itself)."""
+    predictions = answer.get("predictions", answer) if isinstance(answer, Mapping) else answer
+    if isinstance(predictions, Mapping):  # column-oriented: {"col": [row values]}
+        columns = list(predictions.values())
+        if columns and all(isinstance(c, list) for c in columns):
+            return [dict(zip(predictions, values)) for values in zip(*columns)]
+        return [predictions]
+    return list(predictions) if isinstance(predictions, list) else [predictions]
+
+
+def compare_answers(champion: Any, candidate: Any, tolerance: float) -> tuple[str | None, int, int]:
+    """The candidate's answer to one mirrored request against the champion's (both decoded): its failure in words
+    (None: it answered), and the predictions compared and agreed on."""
+    if not is_finite_answer(candidate):
+        return "a NaN or infinite prediction", 0, 0
+    theirs, ours = answer_rows(champion), answer_rows(candidate)
+    if len(theirs) != len(ours):
+        return f"{len(ours)} prediction(s) for the champion's {len(theirs)}", 0, 0
+    return None, len(ours), sum(same_answer(a, b, tolerance) for a, b in zip(theirs, ours))
 
 
 def quantile_from_buckets(counts: Sequence[int], boundaries: Sequence[float], q: float, lowest: float,

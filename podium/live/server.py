@@ -26,15 +26,15 @@ start, and runs wholly on that version: none is dropped, none is answered by a h
 fails to load or to check is never switched to: the replica keeps serving the one it has, logs why, and says it
 on /health; it tries that version again only if CURRENT names it again after naming another.
 
-Shadowing a candidate (`promotion.rollout = "shadow"`, podium.serving.shadow): a replica follows the location's
+Shadowing a candidate (`promotion.rollout = "shadow"`, podium.serving.live): a replica follows the location's
 SHADOW pointer in the same thread. When it names a candidate, the replica loads and checks it as it would for a
 switch, and from then on hands a copy of each request the champion answered (200) to a thread of its own, after
 the champion's answer is made: the client waits for the champion only. That thread asks the candidate, compares
-its answer with the champion's and adds both latencies to the replica's tally (podium.core.shadow.Tally), which
+its answer with the champion's and adds both latencies to the replica's tally (podium.core.traffic.Tally), which
 the follower writes under the serving location every poll. Mirrored requests wait in a short queue; beyond it
 they are not mirrored (the shadow samples, the champion never waits).
 
-Watching a new champion (`[promotion.watch]`, podium.serving.watch): while the location's WATCH pointer names one,
+Watching a new champion (`[promotion.watch]`, podium.serving.live): while the location's WATCH pointer names one,
 the follower writes this replica's counts of it (past its warm-up) and of the champion it replaced (its last stretch
 of answers before the switch: podium.core.traffic.VersionWindow) under the serving location every poll, when they
 changed; the promotion that watches reads them.
@@ -63,17 +63,14 @@ from ray.serve.exceptions import RayServeException
 from starlette.responses import Response
 
 from podium.core.served import MAKE_LOADABLE, SERVED_AS_FILES, is_served_as_files
-from podium.core.shadow import Tally, compare_answers
-from podium.core.traffic import is_failure
-from podium.core.watch import WatchTally, counts_of
+from podium.core.traffic import Tally, WatchTally, compare_answers, counts_of, is_failure
 from podium.errors import ServingError
 from podium.live.fast import FastModel, answer_batch, fast_model_of
 from podium.live.ingress import HAPROXY, PROXY
 from podium.live.traffic import ReplicaTraffic
 from podium.serving.layout import PromotedVersion, read_current
-from podium.serving.shadow import candidate_of, read_shadow, write_tally
+from podium.serving.live import candidate_of, read_shadow, read_watch, write_tally, write_watch_tally
 from podium.serving.staging import verify_files
-from podium.serving.watch import read_watch, write_watch_tally
 from podium.storage.locations import is_remote
 
 logger = logging.getLogger(__name__)
@@ -251,19 +248,18 @@ class ChampionServer:
         if pointer is None:
             self._watch_written = None
             return
-        version, previous = str(pointer.get("version")), pointer.get("previous")
+        version, previous = pointer.watched.version, pointer.watched.previous
         windows = dict(self._traffic.windows)
         new, old = windows.get(version), windows.get(str(previous)) if previous else None
         champion_counts = counts_of(new.settled, new.fast, new.warmup.requests) if new is not None else {}
-        watch_id = str(pointer.get("watch_id"))
+        watch_id = pointer.watched.watch_id
         if self._watch_previous[0] == watch_id:  # its last stretch, counted once the replica switched away from it
             previous_counts = self._watch_previous[1]
         else:
             previous_counts = counts_of(*old.last_stretch(), old.warmup.requests) if old is not None else {}
             if self._active is not None and self._active.version == version:
                 self._watch_previous = (watch_id, previous_counts)
-        tally = WatchTally(watch_id, self._replica, version, str(previous) if previous else None,
-                           champion_counts, previous_counts)
+        tally = WatchTally(watch_id, self._replica, version, previous, champion_counts, previous_counts)
         written = (tally.watch_id, tally.champion_counts.get("requests"), tally.previous_counts.get("requests"))
         if written == self._watch_written:
             return

@@ -5,8 +5,8 @@
 - `location`: the location's identity: which registered model it promotes, under which alias
 - `staging`: a new version's copy, hashed once and verified, inside the store where it can
 - `staged`: versions being staged, and whether the process staging them is still there to finish them
-- `shadow`: the SHADOW pointer that puts a candidate in shadow, and the replicas' tallies
-- `watch`: the WATCH pointer that says a new champion is watched after its switch, and the replicas' tallies
+- `live`: the live checks' pointers (SHADOW puts a candidate in shadow, WATCH says a new champion is watched after
+  its switch) and the replicas' tallies of each
 - `tabular`: the served classifier (a torch graph and what feeds it), as MLflow's pyfunc loads it
 - `files_only`: the MLflow loader of a version served as files: it loads nothing and says why
 """

@@ -34,9 +34,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from podium.core.live import ShadowVerdict, WatchVerdict
 from podium.core.records import CheckpointRecord
-from podium.core.shadow import ShadowVerdict
-from podium.core.watch import WatchVerdict
 from podium.errors import AliasTaken
 from podium.outages import is_unreachable
 from podium.tracking.client import TAG_SERVED_URI, TAG_WITHDRAWN, TrackingRun, tracking_call, tracking_client
@@ -226,7 +225,7 @@ def reinstate(tracking_uri: str, name: str, version_uid: str | None, served_uri:
 def live_tags(tag: str, word: str, reason: str, numbers: Mapping[str, Any]) -> dict[str, str]:
     """A live check's outcome as registry tags: `<tag>` (its word), `<tag>.reason`, and `<tag>.<number>` each (an
     empty value for none): the shadow's (`TAG_SHADOW`) and the watch's (`TAG_WATCH`) alike."""
-    return {tag: word, f"{tag}.reason": reason[:5000],
+    return {tag: str(word), f"{tag}.reason": reason[:5000],
             **{f"{tag}.{k}": "" if v is None else repr(v) for k, v in numbers.items()}}
 
 

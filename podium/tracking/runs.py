@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podium.core.redaction import redact_uri, redact_value
+from podium.errors import NotFound
 from podium.tracking.client import (
     EXPERIMENT_KIND,
     MAX_TAG,
@@ -73,7 +74,7 @@ def _get_or_create_experiment(client: MlflowClient, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp and exp.lifecycle_stage == "deleted":  # MLflow refuses new runs in it, and its name stays taken
         uri = redact_uri(client.tracking_uri)
-        raise LookupError(
+        raise NotFound(
             f"MLflow experiment {name!r} (id {exp.experiment_id}) was deleted at {uri}: restore it "
             f"(`MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {exp.experiment_id}`), or run "
             "with another --experiment")
@@ -185,14 +186,14 @@ def kill_orphan_runs(tracking_uri: str, flow_run_id: str, reason: str) -> list[s
 
 @tracking_call("finding the run's MLflow run")
 def find_tracking_run(tracking_uri: str, experiment: str, run_name: str) -> TrackingRun:
-    """The MLflow run of an existing podium run; raises LookupError naming what was searched."""
+    """The MLflow run of an existing podium run; raises NotFound naming what was searched."""
     client = tracking_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise LookupError(f"MLflow experiment {experiment!r} does not exist at {tracking_uri}")
+        raise NotFound(f"MLflow experiment {experiment!r} does not exist at {tracking_uri}")
     found = _find_runs(client, exp.experiment_id, run_name)
     if not found:
-        raise LookupError(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
+        raise NotFound(f"no podium run named {run_name!r} in MLflow experiment {experiment!r} at {tracking_uri}")
     return TrackingRun(tracking_uri, exp.experiment_id, found[0].info.run_id, run_name)
 
 

@@ -15,9 +15,10 @@ import pytest
 
 import podium.cli.run as run_command
 import podium.services
-from podium.cli.errors import CliError
+from podium.cli.errors import CliError, exit_code_of
 from podium.cli.main import build_parser, main
 from podium.cli.options import OPTIONS, config_from_args
+from podium.errors import EXIT_REFUSED, ConfigError
 from podium.settings import PodiumSettings
 
 
@@ -77,7 +78,7 @@ def test_a_model_name_scopes_experiment_registered_model_and_serving(tmp_path):
     assert config.serving == str(tmp_path / "serving" / "churn") and config.training.standardize is False
     named = config_for(["run", "--model", "churn", "--experiment", "e", "--registered-model", "r"], tmp_path)
     assert (named.experiment, named.promotion.registered_model) == ("e", "r")
-    with pytest.raises(CliError, match="model = '../up'"):
+    with pytest.raises(ConfigError, match="model = '../up'"):
         config_for(["run", "--model", "../up"], tmp_path)
 
 
@@ -89,8 +90,9 @@ def test_flags_override_the_config_file(tmp_path):
 
 
 def test_invalid_flag_value_is_a_cli_error_naming_the_field(tmp_path):
-    with pytest.raises(CliError, match="promotion.mode = 'up'"):
+    with pytest.raises(ConfigError, match="promotion.mode = 'up'") as refused:
         config_for(["run", "--mode", "up"], tmp_path)
+    assert exit_code_of(refused.value) == EXIT_REFUSED  # the command's one table: printed, exit 2
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -254,9 +256,9 @@ def test_a_loops_config_from_a_file_and_key_value_flags(tmp_path):
 
 
 def test_a_loop_config_flag_without_a_key_names_the_flag(tmp_path):
-    with pytest.raises(CliError, match="--loop-config = '=3': expected KEY=VALUE"):
+    with pytest.raises(ConfigError, match="--loop-config = '=3': expected KEY=VALUE"):
         config_for(["run", "--loop-config", "=3"], tmp_path)
-    with pytest.raises(CliError, match="--loop-config-file = .*no such file"):
+    with pytest.raises(ConfigError, match="--loop-config-file = .*no such file"):
         config_for(["run", "--loop-config-file", str(tmp_path / "missing.json")], tmp_path)
 
 
@@ -273,37 +275,40 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
     `__del__` or an extension module's import ('Exception ignored in ...', seen under load), as some libraries' code
     ignores every exception. The signal is kept, without that traceback: the command stops before its run starts, or
     the run stops as soon as its own handler is installed."""
+    from podium.cli import signals
+    from podium.errors import RunStopped
     from podium.flows import stop
+    from podium.flows.stop import SIGNALS
 
     class Finalizer:  # the signal is handled in the main thread at the next instruction: here, inside __del__
         def __del__(self):
             os.kill(os.getpid(), signum)
             time.sleep(0.01)
 
-    previous = {sig: signal.getsignal(sig) for sig in stop.SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     hook, mask = sys.unraisablehook, None
     try:
         # as a command started from a terminal or a scheduler has them (an earlier test of this process may have
         # left a signal ignored or blocked, which the handler respects)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, stop.SIGNALS)
-        stop.stop_before_the_run()
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        signals.stop_before_the_run()
         finalizer = Finalizer()
         del finalizer  # swallowed: the command went on
-        assert stop.start_up_signal() == signum  # main() reads it where the exception came back wrapped
+        assert signals.start_up_signal() == signum  # main() reads it where the exception came back wrapped
         with pytest.raises(raised) as exc_info:
-            stop.stop_if_signalled()
+            signals.stop_if_signalled()
         if raised is SystemExit:
             assert exc_info.value.code == 143
         with stop.stop_on_signals() as request:  # a run whose start swallowed it: asked to stop at once
             assert request.signum == signum
-            with pytest.raises(stop.RunStopped):
+            with pytest.raises(RunStopped):
                 request.check()
-        stop.stop_before_the_run()  # the next command in this process starts with nothing pending
-        stop.stop_if_signalled()
+        signals.stop_before_the_run()  # the next command in this process starts with nothing pending
+        signals.stop_if_signalled()
     finally:
-        stop.end_command()  # no command state left for the next flow run of this process (test_outages')
+        signals.end_command()  # no command state left for the next flow run of this process (test_outages')
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.unraisablehook = hook
@@ -313,12 +318,12 @@ def test_a_start_up_signal_a_library_swallowed_still_stops_the_command_or_its_ru
 
 STUCK_COMMAND = """
 import os, signal, sys, threading
-from podium.flows import stop
+from podium.cli import signals
 marker = sys.argv[1]
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts a command (pytest's may differ)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-stop.stop_before_the_run(on_stuck=lambda: open(marker, "w").write("stopped"), stuck_after_s=1.0)
+signals.stop_before_the_run(on_stuck=lambda: open(marker, "w").write("stopped"), stuck_after_s=1.0)
 try:  # swallowed where it landed, as library code that catches everything does
     os.kill(os.getpid(), int(sys.argv[2]))
     threading.Event().wait(0.5)

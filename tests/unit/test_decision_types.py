@@ -15,6 +15,16 @@ import pytest
 from podium.cli.output import summary_json
 from podium.core.approval import VIA_SHADOW, Approval, answered, shadowed, timed_out, unasked, withdrawn
 from podium.core.comparison import RESCORED, STORED, Comparison, Measure, comparison_from_dict, comparison_to_dict
+from podium.core.live import (
+    STOPPED,
+    LiveState,
+    ShadowNumbers,
+    ShadowVerdict,
+    WatchNumbers,
+    WatchOutcome,
+    WatchVerdict,
+    stopped_shadow,
+)
 from podium.core.policy import (
     CONFIDENCE,
     GUARD,
@@ -25,8 +35,6 @@ from podium.core.policy import (
     check_to_dict,
 )
 from podium.core.promotion import AWAIT, CURRENT, NOTHING, PROMOTE, REFUSE, SHADOW, Action, Decision
-from podium.core.shadow import STOPPED, ShadowNumbers, ShadowVerdict, stopped_shadow
-from podium.core.watch import BROKE, PASSED, WatchNumbers, WatchOutcome, WatchVerdict
 from podium.tasks.carry_out import PromotionOutcome
 
 CHECKS = (
@@ -156,9 +164,10 @@ def test_a_watch_outcome_read_back_from_its_data_is_the_same_outcome():
     numbers = WatchNumbers(requests=43, errors=22, p95_ms=9.5, previous_requests=120, previous_errors=0,
                            previous_p95_ms=4.0, replicas=2)
     said = "rolled back by its watch: error rate 51.2 %"  # as data, one reason: what became of the promotion
-    broke = WatchOutcome(WatchVerdict(BROKE, said, numbers, ("error rate",)), "rolled-back", said, 2.2, "v000002",
-                         "v000001")
-    passed = WatchOutcome(WatchVerdict(PASSED, "final", WatchNumbers()), "passed", "final", 2.0, "v000002", "v000001")
+    broke = WatchOutcome(WatchVerdict(LiveState.BROKE, said, numbers, ("error rate",)), LiveState.ROLLED_BACK, said,
+                         2.2, "v000002", "v000001")
+    passed = WatchOutcome(WatchVerdict(LiveState.PASSED, "final", WatchNumbers()), LiveState.PASSED, "final", 2.0,
+                          "v000002", "v000001")
     for watch in (broke, passed):
         data = _json(watch.as_dict())
         assert data["state"] == watch.state and data["requests"] == watch.verdict.numbers.requests

@@ -17,12 +17,11 @@ from podium.tasks.evidence import (
     champion_digest,
     champion_of,
     promotion_needs_ray,
-    promotion_policy,
     read_champion,
     rows_of,
     served_checkpoint,
 )
-from podium.tasks.plan import RunPlan
+from podium.tasks.plan import RunPlan, promotion_policy
 
 TONIGHT, LAST_WEEK = "a" * 64, "b" * 64
 

@@ -13,7 +13,8 @@ from podium.config import build_config
 from podium.core.policy import LOADABLE, check_served_as_model
 from podium.core.promotion import AWAIT, PROMOTE, REFUSE, Evidence, Policy, decide_promotion
 from podium.core.records import VALIDATED, Champion, CheckpointRecord
-from podium.tasks.evidence import promotion_policy, served_as_files
+from podium.tasks.evidence import served_as_files
+from podium.tasks.plan import promotion_policy
 
 TONIGHT = "a" * 64
 POLICY = Policy("accuracy", "max")

@@ -13,7 +13,8 @@ import pytest
 
 from podium import prefect_api
 from podium.core.failures import user_frames
-from podium.flows.stop import RunStopped, StopRequest, exit_code, stop_on_signals
+from podium.errors import RunStopped
+from podium.flows.stop import StopRequest, exit_code, stop_on_signals
 from podium.outages import is_unreachable
 from podium.serving.layout import is_disk_full
 

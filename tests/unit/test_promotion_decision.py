@@ -272,7 +272,7 @@ def test_the_first_promotion_of_a_shadowed_location_has_no_champion_to_shadow(ap
 def test_the_policy_is_read_from_the_promotion_settings_whole():
     """A check with a setting of its own adds it to `promotion` and `Policy` by one name: nothing reads it across."""
     from podium.config import PromotionConfig, build_config
-    from podium.tasks.evidence import promotion_policy
+    from podium.tasks.plan import promotion_policy
 
     derived = {"approval", "shadow"}
     names = {f.name for f in dataclasses.fields(Policy)} - derived

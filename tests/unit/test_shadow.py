@@ -1,5 +1,5 @@
 """The shadow stage (`promotion.rollout = "shadow"`): the pure verdict on the replicas' tallies
-(podium.core.shadow), its configuration, and a replica of `podium serve` mirroring live requests to a candidate in
+(podium.core.live), its configuration, and a replica of `podium serve` mirroring live requests to a candidate in
 shadow (podium.live.server.ChampionServer, called as Ray Serve calls it, on a real serving location)."""
 
 # ruff: noqa: F811 (the fixtures `data` and `checkpoint` are tests/helpers/served.py's, imported by name)
@@ -14,26 +14,32 @@ from helpers.served import _call, _plan, _promote, _rows, _second, _served, chec
 
 from podium.config import build_config
 from podium.core.approval import VIA_SHADOW, VIA_STOP, shadowed
-from podium.core.shadow import (
+from podium.core.live import (
     ShadowLimits,
     ShadowNumbers,
     ShadowVerdict,
-    Tally,
+    Watched,
+    WatchLimits,
     aggregate,
-    compare_answers,
     decide_shadow,
     p95,
     stopped_shadow,
 )
-from podium.core.traffic import VersionTraffic
-from podium.core.watch import Watched, WatchLimits, WatchTally, counts_of
+from podium.core.traffic import Tally, VersionTraffic, WatchTally, compare_answers, counts_of
 from podium.errors import ConfigError
 from podium.live.server import VERSION_HEADER, ChampionServer
 from podium.serving.layout import read_current
-from podium.serving.shadow import end_shadow, read_shadow, read_tallies, start_shadow
+from podium.serving.live import (
+    end_shadow,
+    read_shadow,
+    read_tallies,
+    read_watch,
+    start_shadow,
+    start_watch,
+    write_watch_tally,
+)
 from podium.serving.staged import this_process
 from podium.serving.staging import stage_version
-from podium.serving.watch import read_watch, start_watch, write_watch_tally
 from podium.tasks.promote import Candidate, PromotionOutcome
 from podium.tasks.reconcile import disagreements, end_orphan_shadow
 from podium.tasks.shadow import shadow_decision, watch_shadow
@@ -225,8 +231,8 @@ def test_a_watch_left_by_a_killed_promotion_is_settled_by_the_next_command_on_it
     gone = {**this_process("killed"), "pid": 2 ** 22 + 1}  # above Linux's largest process id: no such process
     limits = WatchLimits(max_error_rate_increase=0.0, min_requests=5)
     start_watch(plan.serving, Watched("w1", v2.version, v1.version, limits, "churn"), 60.0, gone)
-    assert Watched.from_pointer(read_watch(plan.serving) or {}) == Watched("w1", v2.version, v1.version, limits,
-                                                                          "churn")
+    pointer = read_watch(plan.serving)
+    assert pointer is not None and pointer.watched == Watched("w1", v2.version, v1.version, limits, "churn")
     failing, fine = VersionTraffic(), VersionTraffic()
     for i in range(10):
         failing.add(1.0, 500 if i < 5 else 200)

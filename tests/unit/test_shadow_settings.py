@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from podium.cli.errors import CliError
 from podium.cli.main import build_parser
 from podium.cli.options import config_from_args
+from podium.errors import ConfigError
 from podium.settings import PodiumSettings
 
 
@@ -25,7 +25,7 @@ EXPECTED = ("promotion.shadow = {...}: the shadow stage's limits have no effect 
                                          ('[promotion]\nmetric = "val_loss"\n', ["--shadow-duration", "3"])])
 def test_shadow_limits_without_a_shadow_rollout_are_refused(tmp_path, toml, flags):
     (tmp_path / "run.toml").write_text(toml)
-    with pytest.raises(CliError) as refused:
+    with pytest.raises(ConfigError) as refused:  # the command's table says exit 2 (podium.cli.errors)
         config_for(["run", "--config", str(tmp_path / "run.toml"), *flags], tmp_path)
     assert str(refused.value) == f"invalid configuration:\n  {EXPECTED}"
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from podium.flows.stop import RunStopped, StopRequest, stop_on_signals
+from podium.errors import RunStopped
+from podium.flows.stop import StopRequest, stop_on_signals
 from podium.flows.summary import late_stop, stopped_before_switch
 from podium.tasks import carry_out as co
 from podium.tasks.carry_out import Promoted, PromotionOutcome, Rollout
@@ -118,25 +119,27 @@ def test_a_signal_once_the_run_s_body_ended_is_kept_for_the_command_to_say_not_r
     command's signal is recorded on the run's request, as during the run: the command ends with its outcome's exit
     code and says the signal came (`late_stop`), instead of dying of it (or Prefect's engine crashing a flow run that
     ended). Before the run (start-up) it still raises."""
+    from podium.cli import signals
     from podium.flows import stop
+    from podium.flows.stop import SIGNALS
 
-    previous = {sig: signal.getsignal(sig) for sig in stop.SIGNALS}
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, stop.SIGNALS)
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        stop.stop_before_the_run()
-        with stop.stop_on_signals() as request:
+        signals.stop_before_the_run()
+        with stop_on_signals() as request:
             assert not request.requested
         os.kill(os.getpid(), signum)  # after the body: kept, not raised
         time.sleep(0.05)
         assert request.signum == signum and stop.STOP is request
-        stop.stop_before_the_run()  # the next command: a start-up signal raises again
+        signals.stop_before_the_run()  # the next command: a start-up signal raises again
         with pytest.raises(KeyboardInterrupt if signum == signal.SIGINT else SystemExit):
             os.kill(os.getpid(), signum)
             time.sleep(0.05)
     finally:
-        stop.end_command()  # pytest's process runs in-process flows after this test: no command's state outlives it
+        signals.end_command()  # pytest's process runs in-process flows after this test: no command's state outlives it
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

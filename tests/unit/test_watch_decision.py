@@ -1,12 +1,12 @@
-"""The watch after the switch, as pure decisions (podium.core.watch) and as configuration (promotion.watch)."""
+"""The watch after the switch, as pure decisions (podium.core.live) and as configuration (promotion.watch)."""
 
 from __future__ import annotations
 
 import pytest
 
 from podium.config import ConfigError, WatchConfig, build_config
-from podium.core.traffic import Traffic
-from podium.core.watch import BROKE, PASSED, WATCHING, WatchLimits, WatchTally, aggregate_watch, counts_of, decide_watch
+from podium.core.live import LiveState, WatchLimits, aggregate_watch, decide_watch
+from podium.core.traffic import Traffic, WatchTally, counts_of
 
 
 def _tally(replica: str, new: list[tuple[float, int]], old: list[tuple[float, int]], new_fast: bool = True,
@@ -30,7 +30,7 @@ def test_the_replicas_watch_tallies_add_up_requests_errors_and_latency_and_a_cli
     limits = WatchLimits(max_error_rate_increase=0.0, max_latency_p95_ratio=2.0, min_requests=10)
     clients = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 400)] * 15, [(3.0, 200)] * 30)])
     verdict = decide_watch(clients, limits, over=True)
-    assert verdict.state == PASSED and "15 bad request(s) from clients (4xx, not counted)" in verdict.reason, verdict
+    assert verdict.state == LiveState.PASSED and "15 bad request(s) from clients (4xx, not counted)" in verdict.reason, verdict
 
 
 def test_one_slow_answer_among_a_few_does_not_roll_a_good_champion_back():
@@ -39,8 +39,8 @@ def test_one_slow_answer_among_a_few_does_not_roll_a_good_champion_back():
     numbers = aggregate_watch([_tally("a", [(17.0, 200)] * 27 + [(40.0, 200)] * 3, [(17.0, 200)] * 60)])
     assert numbers.latency_p95_ratio > 2.0, numbers  # the ratio alone would roll it back
     verdict = decide_watch(numbers, limits, over=True)
-    assert verdict.state == PASSED and "not held against it: 1 of 30 request(s) slower than 34.0 ms" in verdict.reason, \
-        verdict.reason
+    assert verdict.state == LiveState.PASSED, verdict.reason
+    assert "not held against it: 1 of 30 request(s) slower than 34.0 ms" in verdict.reason, verdict.reason
 
 
 def test_a_champion_three_times_slower_is_rolled_back_as_soon_as_it_has_its_requests():
@@ -49,7 +49,7 @@ def test_a_champion_three_times_slower_is_rolled_back_as_soon_as_it_has_its_requ
         new = [(3 * (10.0 + jitter * (i % 3)), 200) for i in range(20)]
         old = [(10.0 + jitter * (i % 3), 200) for i in range(40)]
         verdict = decide_watch(aggregate_watch([_tally("a", new, old)]), limits, over=False)
-        assert verdict.state == BROKE and "of 20 request(s) slower than" in verdict.reason, verdict.reason
+        assert verdict.state == LiveState.BROKE and "of 20 request(s) slower than" in verdict.reason, verdict.reason
 
 
 def test_the_fast_path_against_pyfunc_is_not_judged_on_latency_and_the_verdict_says_so():
@@ -57,7 +57,7 @@ def test_the_fast_path_against_pyfunc_is_not_judged_on_latency_and_the_verdict_s
     pyfunc = aggregate_watch([_tally("a", [(30.0, 200)] * 30, [(3.0, 200)] * 30, new_fast=False)])
     assert not pyfunc.like_with_like and pyfunc.as_dict()["like_with_like"] is False
     verdict = decide_watch(pyfunc, limits, over=True)
-    assert verdict.state == PASSED and "the new champion answered mostly through MLflow's pyfunc code, the " \
+    assert verdict.state == LiveState.PASSED and "the new champion answered mostly through MLflow's pyfunc code, the " \
         "previous one through the fast path (not like with like)" in verdict.reason, verdict.reason
     # too few answers of the previous champion to compare with: not judged either
     few = aggregate_watch([_tally("a", [(30.0, 200)] * 30, [(3.0, 200)] * 5)])
@@ -67,30 +67,30 @@ def test_the_fast_path_against_pyfunc_is_not_judged_on_latency_and_the_verdict_s
 def test_a_watch_breaks_on_an_error_rate_above_the_previous_champions_once_it_has_its_requests():
     limits = WatchLimits(max_error_rate_increase=0.05, max_latency_p95_ratio=10.0, min_requests=20)
     few = aggregate_watch([_tally("a", [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
-    assert decide_watch(few, limits, over=False).state == WATCHING  # 5 requests: not judged yet
+    assert decide_watch(few, limits, over=False).state == LiveState.WATCHING  # 5 requests: not judged yet
     many = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 50)])
     verdict = decide_watch(many, limits, over=False)
-    assert verdict.state == BROKE and "error rate 25.0 % (5 of 20)" in verdict.reason, verdict.reason
+    assert verdict.state == LiveState.BROKE and "error rate 25.0 % (5 of 20)" in verdict.reason, verdict.reason
     assert verdict.reason.startswith("rolled back by its watch")
     # the previous champion failed as often: no regression
     same = aggregate_watch([_tally("a", [(3.0, 200)] * 15 + [(3.0, 500)] * 5, [(3.0, 200)] * 30 + [(3.0, 500)] * 10)])
-    assert decide_watch(same, limits, over=False).state == WATCHING
+    assert decide_watch(same, limits, over=False).state == LiveState.WATCHING
 
 
 def test_a_watch_breaks_on_latency_and_passes_at_its_end_otherwise():
     limits = WatchLimits(max_error_rate_increase=0.0, max_latency_p95_ratio=2.0, min_requests=10)
     slow = aggregate_watch([_tally("a", [(90.0, 200)] * 20, [(3.0, 200)] * 20)])
     verdict = decide_watch(slow, limits, over=False)
-    assert verdict.state == BROKE and "latency p95" in verdict.reason
+    assert verdict.state == LiveState.BROKE and "latency p95" in verdict.reason
     good = aggregate_watch([_tally("a", [(3.0, 200)] * 20, [(3.0, 200)] * 20)])
-    assert decide_watch(good, limits, over=False).state == WATCHING
+    assert decide_watch(good, limits, over=False).state == LiveState.WATCHING
     passed = decide_watch(good, limits, over=True)
-    assert passed.state == PASSED and passed.reason.startswith("final after its watch"), passed.reason
+    assert passed.state == LiveState.PASSED and passed.reason.startswith("final after its watch"), passed.reason
     quiet = decide_watch(aggregate_watch([]), limits, over=True)
-    assert quiet.state == PASSED and "fewer than min_requests" in quiet.reason
+    assert quiet.state == LiveState.PASSED and "fewer than min_requests" in quiet.reason
     # replicas that never counted the previous champion: its latency is not judged
     alone = aggregate_watch([_tally("a", [(900.0, 200)] * 20, [])])
-    assert alone.latency_p95_ratio is None and decide_watch(alone, limits, over=True).state == PASSED
+    assert alone.latency_p95_ratio is None and decide_watch(alone, limits, over=True).state == LiveState.PASSED
 
 
 def test_promotion_watch_is_off_unless_given_and_its_limits_are_checked():

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import fsspec
 import pyarrow.fs as pafs
 
+from podium.errors import PodiumError
 from podium.storage.errors import StorageError
 
 # the lease's TTL where the backend has no setting of its own (S3 keeps PODIUM_S3_LEASE_TTL_S)
@@ -36,7 +37,7 @@ DEFAULT_LEASE_TTL_S = 30.0
 BinaryStream = io.RawIOBase | io.BufferedIOBase
 
 
-class Conflict(Exception):
+class Conflict(PodiumError):
     """A conditional write whose condition did not hold: another writer's came first."""
 
 
