@@ -10,11 +10,12 @@ One `podium serve` (its own Ray) serves a location while clients in threads post
 of them carrying a value training never saw, f1 = -50). `podium promote --always-promote` then makes, again and
 again, a new champion of one of two runs of the same model (the same weights, the same path: the fast path), each
 watched with the default latency limit (`max_latency_p95_ratio = 2.0`, `max_error_rate_increase = 0`,
-`min_requests = 20`); after every few good ones, a bad one: a model that raises on the unseen rows (MLflow's pyfunc
-path), or the same linear model three times slower (a sleep in its forward: the fast path, like with like). Each
-promotion's watch must end `passed` for a good one and `rolled-back` for a bad one, and no request a good version
-answered may fail, across every switch and rollback. No training: the runs' checkpoints are made and validated as
-the tests make them (tests/helpers/checkpoints.make_trained_run).
+`min_requests = 20`); after every few good ones, a bad one, each a run of its own (a checkpoint its watch rolled
+back is withdrawn): a model that raises on the unseen rows (MLflow's pyfunc path), or the same linear model about
+three times slower (work added to its forward: the fast path, like with like). Each promotion's watch must end
+`passed` for a good one and `rolled-back` for a bad one, and no request a good version answered may fail, across
+every switch and rollback. No training: the runs' checkpoints are made and validated as the tests make them
+(tests/helpers/checkpoints.make_trained_run).
 """
 
 from __future__ import annotations
@@ -41,25 +42,31 @@ sys.path[:0] = [str(TESTS), str(TESTS / "integration")]
 
 MODEL = "soak-model"
 SLOW_CODE = '''
-import json, os, time
+import json, os
 
 
 def load_slow(checkpoint_dir):
-    """The nightly linear model, its forward slower by a sleep (60 ms: about three times the replica's usual time
-    per request under the soak's load; 20 ms made it only x1.5)."""
+    """The nightly linear model with work added to its forward that changes no answer: a chain of 1024-wide
+    layers (PODIUM_SOAK_SLOW_LAYERS, default 40: about three times the replica's usual time per request under the
+    soak's load). Work, not a sleep: the served model is the forward as `torch.export` traced it, which keeps the
+    tensor operations and drops a Python `time.sleep`."""
     import torch
 
     with open(os.path.join(checkpoint_dir, "weights.json")) as f:
         saved = json.load(f)
+    layers = int(os.environ.get("PODIUM_SOAK_SLOW_LAYERS", "40"))
 
     class SlowLinear(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.register_buffer("w", torch.tensor(saved["w"], dtype=torch.float32))
+            self.register_buffer("m", torch.randn(1024, 1024, generator=torch.Generator().manual_seed(0)) / 32)
 
         def forward(self, x):
-            time.sleep(float(os.environ.get("PODIUM_SOAK_SLOW_S", "0.06")))
-            z = x @ self.w
+            h = x.new_ones(x.shape[0], 1024)
+            for _ in range(layers):
+                h = torch.tanh(h @ self.m)
+            z = x @ self.w + 0.0 * h.sum(dim=1)
             return torch.stack([-z / 2, z / 2], dim=1)
 
     return SlowLinear().eval()
@@ -136,22 +143,25 @@ def main() -> int:
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "code"), str(TESTS / "integration"),
                                                               os.environ.get("PYTHONPATH")]))})
     os.environ.update({k: env[k] for k in ("PODIUM_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI")})
-    runs = {"champion": ({"angle_deg": 40.0}, "podium_nightly_code:load_linear"),
-            "good-a": ({"angle_deg": 10.0}, "podium_nightly_code:load_linear"),
-            "good-b": ({"angle_deg": 10.0}, "podium_nightly_code:load_linear"),
-            "failing": ({"angle_deg": 10.0, "fail_below": -8.0}, "podium_nightly_code:load_failing"),
-            "slow": ({"angle_deg": 10.0}, "soak_code:load_slow")}
+    plan: list[str] = []
+    every = max(1, args.good // max(1, args.bad))
+    for i in range(args.good):
+        plan.append(("good-a", "good-b")[i % 2])
+        bad = sum(not p.startswith("good") for p in plan)
+        if args.bad and (i + 1) % every == 0 and bad < args.bad:
+            # a run of its own for each bad promotion: a checkpoint its watch rolled back is withdrawn, never
+            # promoted again (podium.serving.layout.withdrawn_checkpoints)
+            plan.append(f"{('failing', 'slow')[bad % 2]}-{bad // 2 + 1}")
+    good = ({"angle_deg": 10.0}, "podium_nightly_code:load_linear")
+    bad_runs = {"failing": ({"angle_deg": 10.0, "fail_below": -8.0}, "podium_nightly_code:load_failing"),
+                "slow": ({"angle_deg": 10.0}, "soak_code:load_slow")}
+    runs = {"champion": ({"angle_deg": 40.0}, "podium_nightly_code:load_linear"), "good-a": good, "good-b": good,
+            **{run: bad_runs[run.split("-")[0]] for run in plan if not run.startswith("good")}}
     paths = {run: config(root, run, loop, loader, args.watch_s) for run, (loop, loader) in runs.items()}
     for path in paths.values():
         make_trained_run(json.loads(path.read_text()), tracking_uri)
     first = promote(env, paths["champion"])
     log(f"champion {first['promoted']['version']} serves")
-    plan = []
-    every = max(1, args.good // max(1, args.bad))
-    for i in range(args.good):
-        plan.append(("good-a", "good-b")[i % 2])
-        if args.bad and (i + 1) % every == 0 and sum(p in ("failing", "slow") for p in plan) < args.bad:
-            plan.append(("failing", "slow")[sum(p in ("failing", "slow") for p in plan) % 2])
     results: list[tuple[str, str, dict]] = []
     started = time.monotonic()
     try:
@@ -159,6 +169,8 @@ def main() -> int:
                 start_clients(served.url, args.clients, args.pause_ms / 1000) as clients:
             for run in plan:
                 out = promote(env, paths[run])
+                if out["promoted"] is None:  # nothing promoted: the run's own words say why
+                    raise RuntimeError(f"{run} was not promoted: {out.get('reason')}")
                 watch = out["watch"] or {}
                 results.append((run, out["promoted"]["version"], watch))
                 log(f"{run}: {out['promoted']['version']} {watch.get('state')}: {watch.get('reason', '')[:300]}")
@@ -166,7 +178,7 @@ def main() -> int:
     finally:
         stop_prefect_server(root / "prefect-home")
     wall = time.monotonic() - started
-    bad_versions = {version for run, version, _ in results if run in ("failing", "slow")}
+    bad_versions = {version for run, version, _ in results if not run.startswith("good")}
     statuses = Counter((answer.version, answer.status) for answer in list(clients.answers))
     good_failed = sum(n for (version, status), n in statuses.items()
                       if version not in bad_versions and status != 200)
@@ -190,7 +202,8 @@ def main() -> int:
         f"`python benchmarks/watch_soak.py --good {args.good} --bad {args.bad} --watch-s {args.watch_s:g}`: one "
         f"`podium serve`, {args.clients} closed-loop clients pausing {args.pause_ms:g} ms, `podium promote "
         "--always-promote` of a good run again and again with the default watch limits (latency p95 ×2.0, no "
-        "error-rate increase, 20 requests), a bad one (failing on some rows, or 3× slower on the same path) after "
+        "error-rate increase, 20 requests), a bad one, a run of its own (failing on some rows, or about 3× slower "
+        "on the same path: work added to its forward) after "
         f"every {every}. {machine.get('cpu', '')}; {machine.get('cores', '')} cores, shared; {load_average()}.",
         f"- Promotions, {'; '.join(outcomes)}.",
         f"- {answered} requests answered in {wall:.0f} s; requests a good version answered that failed: "
