@@ -88,11 +88,16 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
     stopped = polled.ended == "stopped"
     state: LiveState
     if stopped:
-        end_watch(plan.serving, watched.watch_id)
         verdict = WatchVerdict(LiveState.WATCHING, f"its watch was stopped after {time.monotonic() - started:.0f} s with no "
                                          f"limit broken ({_said(verdict)}): the promotion stands",
                                verdict.numbers)
         said, state = verdict.reason, LiveState.STOPPED
+        # the registered version says so too (`podium.watch = stopped`), as it says passed or rolled-back
+        served = layout.read_version(plan.serving, version)
+        if served is not None:
+            ledger.record_watch(tracking.tracking_uri, p.registered_model, served.manifest.get("version_uid"),
+                                served.uri, state, verdict)
+        end_watch(plan.serving, watched.watch_id)
     else:
         with promotion_lock(plan.serving) as still_locked:
             state = settle_watch(plan.serving, tracking.tracking_uri, p.registered_model, p.alias, watched,

@@ -12,7 +12,7 @@ every write of that mirror is here, named for what it records:
 | `withdraw_challenger`  | a candidate whose command is gone: `podium.approval = withdrawn`, `challenger` gone     |
 | `align_alias`          | the alias moved back in line with what serves (a command stopped before it moved it)   |
 | `withdraw` / `reinstate` | a version a rollback left is tagged `podium.withdrawn` (and its LoggedModel), or not   |
-| `record_watch`         | the watch after a version's switch: `podium.watch` (passed, rolled-back), why, numbers  |
+| `record_watch`         | the watch after a version's switch: `podium.watch` (passed, rolled-back...), why, numbers |
 
 Who moves @champion (or any alias)? `move_alias`, here, and nothing else: each verb above that moves an alias
 (`promote_version`, `await_decision`, `settle_challenger`, `align_alias`) goes through it. Nothing else in podium
@@ -61,7 +61,7 @@ TAG_DISCARDED = "podium.discarded"  # a candidate decided on but never served: w
 TAG_PROMOTED = "podium.promoted"  # on a LoggedModel: a version of it was promoted
 TAG_DECISION = "podium.decision"  # a candidate's decision, in words
 TAG_SHADOW = "podium.shadow"  # a candidate's shadow: passed, refused or stopped; `.reason`, its numbers
-TAG_WATCH = "podium.watch"  # a champion's watch: passed, rolled-back or ended; `.reason`, its numbers
+TAG_WATCH = "podium.watch"  # a champion's watch: passed, rolled-back, stopped or ended; `.reason`, its numbers
 PENDING, DISCARDED = "pending", "discarded"
 
 
@@ -245,7 +245,7 @@ def shadow_tags(verdict: ShadowVerdict | None) -> dict[str, str]:
 def record_watch(tracking_uri: str, name: str, version_uid: str | None, served_uri: str, outcome: str,
                  verdict: WatchVerdict) -> None:
     """Tag the registered version of a watched serving version with its watch's outcome (`podium.watch`: passed,
-    rolled-back or ended, `podium.watch.reason`, its numbers). A version never registered is skipped: the serving
+    rolled-back, stopped or ended, `podium.watch.reason`, its numbers). A version never registered is skipped: the serving
     history stays the source of truth."""
     version = registered_version_for(tracking_uri, name, version_uid, served_uri)
     if version is None:

@@ -339,3 +339,4 @@ def test_a_stop_during_the_watch_ends_it_and_the_promotion_stands(world, server,
     assert state.is_completed() and f"{name} after the switch" in str(state.message), state
     _, tags = _registered(env, new)
     assert "podium.withdrawn" not in tags and tags.get("podium.approval") != "pending", tags
+    assert tags["podium.watch"] == "stopped" and "the promotion stands" in tags["podium.watch.reason"], tags
