@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home, promote_in_process
 from helpers.commands import podium, podium_in_process
+from helpers.live import stop_podium
 from helpers.servers import free_port, wait_http_ok
 from podium_nightly_code import FEATURES
 
@@ -95,8 +96,7 @@ def server(world):
         wait_http_ok(f"{url}/health", proc, log, timeout_s=300)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # podium serve shuts Serve and its Ray down
+        stop_podium(proc)  # to podium serve alone: it shuts Serve and its Ray down
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
