@@ -208,10 +208,11 @@ class Chain:
             pytest.fail(f"the attempt {attempt!r} was not reached: {self.broken}")
         return self.ended[attempt]
 
-    def write_config(self, **loop_extra) -> str:
-        """The run's config; the first attempt's loop raises, the others' epochs take 1 s (a fixed user's code)."""
+    def write_config(self, validate_s: float = 2, **loop_extra) -> str:
+        """The run's config; the first attempt's loop raises, the others' epochs take 1 s (a fixed user's code), and
+        their validations `validate_s` each (the faults come while verdicts are being written)."""
         validate = {"calls_log": str(self.calls), "fail_epoch": FAILING_VALIDATION,
-                    "sleep_s": 0 if "raise_at_epoch" in loop_extra else 2}
+                    "sleep_s": 0 if "raise_at_epoch" in loop_extra else validate_s}
         config = _user_config(NAME, self.dataset, self.locations, epochs=EPOCHS, loop_extra=loop_extra,
                               validate_extra=validate)
         config["scaling"]["max_failures"] = 0
@@ -309,9 +310,11 @@ class Chain:
         head.kill("gcs_server")
         self.end("head-lost", proc, 120, since=time.monotonic())
 
-        # 5. what is left of the old head killed, a new one on the same port: the same command finishes the run
+        # 5. what is left of the old head killed, a new one on the same port: the same command finishes the run. No
+        # fault is left to come: its epochs and validations take no time of their own
         head.kill()
         head.start()
+        self.write_config(validate_s=0)
         self.end("finish", self.start(on_head, *address), 600)
 
     def kill_left(self) -> None:
