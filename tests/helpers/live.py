@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from helpers.servers import free_port
@@ -61,10 +61,19 @@ def call(url: str, body: bytes | None = None, timeout_s: float = 30) -> Answer:
         return Answer(sent, time.monotonic(), 0, None, repr(exc))
 
 
+def stop_podium(proc: subprocess.Popen) -> None:
+    """SIGTERM to a `podium` process that owns a Ray (`podium serve`, `podium run`), to it alone, as a supervisor
+    stops its main process: podium shuts its Serve and Ray down itself. Sent to its process group, the signal also
+    reached Ray's GCS and raylet in the middle of that shutdown, which then waited its 30 s and could leave
+    Serve's HAProxy behind. The caller waits, and SIGKILLs the group only if that wait runs out."""
+    with suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+
+
 @contextmanager
 def serving(location: str, env: dict[str, str], *more: str, ready_s: float = 240) -> Iterator[Served]:
     """`podium serve --serving LOCATION` on a free loopback port, until /health answers 200; stopped with SIGTERM
-    at the end, which must end it with exit 0."""
+    to the podium process alone at the end (`stop_podium`), which must end it with exit 0."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w", prefix="podium-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "serve", "--serving", location, "--port", str(port),
@@ -80,7 +89,7 @@ def serving(location: str, env: dict[str, str], *more: str, ready_s: float = 240
         yield served
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+            stop_podium(proc)
             try:
                 proc.wait(timeout=120)
             except subprocess.TimeoutExpired:

@@ -76,7 +76,7 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
         raise RuntimeError(f"validation data unavailable for epoch {epoch}")
     if config.get("hang_epoch") is not None and epoch == int(config["hang_epoch"]):
         time.sleep(3600)
-    time.sleep(float(config.get("sleep_s", 0)))
+    time.sleep(_sleep_s(config))
     if config.get("none_epoch") is not None and epoch == int(config["none_epoch"]):
         return None  # type: ignore[return-value]  # a function that forgot its `return`, for one epoch
     if config.get("scores") is not None:  # the score of each epoch, as the test wants them
@@ -84,6 +84,15 @@ def validate_fn(checkpoint: ray.train.Checkpoint, config: dict) -> dict:
     if config.get("plateau_from") is not None:  # a score that improves each epoch until then, and no more
         return {"score": float(min(epoch, int(config["plateau_from"])))}
     return {"score": -mse}
+
+
+def _sleep_s(config: dict) -> float:
+    """How long a validation sleeps: `sleep_s_file`'s content, read at each call (a test changes it while a run
+    validates: slow while it acts, quick once it is done), or else `sleep_s`."""
+    if config.get("sleep_s_file"):
+        with open(config["sleep_s_file"]) as f:
+            return float(f.read().strip() or 0)
+    return float(config.get("sleep_s", 0))
 
 
 def _features(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

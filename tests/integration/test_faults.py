@@ -36,7 +36,8 @@ Prefect's engine and the exit 143, has its real-process test in test_promotion_s
 (test_a_stop_while_the_candidate_awaits_approval_withdraws_it[SIGTERM]) and its start-up one in test_cli_alone.
 
 The disk-full tests train nothing: the checkpoints they promote are written straight into storage and recorded in
-the test's MLflow store with podium's own recording functions, then promoted by `podium promote` (real processes).
+the test's MLflow store with podium's own recording functions; the champion is promoted in the test's process, the
+promotion that meets the full disk by `podium promote` (a real process).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from azure.storage.blob import BlobServiceClient
+from helpers.commands import podium_in_process
 from helpers.object_stores import start_azurite, start_gcs_emulator
 from helpers.servers import RayHead, fill_filesystem, small_tmpfs
 from mlflow.tracking import MlflowClient
@@ -208,10 +210,11 @@ class Chain:
             pytest.fail(f"the attempt {attempt!r} was not reached: {self.broken}")
         return self.ended[attempt]
 
-    def write_config(self, **loop_extra) -> str:
-        """The run's config; the first attempt's loop raises, the others' epochs take 1 s (a fixed user's code)."""
+    def write_config(self, validate_s: float = 2, **loop_extra) -> str:
+        """The run's config; the first attempt's loop raises, the others' epochs take 1 s (a fixed user's code), and
+        their validations `validate_s` each (the faults come while verdicts are being written)."""
         validate = {"calls_log": str(self.calls), "fail_epoch": FAILING_VALIDATION,
-                    "sleep_s": 0 if "raise_at_epoch" in loop_extra else 2}
+                    "sleep_s": 0 if "raise_at_epoch" in loop_extra else validate_s}
         config = _user_config(NAME, self.dataset, self.locations, epochs=EPOCHS, loop_extra=loop_extra,
                               validate_extra=validate)
         config["scaling"]["max_failures"] = 0
@@ -309,9 +312,11 @@ class Chain:
         head.kill("gcs_server")
         self.end("head-lost", proc, 120, since=time.monotonic())
 
-        # 5. what is left of the old head killed, a new one on the same port: the same command finishes the run
+        # 5. what is left of the old head killed, a new one on the same port: the same command finishes the run. No
+        # fault is left to come: its epochs and validations take no time of their own
         head.kill()
         head.start()
+        self.write_config(validate_s=0)
         self.end("finish", self.start(on_head, *address), 600)
 
     def kill_left(self) -> None:
@@ -504,9 +509,8 @@ def test_disk_full_at_serving_says_where_removes_the_partial_version_keeps_the_c
     _validated_checkpoint(locations, dataset, "disk-first", 0.5)
     first = _user_config("disk-first", dataset, {**locations, "serving": serving})
     (tmp_path / "first.json").write_text(json.dumps(first))
-    proc = _podium(["promote", "--config", str(tmp_path / "first.json")], env)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+    # the champion, promoted in this process: what is tested is the next promotion, through the command
+    podium_in_process(["promote", "--config", str(tmp_path / "first.json")], env)
     assert (read_pointer(serving) or {}).get("version") == "v000001"
 
     fill_filesystem(small_disk, leave_bytes=512 * 1024)  # the next champion's 2 MiB checkpoint does not fit

@@ -19,7 +19,7 @@ servers', not Ray's), a run's outages one after another so that each check sees 
 and, between the last two, `podium promote` of `outage` with approval required, the Prefect server killed while its
 candidate awaits a decision (test_promote_fails_when_prefect_is_lost_while_a_candidate_awaits_approval: no training).
 Each test reads what its step left, so each fails on its own; a step not reached fails its tests, saying why. The
-hung writes' test trains nothing.
+hung writes' test trains nothing: it writes to the module's tracking server once the runs are done with it.
 """
 
 from __future__ import annotations
@@ -60,14 +60,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path, mlflow_template_db):
-    server = MlflowServer(tmp_path / "mlflow", mlflow_template_db)
-    server.start()
-    yield server
-    server.kill()
 
 
 def _models_by_checkpoint(url: str, run_name: str | None = None) -> dict[str, list]:
@@ -156,9 +148,12 @@ def _check_complete(url: str, calls: Path, serving: Path, steps: int) -> collect
     return collections.Counter(int(x) for x in calls.read_text().split())
 
 
-def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_server, monkeypatch):
-    """A write the client retried after a timeout lands twice (the server had it): one record survives."""
+def test_writes_hung_past_the_request_timeout_leave_one_record_each(outages, monkeypatch):
+    """A write the client retried after a timeout lands twice (the server had it): one record survives. On the
+    module's tracking server, once its runs are done with it (an experiment of its own; each count is of the
+    requests this test made)."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    mlflow_server = outages.mlflow
 
     def with_writes_locked(seconds: float, call):
         # the server's database takes no writes (reads go on) for `seconds`, while `call` runs
@@ -173,8 +168,10 @@ def test_writes_hung_past_the_request_timeout_leave_one_record_each(mlflow_serve
             lock.close()
 
     # the experiment: its retried create is answered "already exists" (names are unique)
+    creates_before = mlflow_server.requests("POST", "/api/2.0/mlflow/experiments/create")
     with_writes_locked(4, lambda: open_tracking_run(mlflow_server.url, "hung", "first", {}))
-    assert mlflow_server.requests("POST", "/api/2.0/mlflow/experiments/create") >= 2, "the create was not retried"
+    assert mlflow_server.requests("POST", "/api/2.0/mlflow/experiments/create") - creates_before >= 2, \
+        "the create was not retried"
     client = MlflowClient(mlflow_server.url)
     assert [e.name for e in client.search_experiments() if e.name == "hung"] == ["hung"]
 
@@ -344,8 +341,11 @@ class Outages:
         # 2. podium's retry settings, with each attempt cut to 3 s so that the freeze below outlasts one: the
         # client gives up on requests the server has received, and retries them. Validations of 10 s: the
         # resume's are still going for both outages, one after the other, whatever the attempt before left
+        # (read from a file at each validation: once the outages are over, the rest validate in 1 s each)
+        sleep_s = folder / "validation-sleep-s"
+        sleep_s.write_text("10")
         settings = json.loads(config.read_text())
-        settings["validation"]["kwargs"]["sleep_s"] = 10
+        settings["validation"]["kwargs"]["sleep_s_file"] = str(sleep_s)
         config.write_text(json.dumps(settings))
         env = _env(folder, self.prefect.url, url, self.ray, MLFLOW_HTTP_REQUEST_TIMEOUT="3")
         run = self.start(config, env)
@@ -365,6 +365,7 @@ class Outages:
         self.prefect.kill()
         run.wait_until(lambda: _statuses(url).count("validated") > validated, "a verdict written while Prefect is down")
         self.prefect.start()
+        sleep_s.write_text("1")  # nothing more to ride out: the rest of the run's validations go quicker
         ended = self.end("resume", run, calls=calls)
         ended.seen["log"] = log_file.read_bytes()[first_run_log:].decode(errors="replace")
 

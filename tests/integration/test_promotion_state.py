@@ -146,14 +146,15 @@ def test_a_rejected_candidate_keeps_its_number_and_the_approved_one_after_it_is_
     # the worse checkpoint (mode min picks epoch 0) awaits approval, and is rejected
     proc = _promote(world, "s1", "case1", approval="required", mode="min")
     _awaiting(proc)
-    podium(["reject", "--run-name", RUN, "--reason", "worse on the holiday slice"], env)
+    # the decisions in this process: `podium reject` and `podium approve` as processes are test_promotion_policy's
+    podium_in_process(["reject", "--run-name", RUN, "--reason", "worse on the holiday slice"], env)
     _ended(proc)
     assert (root / "s1" / "versions" / "v000001" / "DISCARDED.json").exists()
     assert_state_agrees(world, "s1", "case1")
     # the better one awaits under a new number, is approved, and is what @champion loads
     proc = _promote(world, "s1", "case1", approval="required")
     _awaiting(proc)
-    podium(["approve", "--run-name", RUN, "--reason", "better"], env)
+    podium_in_process(["approve", "--run-name", RUN, "--reason", "better"], env)
     out = json.loads(_ended(proc)[0].strip().splitlines()[-1])
     assert out["promoted"]["version"] == "v000002" and out["promoted"]["step"] == 1, out["promotion_reason"]
     assert_state_agrees(world, "s1", "case1")
@@ -179,7 +180,9 @@ def test_two_serving_locations_of_one_model_each_move_only_their_own_alias(world
     # the other checkpoint, as v000002 (in this process: `--always-promote` through the command: test_run_settings)
     promote_in_process(json.loads(_config(root, "a", "case2", mode="min", always=True).read_text()), env)
     assert client.get_model_version_by_alias("case2", "staging").version == b1
-    rolled = json.loads(podium(["rollback", "--json", "--serving", str(root / "a"), "--model", "state"], env).stdout)
+    # in this process (`podium rollback` as a process: test_cli_process)
+    rolled = json.loads(podium_in_process(["rollback", "--json", "--serving", str(root / "a"), "--model", "state"],
+                                          env).stdout)
     assert rolled["to_version"] == "v000001" and rolled["mlflow_version"] == str(a1)
     assert client.get_model_version_by_alias("case2", "champion").version == a1
     assert client.get_model_version_by_alias("case2", "staging").version == b1

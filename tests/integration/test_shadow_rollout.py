@@ -8,10 +8,10 @@ the live traffic. No training: the runs' checkpoints are made and validated with
   broken       a better run whose model answers NaN on a value training never saw (f1 = -50): live requests that
                carry it make the candidate fail, so it is refused with its error rate; the champion keeps serving
   better       a better run that answers like a champion: promoted after its shadow, the comparison recorded
-  best         better still: SIGTERM during its shadow withdraws it; with no live traffic, its shadow ends at
-               its deadline and refuses it (promotion.shadow.on_no_traffic's default); then a rollback during
-               its shadow refuses it (the champion changed); SIGKILL during its shadow leaves the shadow to the
-               next command, which ends it; then, with approval required too, it passes its
+  best         better still: SIGTERM during its shadow withdraws it; a rollback during its shadow refuses it
+               (the champion changed); SIGKILL during its shadow leaves the shadow to the next command, which
+               ends it, and whose own shadow, with no live traffic, ends at its deadline and refuses it
+               (promotion.shadow.on_no_traffic's default); then, with approval required too, it passes its
                shadow, waits for a person, and `podium approve` promotes it
 After each step that changes what serves, what serves is what the registry names and what the history says.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home, promote_in_process
 from helpers.commands import podium, podium_in_process
+from helpers.live import stop_podium
 from helpers.servers import free_port, wait_http_ok
 from podium_nightly_code import FEATURES
 
@@ -95,8 +96,7 @@ def server(world):
         wait_http_ok(f"{url}/health", proc, log, timeout_s=300)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # podium serve shuts Serve and its Ray down
+        stop_podium(proc)  # to podium serve alone: it shuts Serve and its Ray down
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -273,16 +273,6 @@ def test_a_promotion_stopped_during_its_shadow_withdraws_the_candidate(world, se
     assert said["shadow"] is None and said["version"] == champion
 
 
-def test_a_shadow_that_no_live_request_reaches_refuses_the_candidate_at_its_deadline(world, server):
-    root, env = world
-    champion = _current(root)
-    out = json.loads(podium(["promote", "--json", "--config", str(_config(root, "best")), "--shadow-duration", "3"],
-                            env).stdout)
-    assert out["promoted"] is None and out["shadow"]["requests"] == 0, out
-    assert "no live request reached the shadow" in out["promotion_reason"]
-    assert "on_no_traffic = refuse" in out["promotion_reason"] and _current(root) == champion
-
-
 def _check_one_champion(root: Path, env: dict, url: str) -> str:
     """What serves is what the registry names and what the history says: CURRENT, the replica's version (once
     it followed CURRENT), the champion alias's registered version, and the history's current switch."""
@@ -319,8 +309,9 @@ def test_a_rollback_during_a_shadow_ends_it_and_what_serves_is_what_the_rollback
     root, env = world
     before = _check_one_champion(root, env, server)
     proc, candidate = _promote_until_shadowed(root, env)
-    rolled = json.loads(podium(["rollback", "--json", "--serving", str(root / "serving"), "--model", MODEL,
-                                "--reason", "a complaint about the new champion"], env).stdout)
+    # the rollback in this process (its own process: test_cli_process's, test_promotion_state's)
+    rolled = json.loads(podium_in_process(["rollback", "--json", "--serving", str(root / "serving"), "--model", MODEL,
+                                           "--reason", "a complaint about the new champion"], env).stdout)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     outcome = json.loads(out.strip().splitlines()[-1])
@@ -333,10 +324,12 @@ def test_a_rollback_during_a_shadow_ends_it_and_what_serves_is_what_the_rollback
     assert _serving(server)["shadow"] is None
 
 
-def test_a_promotion_killed_during_its_shadow_is_ended_by_the_next_command(world, server):
+def test_a_promotion_killed_during_its_shadow_is_ended_by_the_next_command_whose_shadow_no_request_reaches(
+        world, server):
     """SIGKILL during a shadow (no handler runs): the SHADOW pointer and the staged copy stay behind, and the champion
     keeps serving. The next `podium promote` of the location ends that shadow and withdraws its candidate before it
-    stages its own (here refused at its short deadline, with no traffic), and one champion is named everywhere."""
+    stages its own, and one champion is named everywhere. That promotion's shadow is one no live request reaches:
+    it refuses its candidate at its (short) deadline, as promotion.shadow.on_no_traffic's default says."""
     root, env = world
     champion = _check_one_champion(root, env, server)
     proc, orphan = _promote_until_shadowed(root, env)
@@ -347,7 +340,9 @@ def test_a_promotion_killed_during_its_shadow_is_ended_by_the_next_command(world
     after = podium(["promote", "--json", "--config", str(_config(root, "best")), "--shadow-duration", "3"], env)
     assert f"ended the shadow of {orphan}" in after.stderr, after.stderr[-3000:]
     outcome = json.loads(after.stdout.strip().splitlines()[-1])
-    assert outcome["promoted"] is None and "no live request reached the shadow" in outcome["promotion_reason"]
+    assert outcome["promoted"] is None and outcome["shadow"]["requests"] == 0, outcome
+    assert "no live request reached the shadow" in outcome["promotion_reason"]
+    assert "on_no_traffic = refuse" in outcome["promotion_reason"]
     assert (root / "serving" / "versions" / orphan / "DISCARDED.json").exists()
     assert not (root / "serving" / "SHADOW").exists()
     assert _check_one_champion(root, env, server) == champion
@@ -374,7 +369,8 @@ def test_a_candidate_that_passed_its_shadow_waits_for_approval_and_an_approval_p
     assert _current(root) == champion
     said = _replica_shows(server, "shadow", None)  # the shadow ended when it had its requests
     assert said["shadow"] is None and said["version"] == champion
-    podium(["approve", "--run-name", "best", "--reason", "the shadow agreed", "--by", "ana"], env)
+    # the approval in this process (its own process: test_promotion_state's, test_champion_files')
+    podium_in_process(["approve", "--run-name", "best", "--reason", "the shadow agreed", "--by", "ana"], env)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     outcome = json.loads(out.strip().splitlines()[-1])
