@@ -44,16 +44,23 @@ def test_render_writes_every_manifest_and_the_stream_for_kubectl(tmp_path):
     written = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster), "--out", str(out)],
                      dict(os.environ)).stdout.split()
     assert sorted(Path(p).relative_to(out).as_posix() for p in written) == [
-        "nightly.yaml", "on-demand/rayjob-nightly.yaml", "podium-config.yaml", "prefect-worker.yaml",
-        "prefect/work-pool.json", "serve.yaml"]
+        "network-policy.yaml", "nightly.yaml", "on-demand/rayjob-nightly.yaml", "podium-config.yaml",
+        "prefect-worker.yaml", "prefect/work-pool.json", "serve.yaml"]
     assert json.loads((out / "prefect" / "work-pool.json").read_text())["job_configuration"]["job_manifest"]["kind"] == "Job"
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     kinds = [doc["kind"] for doc in yaml.safe_load_all(stream)]
     # what `kubectl apply -f -` takes: the on-demand RayJob (generateName, for `kubectl create`) is not in it
     assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "CronJob", "ServiceAccount",
                      "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role",
-                     "RoleBinding", "Deployment", "ServiceAccount"]
+                     "RoleBinding", "Deployment", "ServiceAccount", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy"]
     assert {doc["metadata"]["namespace"] for doc in yaml.safe_load_all(stream)} == {"ml"}
+    # the set `kubectl apply` takes, as the command wrote it, strictly valid (the NetworkPolicies among them)
+    import kubernetes_validate
+
+    from podium.deployments.k8s import KUBERNETES_VERSION
+
+    for doc in yaml.safe_load_all(stream):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     # rendered in a folder of this machine: none of its paths in any manifest (the pods' home is the volume's)
     for path in out.rglob("*.*"):
         assert str(tmp_path) not in path.read_text() and os.getcwd() not in path.read_text(), path
