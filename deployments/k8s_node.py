@@ -10,9 +10,10 @@ run left RUNNING. Here the head's first process is podium's (the head group's te
 ray-operator/controllers/ray/common/pod.go, BuildPod). It starts the `ray start` command KubeRay generated, which
 KubeRay hands it in KUBERAY_GEN_RAY_START_CMD (setContainerEnvVars), and on SIGTERM:
 
-1. stops every job still running through the dashboard's job API (`JobSubmissionClient.stop_job`): Ray's job
-   supervisor sends the driver, `podium run`, SIGTERM, and SIGKILL only RAY_JOB_STOP_WAIT_TIME_S later, so that
-   podium ends the night as its own stop does (MLflow run KILLED, flow run Cancelled, nothing promoted, exit 143);
+1. stops every job still running through the dashboard's job API (POST /api/jobs/<id>/stop, what
+   `JobSubmissionClient.stop_job` sends): Ray's job supervisor sends the driver, `podium run`, SIGTERM, and
+   SIGKILL only RAY_JOB_STOP_WAIT_TIME_S later, so that podium ends the night as its own stop does (MLflow run
+   KILLED, flow run Cancelled, nothing promoted, exit 143);
 2. waits for those jobs to end (at most that wait and a margin), says how each ended, with the last lines of its log;
 3. `ray stop`, and exits 143.
 
@@ -22,6 +23,7 @@ The grace periods nest, each outer one longer than the one inside it: the pod's 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
@@ -31,9 +33,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any, Protocol
 
 from podium.core.exits import EXIT_REFUSED, exit_for_signal
@@ -52,7 +55,7 @@ ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})  # ray.job_submission.JobS
 
 
 class JobClient(Protocol):
-    """What the head uses of ray.job_submission.JobSubmissionClient (a fake in the unit tests)."""
+    """What the head uses of Ray's job API (DashboardJobs; a fake in the unit tests)."""
 
     def list_jobs(self) -> list[Any]: ...
 
@@ -160,14 +163,40 @@ def _raise_open_files() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def _job_client(url: str) -> JobClient | None:
-    try:
-        from ray.job_submission import JobSubmissionClient
+class DashboardJobs:
+    """The head's job API over HTTP: the requests ray.job_submission.JobSubmissionClient makes (GET /api/jobs/,
+    POST /api/jobs/<id>/stop, GET /api/jobs/<id>, GET /api/jobs/<id>/logs), without importing Ray into the `podium`
+    command (its parser loads this module)."""
 
-        return JobSubmissionClient(url)  # type: ignore[return-value]
-    except Exception as exc:  # the dashboard not (yet, or any more) up: there is no job to stop
+    def __init__(self, url: str, timeout_s: float = 10.0):
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def _call(self, method: str, path: str) -> Any:
+        request = urllib.request.Request(f"{self.url}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            return json.loads(response.read().decode() or "null")
+
+    def list_jobs(self) -> list[Any]:
+        return [SimpleNamespace(**job) for job in self._call("GET", "/api/jobs/")]
+
+    def stop_job(self, job_id: str) -> bool:
+        return bool(self._call("POST", f"/api/jobs/{job_id}/stop").get("stopped"))
+
+    def get_job_status(self, job_id: str) -> Any:
+        return self._call("GET", f"/api/jobs/{job_id}")["status"]
+
+    def get_job_logs(self, job_id: str) -> str:
+        return str(self._call("GET", f"/api/jobs/{job_id}/logs").get("logs", ""))
+
+
+def _job_client(url: str) -> JobClient | None:
+    client = DashboardJobs(url)
+    try:
+        client._call("GET", "/api/version")
+    except (OSError, ValueError) as exc:  # the dashboard not (yet, or any more) up: there is no job to stop
         say(f"the job API at {url} does not answer ({type(exc).__name__}): no job to stop")
         return None
+    return client
 
 
 def _ray_stop(env: dict[str, str]) -> None:

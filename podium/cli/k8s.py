@@ -39,6 +39,7 @@ from podium import prefect_api
 from podium.cli.errors import CliError
 from podium.config import load_config, load_table_file
 from podium.core.rayjob import RayJobOutcome, observe_rayjob
+from podium.deployments.k8s_node import run_head
 from podium.deployments.k8s_watch import (
     KubernetesApiError,
     Recorded,
@@ -224,6 +225,4 @@ def record_end(outcome: RayJobOutcome, rayjob: str, run_name: str | None, starte
 
 def cmd_ray_head(args: argparse.Namespace) -> int:
     """Run the RayJob's Ray head; on SIGTERM stop its jobs (their drivers get SIGTERM), then Ray; exit 143."""
-    from podium.deployments.k8s_node import run_head
-
     return run_head()
