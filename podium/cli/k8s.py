@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from podium import prefect_api
+from podium.cli import signals
 from podium.cli.errors import CliError
 from podium.config import load_config, load_table_file
 from podium.core.rayjob import RayJobOutcome, observe_rayjob
@@ -167,6 +168,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise CliError(f"--manifest {args.manifest}: expected the rendered RayJob as JSON ({exc})") from None
     if template.get("kind") != "RayJob":
         raise CliError(f"--manifest {args.manifest} holds a {template.get('kind')!r}: expected the rendered RayJob")
+    signals.stop_before_the_run()  # a pod's stop (SIGTERM) ends the command, 143; the RayJob goes on
     api_url, token, context = api_of(args)
     args.name = night_name(template, datetime.now(timezone.utc))
     try:
@@ -190,6 +192,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Follow a RayJob; print each change of its state in podium's terms; record its end on the nightly's flow
     run; exit with the final outcome's code."""
     prefect_api.bound_client_settings(os.environ)  # before Prefect is imported
+    # a SIGTERM (the pod's stop) or Ctrl-C ends the watch at once, 143 / 130, with nothing recorded: the RayJob goes
+    # on, and a watch started again follows it to its end
+    signals.stop_before_the_run()
     run_name = nightly_run_name(args)  # a config that does not load is refused before the watch
     api_url, token, context = api_of(args)
     rayjob = f"{args.namespace}/{args.name}"

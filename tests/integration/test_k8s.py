@@ -351,3 +351,25 @@ def test_submit_makes_each_night_a_new_rayjob_follows_it_and_prunes_the_old_nigh
         assert again.returncode == 0 and len(happened["made"]) == 1, again.stdout
     else:  # the minute turned: a second night, a RayJob of its own
         assert [m["metadata"]["name"] for m in happened["made"]][0] != happened["made"][-1]["metadata"]["name"]
+
+
+def test_a_watch_stopped_by_sigterm_exits_143_at_once_and_leaves_the_rayjob_going(tmp_path):
+    """The CronJob's pod stopped while it follows the night (SIGTERM): the command ends at once, 143, one line,
+    no traceback; the RayJob is not touched (a watch started again follows it)."""
+    import signal
+    import time
+
+    running = [rayjob(_status("Running", "RUNNING"))]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    with fake_kubernetes_api("podium", "podium-nightly", running) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "k8s", "watch", "podium-nightly", "--api-url", url,
+                                 "--poll-s", "0.2", "--run-name", "n-{date}"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "Running (running)" in first, first
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, first + out + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "podium: stopped by SIGTERM", err
