@@ -50,7 +50,7 @@ JOB_STOP_WAIT_S = 90  # RAY_JOB_STOP_WAIT_TIME_S of the head's Ray: the driver's
 JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 OPEN_FILES = 65536  # what KubeRay's generated command asks for (`ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}`)
 DASHBOARD_PORT = 8265
-LOG_TAIL_LINES = 5
+LOG_TAIL_LINES = 10
 ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})  # ray.job_submission.JobStatus's terminal values
 
 
