@@ -117,3 +117,48 @@ def test_the_head_process_stops_ray_on_sigterm_and_exits_143(tmp_path: Path):
     out, _ = head.communicate(timeout=60)
     assert head.returncode == 143, out
     assert "SIGTERM: stopping the running jobs first" in out and "stopping Ray" in out, out
+
+
+def test_the_job_api_is_called_as_rays_job_submission_client_calls_it():
+    """DashboardJobs against a stand-in dashboard answering the paths and bodies of Ray 2.60's job API
+    (ray/dashboard/modules/job/sdk.py: list_jobs, stop_job, get_job_status, get_job_logs)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from podium.deployments.k8s_node import DashboardJobs
+
+    calls: list[tuple[str, str]] = []
+    status = ["RUNNING"]
+
+    class Dashboard(BaseHTTPRequestHandler):
+        def _json(self, body) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            calls.append(("GET", self.path))
+            job = {"type": "SUBMISSION", "job_id": "02000000", "submission_id": "night", "status": status[0]}
+            self._json({"/api/jobs/": [job], "/api/jobs/night": job,
+                        "/api/jobs/night/logs": {"logs": "a\npodium: stopped by SIGTERM\n"}}[self.path])
+
+        def do_POST(self) -> None:
+            calls.append(("POST", self.path))
+            status[0] = "STOPPED"
+            self._json({"stopped": True})
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (night,) = stop_running_jobs(DashboardJobs(f"http://127.0.0.1:{server.server_address[1]}"), wait_s=10)
+    finally:
+        server.shutdown()
+    assert (night.submission_id, night.status, night.log_tail[-1]) == ("night", "STOPPED", "podium: stopped by SIGTERM")
+    assert calls[:3] == [("GET", "/api/jobs/"), ("POST", "/api/jobs/night/stop"), ("GET", "/api/jobs/night")]
