@@ -97,6 +97,16 @@ def without_shm(doc: dict) -> dict:
     return doc
 
 
+def init_always(doc: dict) -> dict:
+    """A Deployment whose init container podman 4.3 can play: its default init type, `once`, removes the init
+    container as soon as it ended, racing its own end ("cannot remove container ... as it is running"); `always`
+    runs it at each start of the pod, as a kubelet does, and keeps it."""
+    if doc["kind"] == "Deployment" and doc["spec"]["template"]["spec"].get("initContainers"):
+        for meta in (doc["metadata"], doc["spec"]["template"]["metadata"]):
+            meta.setdefault("annotations", {})["io.podman.annotations.init.container.type"] = "always"
+    return doc
+
+
 class Namespace:
     """What an empty namespace became: the network, the volume with the data, the rendered manifests."""
 
@@ -290,7 +300,7 @@ def test_a_night_in_containers_is_promoted_and_served_by_the_serve_pod(cluster_n
     the first promotion, not ready (/ping 503) and not restarted; the first night promotes and the pod serves it."""
     ns = cluster_ns
     serve = ns.k8s / "serve-played.yaml"
-    write_manifests(serve, [without_shm(d) if d["kind"] == "Deployment" else d
+    write_manifests(serve, [init_always(without_shm(d)) if d["kind"] == "Deployment" else d
                             for d in yaml.safe_load_all((ns.k8s / "serve.yaml").read_text())])
     ns.play(serve)
     ip = serve_pod(ns)
