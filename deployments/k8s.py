@@ -14,6 +14,7 @@ Prefect deployment's run of the same config are the same run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from podium.config import PipelineConfig, format_validation_error
 from podium.core.redaction import has_password
 from podium.core.version import __version__ as podium_version
 from podium.deployments.definitions import WORK_POOL, nightly_config
+from podium.deployments.k8s_node import HEAD_STOP_GRACE_S, JOB_STOP_WAIT_ENV, JOB_STOP_WAIT_S, OVERWRITE_COMMAND_ANNOTATION
 from podium.errors import ConfigError
 from podium.storage.backends import store_of  # the kind of store a location lives in: storage's own answer
 
@@ -233,9 +235,25 @@ def check_renderable(config: PipelineConfig, cluster: ClusterSettings) -> None:
 MODEL_SLUG_MAX = 16  # KubeRay refuses a RayJob name over 47 characters: podium-<model>-nightly-<yyyymmdd-hhmm>
 
 
+MODEL_HASH_CHARS = 5  # hex digits of the model name's sha256 that keep a changed slug unique
+
+
+def model_slug(model: str) -> str:
+    """The model's name as a DNS label of at most MODEL_SLUG_MAX characters: itself where it is one, else its
+    letters and digits with a short hash of the whole name (`Fraud_v2.1` -> `fraud-v2-1-3c72e`), so that two names
+    that read alike after the change (`fraud.v2`, `fraud_v2`) still name different resources."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+    if slug == model and len(slug) <= MODEL_SLUG_MAX:
+        return slug
+    digest = hashlib.sha256(model.encode()).hexdigest()[:MODEL_HASH_CHARS]
+    head = slug[:MODEL_SLUG_MAX - MODEL_HASH_CHARS - 1].strip("-")
+    return f"{head}-{digest}" if head else f"model-{digest}"
+
+
 def instance_of(config: PipelineConfig) -> str:
-    """The prefix of every name of one model's resources (`podium-<model>`), so that two models share a namespace."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", config.model.lower()).strip("-")[:MODEL_SLUG_MAX].strip("-") or "model"
+    """The prefix of every name of one model's resources (`podium-<model slug>`), so that two models share a
+    namespace."""
+    slug = model_slug(config.model)
     return slug if slug == PART_OF or slug.startswith(f"{PART_OF}-") else f"{PART_OF}-{slug}"
 
 
@@ -413,6 +431,7 @@ def quantity(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
 
 
+HEAD_COMMAND = ["podium", "k8s", "ray-head"]  # the RayJob head's container (podium.deployments.k8s_node)
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -445,8 +464,14 @@ def ray_cluster_spec(config: PipelineConfig, cluster: ClusterSettings) -> dict[s
     ports = [{"containerPort": 6379, "name": "gcs-server"}, {"containerPort": 8265, "name": "dashboard"},
              {"containerPort": 10001, "name": "client"}]
     account = ray_account(config)
-    head = pod_spec([container("ray-head", config, cluster, head_res, shm=True, ports=ports)], config, cluster,
-                    account, shm=True)
+    # the head's first process is podium's (podium.deployments.k8s_node): a pod's stop (SIGTERM) reaches the night's
+    # driver through Ray's job API before Ray stops; KubeRay keeps this command for the annotation below, and hands
+    # it its generated `ray start` in KUBERAY_GEN_RAY_START_CMD. The grace periods nest: the pod's, then Ray's
+    # SIGTERM-to-SIGKILL of the driver, then podium's own stop.
+    head_env = [{"name": JOB_STOP_WAIT_ENV, "value": str(JOB_STOP_WAIT_S)}]
+    head_main = container("ray-head", config, cluster, head_res, shm=True, ports=ports, command=HEAD_COMMAND)
+    head_main["env"] = [*head_main["env"], *head_env]
+    head = pod_spec([head_main], config, cluster, account, shm=True, terminationGracePeriodSeconds=HEAD_STOP_GRACE_S)
     worker = pod_spec([container("ray-worker", config, cluster, worker_res, shm=True)], config, cluster, account,
                       shm=True)
     if head_gpus:  # the GPU nodes' taint: the head's validations run on a GPU too
@@ -458,7 +483,9 @@ def ray_cluster_spec(config: PipelineConfig, cluster: ClusterSettings) -> dict[s
     return {
         "rayVersion": RAY_VERSION,
         "headGroupSpec": {"rayStartParams": head_params,
-                          "template": {"metadata": {"labels": labels("ray-head", instance)}, "spec": head}},
+                          "template": {"metadata": {"labels": labels("ray-head", instance),
+                                                    "annotations": {OVERWRITE_COMMAND_ANNOTATION: "true"}},
+                                       "spec": head}},
         "workerGroupSpecs": [{"groupName": "gpu-workers" if config.scaling.use_gpu else "workers",
                               "replicas": n, "minReplicas": n, "maxReplicas": n, "rayStartParams": worker_params,
                               "template": {"metadata": {"labels": labels("ray-worker", instance)}, "spec": worker}}],
@@ -540,6 +567,21 @@ def serve_command(config: PipelineConfig, cluster: ClusterSettings) -> list[str]
             "--replicas", str(cluster.serve_replicas), "--num-cpus", f"{cluster.serve_cpus:g}"]
 
 
+def serving_location_init(config: PipelineConfig, cluster: ClusterSettings) -> dict[str, Any] | None:
+    """The serve pod's init container that makes its serving location on the shared volume, where it is a local
+    path: `podium serve` refuses a location that is not there (a fresh volume, before the first promotion), and the
+    pod would restart until the first night (CrashLoopBackOff); with the folder there it runs, not ready (/ping 503),
+    until a champion is promoted. None: the location is in an object store, which needs no folder made."""
+    if store_of(config.serving) is not None or not cluster.shared_volume_claim:
+        return None
+    _, mounts = pod_volumes(config, cluster, with_config=False)
+    return {"name": "serving-location", "image": cluster.image, "imagePullPolicy": cluster.image_pull_policy,
+            "command": ["mkdir", "-p", config.serving.removeprefix("file://")],
+            "volumeMounts": [m for m in mounts if m["name"] == "podium-shared"],
+            "securityContext": CONTAINER_SECURITY,
+            "resources": {"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}}
+
+
 def serve_deployment(config: PipelineConfig, cluster: ClusterSettings) -> list[dict[str, Any]]:
     """`podium serve` as a Deployment of `serve_pods` pods (each its own Ray, Ray Serve's replicas in it), its
     Service and a PodDisruptionBudget. A pod is ready when `GET /ping` answers 200 (a model loaded; 503 before), so
@@ -558,13 +600,16 @@ def serve_deployment(config: PipelineConfig, cluster: ClusterSettings) -> list[d
     instance = instance_of(config)
     name = f"{instance}-serve"
     picked = selector("serve", instance)
+    pod = pod_spec([main], config, cluster, name, with_config=False, shm=True, restartPolicy="Always",
+                   terminationGracePeriodSeconds=60)
+    init = serving_location_init(config, cluster)
+    if init is not None:
+        pod["initContainers"] = [init]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(name, "serve", instance, cluster),
         "spec": {"replicas": cluster.serve_pods, "selector": {"matchLabels": picked},
                  "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-                 "template": {"metadata": {"labels": labels("serve", instance)},
-                              "spec": pod_spec([main], config, cluster, name, with_config=False, shm=True,
-                                               restartPolicy="Always", terminationGracePeriodSeconds=60)}}}
+                 "template": {"metadata": {"labels": labels("serve", instance)}, "spec": pod}}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name, "serve", instance, cluster),
                "spec": {"selector": picked, "ports": [{"name": "http", "port": cluster.serve_port,
                                                         "targetPort": "http"}]}}
@@ -572,6 +617,39 @@ def serve_deployment(config: PipelineConfig, cluster: ClusterSettings) -> list[d
               "metadata": metadata(name, "serve", instance, cluster),
               "spec": {"maxUnavailable": 1, "selector": {"matchLabels": picked}}}
     return [service_account(name, "serve", instance, cluster, token=False), deployment, service, budget]
+
+
+RAY_DASHBOARD_PORT = 8265  # the job API the submitter's `ray job submit` calls
+RAY_CLIENT_PORT = 10001  # Ray's client server, for flow runs given ray_address
+
+
+def network_policies(config: PipelineConfig, cluster: ClusterSettings) -> list[dict[str, Any]]:
+    """Who may reach a model's pods: nothing by default; the Ray pods from each other (every port: Ray's workers
+    listen on ports of their own), from the night's submitter (the job API) and, where flow runs are given a Ray
+    address, from the work pool's flow runs (Ray's client port); the serve pods on their HTTP port. Egress is left
+    open (the servers, the stores, the registry are the team's). Needs a network plugin that enforces
+    NetworkPolicy (Calico, Cilium...): without one they are accepted and do nothing."""
+    instance = instance_of(config)
+    meta = lambda name, component: metadata(f"{instance}-{name}", component, instance, cluster)
+    ours = {"app.kubernetes.io/name": "podium", "app.kubernetes.io/instance": instance}
+    ray_pods = {"matchLabels": ours, "matchExpressions": [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["ray-head", "ray-worker"]}]}
+    submitter = {"matchLabels": {**ours, "app.kubernetes.io/component": "submitter"}}
+    ray_from = [{"from": [{"podSelector": ray_pods}]},
+                {"from": [{"podSelector": submitter}], "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]
+    if cluster.ray_address:
+        flow_runs = {"matchLabels": selector("flow-run", work_pool_name(cluster))}
+        ray_from.append({"from": [{"podSelector": flow_runs}],
+                         "ports": [{"protocol": "TCP", "port": RAY_CLIENT_PORT}]})
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("deny-ingress", "network"),
+         "spec": {"podSelector": {"matchLabels": ours}, "policyTypes": ["Ingress"]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("ray", "network"),
+         "spec": {"podSelector": ray_pods, "policyTypes": ["Ingress"], "ingress": ray_from}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta("serve", "network"),
+         "spec": {"podSelector": {"matchLabels": selector("serve", instance)}, "policyTypes": ["Ingress"],
+                  "ingress": [{"ports": [{"protocol": "TCP", "port": cluster.serve_port}]}]}},
+    ]
 
 
 def work_pool_name(cluster: ClusterSettings) -> str:
@@ -711,6 +789,7 @@ def render(config: PipelineConfig, cluster: ClusterSettings) -> dict[str, list[d
         "nightly.yaml": nightly_resources(config, cluster),
         "serve.yaml": serve_deployment(config, cluster),
         "prefect-worker.yaml": worker_resources(cluster),
+        "network-policy.yaml": network_policies(config, cluster),
         # a night on demand (`kubectl create -f`: its generateName makes a new RayJob each time; `apply` refuses it)
         "on-demand/rayjob-nightly.yaml": [ray_job(config, cluster)],
         "prefect/work-pool.json": work_pool_template(config, cluster),

@@ -3,6 +3,8 @@
     podium k8s render --config podium.toml [--cluster cluster.toml] [--out k8s/]
     podium k8s submit --manifest /etc/podium/rayjob.json --config /etc/podium/podium.json [--namespace podium]
     podium k8s watch podium-fraud-nightly-20260101-0200 --config podium.toml [--namespace podium] [--api-url URL]
+    podium k8s ray-head
+
 
 `render` writes the manifests (podium.deployments.k8s): with --out, one file each (the YAML resources, and the
 Prefect work pool's base job template in prefect/work-pool.json, a folder `kubectl apply -f` does not read);
@@ -16,6 +18,10 @@ generateName with the date and minute), follows it as `watch` does, and deletes 
 PREFECT_API_URL; the run named by --config or --run-name), and exits with the code `podium run` would have (0 done,
 1 failed or timed out, 2 refused by KubeRay's validation, 3 the cluster's head lost or the RayJob deleted before its
 end, 143 stopped).
+
+`ray-head` is the command of the rendered RayJob's head container, not one to type: it runs the `ray start` KubeRay
+generated (KUBERAY_GEN_RAY_START_CMD) and, when the pod is stopped (SIGTERM), stops the night's running jobs first,
+so that `podium run` gets the SIGTERM and ends the night as podium's stop does, then Ray (podium.deployments.k8s_node).
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from typing import Any
 import yaml
 
 from podium import prefect_api
+from podium.cli import signals
 from podium.cli.errors import CliError
 from podium.config import load_config, load_table_file
 from podium.core.rayjob import RayJobOutcome, observe_rayjob
+from podium.deployments.k8s_node import run_head
 from podium.deployments.k8s_watch import (
     KubernetesApiError,
     Recorded,
@@ -49,7 +57,7 @@ from podium.settings import PodiumSettings
 
 
 def add_k8s_parser(sub: Any) -> None:
-    """`podium k8s render` and `podium k8s watch`."""
+    """`podium k8s render`, `submit`, `watch` and `ray-head`."""
     k8s = sub.add_parser("k8s", help="Kubernetes manifests of podium's jobs (KubeRay, Prefect), and a RayJob's end.",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = k8s.add_subparsers(dest="k8s_command", required=True)
@@ -80,6 +88,9 @@ def add_k8s_parser(sub: Any) -> None:
                                               "nightly-{date}).")
     submit.set_defaults(func=cmd_submit)
     watch.set_defaults(func=cmd_watch)
+    head = verbs.add_parser("ray-head", help="The RayJob head container's command: KubeRay's `ray start`, and a pod's "
+                                             "stop passed to the night's jobs before Ray stops.")
+    head.set_defaults(func=cmd_ray_head)
 
 
 def to_yaml(docs: list[dict[str, Any]]) -> str:
@@ -157,6 +168,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise CliError(f"--manifest {args.manifest}: expected the rendered RayJob as JSON ({exc})") from None
     if template.get("kind") != "RayJob":
         raise CliError(f"--manifest {args.manifest} holds a {template.get('kind')!r}: expected the rendered RayJob")
+    signals.stop_before_the_run()  # a pod's stop (SIGTERM) ends the command, 143; the RayJob goes on
     api_url, token, context = api_of(args)
     args.name = night_name(template, datetime.now(timezone.utc))
     try:
@@ -180,6 +192,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Follow a RayJob; print each change of its state in podium's terms; record its end on the nightly's flow
     run; exit with the final outcome's code."""
     prefect_api.bound_client_settings(os.environ)  # before Prefect is imported
+    # a SIGTERM (the pod's stop) or Ctrl-C ends the watch at once, 143 / 130, with nothing recorded: the RayJob goes
+    # on, and a watch started again follows it to its end
+    signals.stop_before_the_run()
     run_name = nightly_run_name(args)  # a config that does not load is refused before the watch
     api_url, token, context = api_of(args)
     rayjob = f"{args.namespace}/{args.name}"
@@ -211,3 +226,8 @@ def record_end(outcome: RayJobOutcome, rayjob: str, run_name: str | None, starte
     if prefect_api.link().api_url is None:
         return Recorded(outcome, "not recorded in Prefect: PREFECT_API_URL is not set")
     return record_rayjob_end(outcome, rayjob, run_name, started)
+
+
+def cmd_ray_head(args: argparse.Namespace) -> int:
+    """Run the RayJob's Ray head; on SIGTERM stop its jobs (their drivers get SIGTERM), then Ray; exit 143."""
+    return run_head()

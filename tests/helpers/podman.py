@@ -151,6 +151,17 @@ def ensure_wheelhouse(cache: Path) -> Path:
     return house
 
 
+def _can_build_here() -> bool:
+    """Whether this Python builds podium's wheel without an isolated build environment: pyproject.toml's setuptools
+    (>= 68) with a bdist_wheel (its own from 70.1, else the `wheel` package). Otherwise pip makes one from the index."""
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    from importlib.metadata import version
+
+    major_minor = tuple(int(p) for p in version("setuptools").split(".")[:2] if p.isdigit())
+    return major_minor >= (70, 1) or (major_minor >= (68,) and importlib.util.find_spec("wheel") is not None)
+
+
 @dataclass
 class Image:
     tag: str
@@ -173,7 +184,7 @@ def ensure_image(env: dict[str, str], cache: Path) -> Image:
         context = Path(tempfile.mkdtemp(prefix="context-", dir=cache))
         try:
             shutil.copytree(house, context / "wheels", copy_function=os.link)  # hard links: no copy of 500 MB
-            isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+            isolation = ["--no-build-isolation"] if _can_build_here() else []
             subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w",
                             str(context / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
             podman(["build", "--build-arg", f"BASE={base}", "-f", str(CONTAINERFILE), "-t", tag, str(context)], env,
@@ -206,7 +217,9 @@ def ray_start_command(node_type: str, params: dict[str, str], resources: dict[st
     `address` is the head service's FQDN and port; the head's `dashboard-host` 0.0.0.0; `metrics-export-port` 8080;
     `block`; `dashboard-agent-listen-port` 52365), generateRayStartCommand (`num-cpus` and `memory` from the
     limits, `num-gpus` from a limit named *gpu) and convertParamMap (flags sorted, "true" as a bare flag); BuildPod
-    runs it as `ulimit -n 65536; <command>` in `/bin/bash -lc --`."""
+    runs it as `ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}; <command>` in `/bin/bash -lc --`, unless the
+    template's ray.io/overwrite-container-cmd annotation is "true" (the container's own command is kept; the
+    generated one is in KUBERAY_GEN_RAY_START_CMD either way)."""
     params = dict(params)
     if node_type == "worker":
         params.setdefault("address", f"{head_fqdn}:{head_port}")
@@ -270,8 +283,12 @@ def ray_node_pod(rayjob: dict[str, Any], names: RayClusterNames, node_type: str,
     spec = template["spec"]
     ray = spec["containers"][0]
     start = ray_start_command(node_type, group.get("rayStartParams", {}), ray.get("resources", {}), names.head_fqdn)
-    ray["command"] = ["/bin/bash", "-lc", "--"]
-    ray["args"] = [f"ulimit -n 65536; {start}"]
+    # BuildPod keeps the container's own command where the template says so (the ray.io/overwrite-container-cmd
+    # annotation: the rendered head's `podium k8s ray-head`, which runs KUBERAY_GEN_RAY_START_CMD itself)
+    overwrite = template.get("metadata", {}).get("annotations", {}).get("ray.io/overwrite-container-cmd", "")
+    if overwrite.lower() != "true":
+        ray["command"] = ["/bin/bash", "-lc", "--"]
+        ray["args"] = [f"ulimit -n ${{RAY_START_ULIMIT_OPEN_FILES:-65536}}; {start}"]
     env = ray.setdefault("env", [])
     env += [{"name": "RAY_CLUSTER_NAME", "value": names.cluster},
             {"name": "KUBERAY_GEN_RAY_START_CMD", "value": start}, {"name": "RAY_PORT", "value": "6379"},
@@ -285,8 +302,10 @@ def ray_node_pod(rayjob: dict[str, Any], names: RayClusterNames, node_type: str,
         spec["hostAliases"] = host_aliases
     labels = {**template.get("metadata", {}).get("labels", {}), "ray.io/cluster": names.cluster,
               "ray.io/node-type": node_type, "ray.io/group": group.get("groupName", "headgroup")}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": names.namespace, "labels": labels}, "spec": spec}
+    meta: dict[str, Any] = {"name": pod_name, "namespace": names.namespace, "labels": labels}
+    if template.get("metadata", {}).get("annotations"):
+        meta["annotations"] = template["metadata"]["annotations"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def submitter_pod(rayjob: dict[str, Any], names: RayClusterNames, submission_id: str,

@@ -44,16 +44,23 @@ def test_render_writes_every_manifest_and_the_stream_for_kubectl(tmp_path):
     written = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster), "--out", str(out)],
                      dict(os.environ)).stdout.split()
     assert sorted(Path(p).relative_to(out).as_posix() for p in written) == [
-        "nightly.yaml", "on-demand/rayjob-nightly.yaml", "podium-config.yaml", "prefect-worker.yaml",
-        "prefect/work-pool.json", "serve.yaml"]
+        "network-policy.yaml", "nightly.yaml", "on-demand/rayjob-nightly.yaml", "podium-config.yaml",
+        "prefect-worker.yaml", "prefect/work-pool.json", "serve.yaml"]
     assert json.loads((out / "prefect" / "work-pool.json").read_text())["job_configuration"]["job_manifest"]["kind"] == "Job"
     stream = podium(["k8s", "render", "--config", str(config), "--cluster", str(cluster)], dict(os.environ)).stdout
     kinds = [doc["kind"] for doc in yaml.safe_load_all(stream)]
     # what `kubectl apply -f -` takes: the on-demand RayJob (generateName, for `kubectl create`) is not in it
     assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "CronJob", "ServiceAccount",
                      "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role",
-                     "RoleBinding", "Deployment", "ServiceAccount"]
+                     "RoleBinding", "Deployment", "ServiceAccount", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy"]
     assert {doc["metadata"]["namespace"] for doc in yaml.safe_load_all(stream)} == {"ml"}
+    # the set `kubectl apply` takes, as the command wrote it, strictly valid (the NetworkPolicies among them)
+    import kubernetes_validate
+
+    from podium.deployments.k8s import KUBERNETES_VERSION
+
+    for doc in yaml.safe_load_all(stream):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     # rendered in a folder of this machine: none of its paths in any manifest (the pods' home is the volume's)
     for path in out.rglob("*.*"):
         assert str(tmp_path) not in path.read_text() and os.getcwd() not in path.read_text(), path
@@ -344,3 +351,25 @@ def test_submit_makes_each_night_a_new_rayjob_follows_it_and_prunes_the_old_nigh
         assert again.returncode == 0 and len(happened["made"]) == 1, again.stdout
     else:  # the minute turned: a second night, a RayJob of its own
         assert [m["metadata"]["name"] for m in happened["made"]][0] != happened["made"][-1]["metadata"]["name"]
+
+
+def test_a_watch_stopped_by_sigterm_exits_143_at_once_and_leaves_the_rayjob_going(tmp_path):
+    """The CronJob's pod stopped while it follows the night (SIGTERM): the command ends at once, 143, one line,
+    no traceback; the RayJob is not touched (a watch started again follows it)."""
+    import signal
+    import time
+
+    running = [rayjob(_status("Running", "RUNNING"))]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    with fake_kubernetes_api("podium", "podium-nightly", running) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "k8s", "watch", "podium-nightly", "--api-url", url,
+                                 "--poll-s", "0.2", "--run-name", "n-{date}"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "Running (running)" in first, first
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, first + out + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "podium: stopped by SIGTERM", err

@@ -28,10 +28,12 @@ from podium.deployments.k8s import (
     RAY_VERSION,
     ClusterSettings,
     check_renderable,
+    instance_of,
     load_cluster_settings,
     render,
 )
 from podium.errors import ConfigError
+from podium.flows.stop import STOP_GRACE_S
 
 REPO = Path(__file__).resolve().parents[2]
 RAYJOB_SCHEMA = json.loads((REPO / "deployments" / "k8s_schemas" / "rayjob.schema.json").read_text())
@@ -425,3 +427,80 @@ def test_the_night_is_scheduled_once_and_each_night_is_a_new_rayjob(rendered):
 def test_a_flow_run_reaches_ray_through_rays_client():
     with pytest.raises(ConfigError, match="ray://"):
         load_cluster_settings({"ray_address": "podium-head-svc:6379"})
+
+
+def test_odd_model_names_that_read_alike_once_made_dns_safe_get_different_names():
+    """`fraud.v2` and `fraud_v2` both read `fraud-v2` as a DNS label: a short hash of the name keeps them apart; a
+    name that is already a short label is kept as it is; every name stays a label within KubeRay's limit."""
+    config, cluster = local_defaults()
+    odd = [build_config({**config.model_dump(mode="json"), "model": model, "serving": f"{HOME}/serving/{i}"})
+           for i, model in enumerate(["fraud.v2", "fraud_v2", "Fraud.V2", "a" * 80, "a" * 81])]
+    rendered_names = [{d["metadata"].get("name") or d["metadata"]["generateName"]
+                       for f, docs in render(c, cluster).items() if f.endswith(".yaml") and f != "prefect-worker.yaml"
+                       for d in docs} for c in odd]
+    for i, names in enumerate(rendered_names):
+        assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?-?", n) and len(n) <= 63 for n in names), names
+        assert all(not names & other for other in rendered_names[i + 1:]), names
+        (rayjob,) = render(odd[i], cluster)["on-demand/rayjob-nightly.yaml"]
+        assert len(rayjob["metadata"]["generateName"] + "20260101-0200") <= 47
+    assert instance_of(config.model_copy(update={"model": "fraud"})) == "podium-fraud"
+
+
+def test_the_head_runs_podiums_ray_head_whose_stop_reaches_the_driver_within_nested_grace_periods(rendered):
+    """KubeRay keeps the head's command (the annotation BuildPod reads), `podium k8s ray-head`, a command podium's
+    parser takes; the pod's grace > Ray's SIGTERM-to-SIGKILL of the driver > podium's own stop budget. The workers
+    keep KubeRay's generated `ray start`."""
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
+    group = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert group["template"]["metadata"]["annotations"] == {"ray.io/overwrite-container-cmd": "true"}
+    (head,) = group["template"]["spec"]["containers"]
+    args = build_parser().parse_args(head["command"][1:])
+    assert head["command"][0] == "podium" and (args.command, args.k8s_command) == ("k8s", "ray-head")
+    wait = {e["name"]: e.get("value") for e in head["env"]}["RAY_JOB_STOP_WAIT_TIME_S"]
+    assert group["template"]["spec"]["terminationGracePeriodSeconds"] > int(wait) > STOP_GRACE_S
+    for worker in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        assert "annotations" not in worker["template"]["metadata"]
+        assert "command" not in worker["template"]["spec"]["containers"][0]
+
+
+def test_the_serve_pod_makes_its_serving_location_on_the_shared_volume_first():
+    """A fresh volume has no serving location, which `podium serve` refuses (the pod would restart until the first
+    night): an init container makes it, as podium's user, on the shared volume; a store's location needs none."""
+    config, cluster = local_defaults()
+    pod = kind_of(render(config, cluster), "serve.yaml", "Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["mkdir", "-p", config.serving]
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [cluster.shared_mount]
+    assert pod["securityContext"]["runAsUser"] == 1000 and init["securityContext"]["allowPrivilegeEscalation"] is False
+    config, cluster = s3_postgres_gpu()
+    assert "initContainers" not in kind_of(render(config, cluster), "serve.yaml", "Deployment")["spec"]["template"][
+        "spec"]
+
+
+def test_network_policies_let_ray_pods_hear_only_each_other_and_the_submitter_and_serving_only_its_port(rendered):
+    deny, ray, serve = rendered["network-policy.yaml"]
+    instance = kind_of(rendered, "serve.yaml", "Service")["spec"]["selector"]["app.kubernetes.io/instance"]
+    # nothing else: every pod of the model selected, no ingress rule
+    assert deny["spec"] == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "podium",
+                                                            "app.kubernetes.io/instance": instance}},
+                            "policyTypes": ["Ingress"]}
+    pods = pods_of(rendered)
+    (rayjob,) = rendered["on-demand/rayjob-nightly.yaml"]
+    templates = dict(zip(["head", "worker", "submitter"], pod_templates(rayjob), strict=True))
+
+    def picks(selector_: dict[str, Any], labels_: dict[str, str]) -> bool:
+        return all(labels_.get(k) == v for k, v in selector_.get("matchLabels", {}).items()) and all(
+            labels_.get(e["key"]) in e["values"] for e in selector_.get("matchExpressions", []))
+
+    labels_of = {k: t["metadata"]["labels"] for k, t in templates.items()}
+    assert picks(ray["spec"]["podSelector"], labels_of["head"]) and picks(ray["spec"]["podSelector"], labels_of["worker"])
+    assert not picks(ray["spec"]["podSelector"], labels_of["submitter"])
+    sources = [(r["from"][0]["podSelector"], r.get("ports")) for r in ray["spec"]["ingress"]]
+    assert picks(sources[0][0], labels_of["worker"]) and sources[0][1] is None  # Ray's own ports are many
+    assert picks(sources[1][0], labels_of["submitter"]) and sources[1][1] == [{"protocol": "TCP", "port": 8265}]
+    serve_labels = kind_of(rendered, "serve.yaml", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert picks(serve["spec"]["podSelector"], serve_labels) and not picks(serve["spec"]["podSelector"],
+                                                                           labels_of["head"])
+    port = kind_of(rendered, "serve.yaml", "Service")["spec"]["ports"][0]["port"]
+    assert serve["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}]}]
+    assert pods["serve"]["containers"][0]["ports"][0]["containerPort"] == port
