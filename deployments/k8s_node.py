@@ -108,6 +108,7 @@ class StoppedJob:
     submission_id: str
     status: str | None
     log_tail: list[str]
+    last_seen: str = ""  # the last status the job API gave, or why it gave none (a job not ended)
 
 
 def _status(value: Any) -> str:
@@ -129,13 +130,16 @@ def stop_running_jobs(client: JobClient, wait_s: float, poll_s: float = 0.5,
             logger.warning("podium k8s ray-head: could not stop job %s: %s", job_id, exc)
     deadline = clock() + wait_s
     statuses: dict[str, str | None] = dict.fromkeys(running)
+    seen: dict[str, str] = dict.fromkeys(running, "")
     while True:
         for job_id in running:
             if statuses[job_id] is None:
                 try:
                     status = _status(client.get_job_status(job_id))
-                except Exception:
-                    status = ""
+                except Exception as exc:  # the job API did not answer: said with the job's end
+                    status, seen[job_id] = "", f"{type(exc).__name__}: {exc}"
+                else:
+                    seen[job_id] = status
                 if status in ENDED:
                     statuses[job_id] = status
         if all(s is not None for s in statuses.values()) or clock() >= deadline:
@@ -145,9 +149,9 @@ def stop_running_jobs(client: JobClient, wait_s: float, poll_s: float = 0.5,
     for job_id in running:
         try:
             tail = client.get_job_logs(job_id).splitlines()[-LOG_TAIL_LINES:]
-        except Exception:
-            tail = []
-        stopped.append(StoppedJob(job_id, statuses[job_id], tail))
+        except Exception as exc:
+            tail = [f"(its log could not be read: {type(exc).__name__}: {exc})"]
+        stopped.append(StoppedJob(job_id, statuses[job_id], tail, seen[job_id]))
     return stopped
 
 
@@ -219,7 +223,7 @@ def stop_node(url: str, env: dict[str, str], node: subprocess.Popen[bytes],
             say(f"the jobs could not be listed ({type(exc).__name__}: {exc})")
             stopped = []
         for job in stopped:
-            say(f"job {job.submission_id}: {job.status or f'not ended within {wait_s:.0f} s'}")
+            say(f"job {job.submission_id}: {job.status or f'not ended within {wait_s:.0f} s (last seen: {job.last_seen})'}")
             for line in job.log_tail:
                 say(f"  {line}")
         if not stopped:

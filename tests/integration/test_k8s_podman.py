@@ -244,9 +244,12 @@ def run_night(ns: Namespace, label: str, stop_when: str | None = None) -> tuple[
         if stop_when is not None:
             wait_for(f"{stop_when!r} in the night's logs",
                      lambda: stop_when in podman(["logs", container], ns.env, check=False).stdout, 600, 2)
-            # the pod's stop as the kubelet does it: SIGTERM, SIGKILL after terminationGracePeriodSeconds
+            # the pod's stop as the kubelet does it: SIGTERM to the container's first process, SIGKILL after
+            # terminationGracePeriodSeconds, the pod's network (its sandbox) kept until the container has ended.
+            # Not `podman pod stop`: it stops the pod's infra container at once, and its network goes with it,
+            # under the head's Ray (the dashboard then reached neither the GCS nor the job's agent)
             grace = head["spec"]["terminationGracePeriodSeconds"]
-            podman(["pod", "stop", "-t", str(grace), names.head_pod], ns.env, timeout=grace + 60)
+            podman(["stop", "-t", str(grace), f"{names.head_pod}-ray-head"], ns.env, timeout=grace + 60)
             ns.head_logs = podman(["logs", f"{names.head_pod}-ray-head"], ns.env, check=False).stdout
             # the submitter sees its job STOPPED, or loses the head; KubeRay's submitter Job ends then (its
             # backoffLimit): here the submitter is given a minute, then stopped as its Job's end would
