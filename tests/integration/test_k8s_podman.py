@@ -160,9 +160,11 @@ class Namespace:
             podman(["rm", "-f", "-t", "0", "podium-data"], self.env)
 
     def play(self, path: Path) -> None:
-        """`kubectl apply -f path`, as podman plays it: the ConfigMap passed along for the pods that mount it."""
+        """`kubectl apply -f path`, as podman plays it: the ConfigMap passed along for the pods that mount it;
+        `--replace`: a pod of the same name that an earlier `kube down` left half removed (podman 4.3 left one
+        in state Created, its name still taken) is removed first, as apply replaces what it finds."""
         started = time.monotonic()
-        podman(["kube", "play", "--network", NETWORK, "--configmap", str(self.k8s / "podium-config.yaml"),
+        podman(["kube", "play", "--replace", "--network", NETWORK, "--configmap", str(self.k8s / "podium-config.yaml"),
                 str(path)], self.env, timeout=300)
         self.played.append(path)
         self.costs["play_s"] = self.costs.get("play_s", 0.0) + time.monotonic() - started
