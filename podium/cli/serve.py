@@ -1,6 +1,7 @@
 """`podium serve`: a serving location's champion over HTTP, on Ray Serve, following its promotions and rollbacks.
 
-It runs until stopped (Ctrl-C or SIGTERM: exit 0 once Serve and the Ray it started are down). It speaks
+It runs until stopped (Ctrl-C or SIGTERM: exit 0 once Serve and the Ray it started are down; a stop while Ray
+still starts: 130 or 143, one line, with nothing of it left running). It speaks
 MLflow's scoring protocol at /invocations, so clients of `mlflow models serve` work unchanged; every answer
 names the version that gave it (the X-Podium-Version header), and each replica counts the requests, errors and
 latency of each version, in Ray's metrics (ray_podium_serve_*) and on /version. When a promotion or a rollback
@@ -22,12 +23,15 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 from typing import Any
 
+from podium.cli import signals
 from podium.cli.errors import CliError
 from podium.cli.options import use_ray_address
 from podium.config import default_serving
+from podium.core.exits import exit_for_signal
 from podium.errors import ServingError
 from podium.live.ingress import HAPROXY, haproxy_binary, haproxy_environment, stop_leftover_haproxy
 from podium.live.port import PortHeld, claim_port
@@ -98,6 +102,11 @@ def _checked(args: argparse.Namespace) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     serving = _checked(args)
+    # until Serve's loop takes them: Ctrl-C or SIGTERM raise, so that the `finally`s below stop what started (exit
+    # 130 or 143, one line), where the default action would end the process with HAProxy's files and Ray's start
+    # half done
+    signals.stop_before_the_run()
+    _say_on_stdout()
     try:  # before Ray starts: Serve's proxy would share a held port with its holder (SO_REUSEPORT)
         claim = claim_port(args.host, args.port, serving)
     except PortHeld as exc:
@@ -106,6 +115,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _serve(args, serving)
     finally:
         claim.release()  # once Serve's proxy and the Ray it started are down
+
+
+class _Said(logging.StreamHandler):  # type: ignore[type-arg]
+    """podium's progress lines (`podium.progress`: which ingress serves, Ray's start, the stop) on stdout, beside
+    what this command prints of what serves."""
+
+
+def _say_on_stdout() -> None:
+    progress = logging.getLogger("podium.progress")
+    if not any(isinstance(h, _Said) for h in progress.handlers):
+        progress.addHandler(_Said(sys.stdout))
+    progress.setLevel(logging.INFO)
 
 
 def _serve(args: argparse.Namespace, serving: str) -> int:
@@ -149,7 +170,13 @@ def _serve_on_ray(args: argparse.Namespace, serving: str) -> int:
     from podium.live.server import ChampionServer
     from podium.training.cluster import ensure_ray
 
-    ensure_ray(args.num_cpus * args.replicas)
+    try:
+        ensure_ray(args.num_cpus * args.replicas)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, while it connects: sys.exit(15)
+        if exc.code == signal.SIGTERM:
+            raise SystemExit(exit_for_signal(signal.SIGTERM)) from None
+        raise
+    signals.stop_if_signalled()  # a start-up signal whose exception Ray's start swallowed
     stop = threading.Event()  # after Ray's start: ray.init installs a SIGTERM handler of its own
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 from helpers.checkpoints import make_trained_run, nightly_home
 from helpers.commands import podium
-from helpers.live import Answer, Load, Served, call, predictions, prometheus_samples, serving
+from helpers.live import Answer, Load, Served, call, predictions, prometheus_samples, serving, stop_podium
+from helpers.servers import free_port
 from podium_nightly_code import FEATURES
 
 pytestmark = pytest.mark.integration
@@ -343,3 +345,60 @@ def test_through_haproxy_ingress_requests_across_two_switches_never_fail_and_not
         time.sleep(0.5)
     assert not left, f"processes podium serve started are left after it stopped: {left}"
     print(f"{len(answers)} requests through HAProxy across two switches, 0 failed")
+
+
+def test_a_sigterm_while_ray_starts_stops_podium_serve_in_one_line_leaving_nothing_running(tmp_path):
+    """A pod's or a supervisor's stop (SIGTERM to the podium process alone) while `podium serve` starts its Ray:
+    exit 143, one line and no traceback, and nothing of it left: no process it started, no HAProxy of its folder,
+    the port free for the next server."""
+    location = tmp_path / "serving"
+    location.mkdir()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PYTHONUNBUFFERED"] = "1"  # its lines as they are said, through the pipe
+    proc = subprocess.Popen([sys.executable, "-m", "podium.cli", "serve", "--serving", str(location), "--port",
+                             str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    while not any("starting Ray Serve" in line for line in lines) and proc.poll() is None:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside Ray's start (its imports, then ray.init)
+    stop_podium(proc)
+    try:
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=10)
+    said = "".join(lines).strip()
+    assert proc.returncode == 143, (proc.returncode, said[-3000:])
+    assert "podium: stopped by SIGTERM" in said.splitlines() and "Traceback" not in said, said[-3000:]
+    deadline = time.monotonic() + 30  # Ray's processes end with their driver (fate sharing), within moments
+    while _in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _in_group(proc.pid)  # what it started, in its process group (start_new_session)
+    with socket.socket() as again:  # the port is free: the next `podium serve` can take it
+        again.bind(("127.0.0.1", port))
+
+
+def _in_group(pgid: int) -> list[str]:
+    """The live processes of process group `pgid`, with their command lines."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(f"{pid}: {args}")
+    return found
