@@ -155,7 +155,7 @@ def stop_running_jobs(client: JobClient, wait_s: float, poll_s: float = 0.5,
     return stopped
 
 
-def say(line: str) -> None:
+def head_says(line: str) -> None:
     """One line on the pod's log (`kubectl logs`): this process is the container's first, its output is the log."""
     print(f"podium k8s ray-head: {line}", flush=True)
 
@@ -198,7 +198,7 @@ def _job_client(url: str) -> JobClient | None:
     try:
         client._call("GET", "/api/version")
     except (OSError, ValueError) as exc:  # the dashboard not (yet, or any more) up: there is no job to stop
-        say(f"the job API at {url} does not answer ({type(exc).__name__}): no job to stop")
+        head_says(f"the job API at {url} does not answer ({type(exc).__name__}): no job to stop")
         return None
     return client
 
@@ -208,7 +208,7 @@ def _ray_stop(env: dict[str, str]) -> None:
         subprocess.run(["ray", "stop"], env=env, timeout=60, check=False, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        say(f"`ray stop` did not end ({exc})")
+        head_says(f"`ray stop` did not end ({exc})")
 
 
 def stop_node(url: str, env: dict[str, str], node: subprocess.Popen[bytes],
@@ -220,15 +220,15 @@ def stop_node(url: str, env: dict[str, str], node: subprocess.Popen[bytes],
         try:
             stopped = stop_running_jobs(client, wait_s)
         except Exception as exc:
-            say(f"the jobs could not be listed ({type(exc).__name__}: {exc})")
+            head_says(f"the jobs could not be listed ({type(exc).__name__}: {exc})")
             stopped = []
         for job in stopped:
-            say(f"job {job.submission_id}: {job.status or f'not ended within {wait_s:.0f} s (last seen: {job.last_seen})'}")
+            head_says(f"job {job.submission_id}: {job.status or f'not ended within {wait_s:.0f} s (last seen: {job.last_seen})'}")
             for line in job.log_tail:
-                say(f"  {line}")
+                head_says(f"  {line}")
         if not stopped:
-            say("no job was running")
-    say("stopping Ray")
+            head_says("no job was running")
+    head_says("stopping Ray")
     _ray_stop(env)
     try:
         node.wait(timeout=30)
@@ -259,15 +259,15 @@ def run_head(argv_env: dict[str, str] | None = None) -> int:
     try:
         _raise_open_files()
     except (OSError, ValueError) as exc:
-        say(f"open files not raised to {OPEN_FILES} ({exc})")
-    say(shlex.join(args))
+        head_says(f"open files not raised to {OPEN_FILES} ({exc})")
+    head_says(shlex.join(args))
     node = subprocess.Popen(args, env=env)  # the signals stay with this process: Ray gets them from `ray stop`
     while not asked.is_set():
         if node.poll() is not None:
-            say(f"Ray ended by itself (exit {node.returncode})")
+            head_says(f"Ray ended by itself (exit {node.returncode})")
             return node.returncode if node.returncode >= 0 else 128 - node.returncode
         asked.wait(1.0)
     name = signal.Signals(got[0]).name
-    say(f"{name}: stopping the running jobs first (their drivers get SIGTERM)")
+    head_says(f"{name}: stopping the running jobs first (their drivers get SIGTERM)")
     stop_node(dashboard_url(args), env, node)
     return exit_for_signal(got[0])
