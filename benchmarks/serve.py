@@ -498,7 +498,8 @@ def render(b: Bench, cpu: dict[int, float]) -> str:
                           f"{statistics.median([x['client_pct'] for x in rs]):.0f}" if rs else "–" for rs in runs)])
     lines = [
         "## Serving live (`benchmarks/serve.py`)",
-        f"`python benchmarks/serve.py --repeats {args.repeats}{''.join(' --podium-flag=' + f for f in args.podium_flag)}`"
+        f"`python benchmarks/serve.py --repeats {args.repeats}{''.join(' --podium-flag=' + f for f in args.podium_flag)}"
+        f"{_narrowed(args)}`"
         f": the demo champion on loopback, JSON dataframe_split requests of 1, 32 and 256 rows; capacity by `wrk` "
         f"(closed loop, the best of {', '.join(map(str, args.connections))} keep-alive connections, {args.closed_s:g} s "
         f"each), latency in an open loop ({args.open_s:g} s per rate, timed from each request's scheduled send); CPU of "
@@ -565,6 +566,17 @@ def goals(b: Bench, sizes: list[int]) -> tuple[str, str]:
             + "; ".join(verdicts) + ".",
             "- Open loop, p99 ms podium vs mlflow (\"not held\": answers/s below 95 % of the offered rate, or failures): "
             + "; ".join(open_said) + ".")
+
+
+def _narrowed(args: argparse.Namespace) -> str:
+    """The options that narrowed a run to some sizes or servers, as the command line gave them (the header names the
+    run it describes)."""
+    said = ""
+    if args.rows != [1, 32, 256]:
+        said += f" --rows {','.join(map(str, args.rows))}"
+    if args.servers != list(SERVERS):
+        said += f' --servers "{";".join(args.servers)}"'
+    return said
 
 
 def main() -> int:
