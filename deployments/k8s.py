@@ -28,7 +28,13 @@ from podium.config import PipelineConfig, format_validation_error
 from podium.core.redaction import has_password
 from podium.core.version import __version__ as podium_version
 from podium.deployments.definitions import WORK_POOL, nightly_config
-from podium.deployments.k8s_node import HEAD_STOP_GRACE_S, JOB_STOP_WAIT_ENV, JOB_STOP_WAIT_S, OVERWRITE_COMMAND_ANNOTATION
+from podium.deployments.k8s_node import (
+    DASHBOARD_PORT,
+    HEAD_STOP_GRACE_S,
+    JOB_STOP_WAIT_ENV,
+    JOB_STOP_WAIT_S,
+    OVERWRITE_COMMAND_ANNOTATION,
+)
 from podium.errors import ConfigError
 from podium.storage.backends import store_of  # the kind of store a location lives in: storage's own answer
 
@@ -431,6 +437,7 @@ def quantity(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
 
 
+RAY_CLIENT_PORT = 10001  # Ray's client server, for flow runs given ray_address
 HEAD_COMMAND = ["podium", "k8s", "ray-head"]  # the RayJob head's container (podium.deployments.k8s_node)
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -461,8 +468,8 @@ def ray_cluster_spec(config: PipelineConfig, cluster: ClusterSettings) -> dict[s
     worker_params = {"num-cpus": str(worker_cpus)}
     if config.scaling.use_gpu:
         _gpus(worker_res, worker_params, 1)
-    ports = [{"containerPort": 6379, "name": "gcs-server"}, {"containerPort": 8265, "name": "dashboard"},
-             {"containerPort": 10001, "name": "client"}]
+    ports = [{"containerPort": 6379, "name": "gcs-server"}, {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+             {"containerPort": RAY_CLIENT_PORT, "name": "client"}]
     account = ray_account(config)
     # the head's first process is podium's (podium.deployments.k8s_node): a pod's stop (SIGTERM) reaches the night's
     # driver through Ray's job API before Ray stops; KubeRay keeps this command for the annotation below, and hands
@@ -619,10 +626,6 @@ def serve_deployment(config: PipelineConfig, cluster: ClusterSettings) -> list[d
     return [service_account(name, "serve", instance, cluster, token=False), deployment, service, budget]
 
 
-RAY_DASHBOARD_PORT = 8265  # the job API the submitter's `ray job submit` calls
-RAY_CLIENT_PORT = 10001  # Ray's client server, for flow runs given ray_address
-
-
 def network_policies(config: PipelineConfig, cluster: ClusterSettings) -> list[dict[str, Any]]:
     """Who may reach a model's pods: nothing by default; the Ray pods from each other (every port: Ray's workers
     listen on ports of their own), from the night's submitter (the job API) and, where flow runs are given a Ray
@@ -636,7 +639,7 @@ def network_policies(config: PipelineConfig, cluster: ClusterSettings) -> list[d
         {"key": "app.kubernetes.io/component", "operator": "In", "values": ["ray-head", "ray-worker"]}]}
     submitter = {"matchLabels": {**ours, "app.kubernetes.io/component": "submitter"}}
     ray_from = [{"from": [{"podSelector": ray_pods}]},
-                {"from": [{"podSelector": submitter}], "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]
+                {"from": [{"podSelector": submitter}], "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]}]
     if cluster.ray_address:
         flow_runs = {"matchLabels": selector("flow-run", work_pool_name(cluster))}
         ray_from.append({"from": [{"podSelector": flow_runs}],

@@ -49,7 +49,7 @@ HEAD_STOP_GRACE_S = 120  # the head pod's terminationGracePeriodSeconds
 JOB_STOP_WAIT_S = 90  # RAY_JOB_STOP_WAIT_TIME_S of the head's Ray: the driver's SIGTERM to SIGKILL
 JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 OPEN_FILES = 65536  # what KubeRay's generated command asks for (`ulimit -n ${RAY_START_ULIMIT_OPEN_FILES:-65536}`)
-DASHBOARD_PORT = 8265
+DASHBOARD_PORT = 8265  # the head's dashboard: Ray's job API (the submitter's `ray job submit`, the stop here)
 LOG_TAIL_LINES = 10
 ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})  # ray.job_submission.JobStatus's terminal values
 

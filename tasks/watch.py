@@ -93,10 +93,7 @@ def watch_champion(plan: RunPlan, tracking: TrackingRun, outcome: PromotionOutco
                                verdict.numbers)
         said, state = verdict.reason, LiveState.STOPPED
         # the registered version says so too (`podium.watch = stopped`), as it says passed or rolled-back
-        served = layout.read_version(plan.serving, version)
-        if served is not None:
-            ledger.record_watch(tracking.tracking_uri, p.registered_model, served.manifest.get("version_uid"),
-                                served.uri, state, verdict)
+        _record_watch(plan.serving, tracking.tracking_uri, p.registered_model, version, state, verdict)
         end_watch(plan.serving, watched.watch_id)
     else:
         with promotion_lock(plan.serving) as still_locked:
@@ -130,9 +127,7 @@ def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched
         back = switch_back(serving, tracking_uri, name, alias, still_locked, previous, verdict.reason,
                            {**origin, "watch": verdict.as_dict()})
         outcome = LiveState.ROLLED_BACK
-    served = layout.read_version(serving, version)
-    if served is not None:
-        ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri, outcome, verdict)
+    _record_watch(serving, tracking_uri, name, version, outcome, verdict)
     end_watch(serving, watched.watch_id)
     if back is not None and back.switched:
         model = watched.model or name
@@ -141,6 +136,14 @@ def settle_watch(serving: str, tracking_uri: str, name: str, alias: str, watched
                    "to_version": back.to_version, "mlflow_version": back.mlflow_version, "withdrawn": back.withdrawn,
                    "reason": verdict.reason, "watch": verdict.as_dict()})
     return outcome
+
+
+def _record_watch(serving: str, tracking_uri: str, name: str, version: str, outcome: LiveState,
+                  verdict: WatchVerdict) -> None:
+    """The watch's outcome on the registered version of the serving version it watched (one never registered: none)."""
+    served = layout.read_version(serving, version)
+    if served is not None:
+        ledger.record_watch(tracking_uri, name, served.manifest.get("version_uid"), served.uri, outcome, verdict)
 
 
 def settle_orphan_watch(serving: str, tracking_uri: str, name: str, alias: str) -> LiveState | None:
