@@ -506,8 +506,38 @@ def release_ray() -> None:
 
 
 def _shut_down_ray() -> None:
-    with signal_handlers_kept():
-        ray.shutdown()
+    shut_down_ray()
+
+
+SHUTDOWN_WAIT_S = 30.0  # ray.shutdown's own work takes 1-3 s: past this it is hung (shut_down_ray)
+
+
+def shut_down_ray(wait_s: float = SHUTDOWN_WAIT_S) -> bool:
+    """`ray.shutdown()`, bounded. Its first step closes the driver's GCS subscribers with a blocking gRPC call
+    that has no deadline, and that call can go unanswered (ray-project/ray#44836, #45044; seen here once in a
+    test process's session of half an hour): the process then never exits. The shutdown runs in a daemon
+    thread; if it has not ended in `wait_s`, the processes of a local Ray this process started (its GCS first
+    among them) are killed, which ends the call (about 15 s later: gRPC's own reconnection attempts), and the
+    shutdown finishes; it is waited for SHUTDOWN_WAIT_S more. A cluster joined through an address
+    has no process of this one's to kill: its shutdown is left to end or not, in its daemon thread. Returns
+    whether the shutdown ended."""
+    node = ray_worker._global_node  # read before: ray.shutdown forgets it
+    ended = threading.Event()
+
+    def shut_down() -> None:
+        try:
+            with signal_handlers_kept():
+                ray.shutdown()
+        finally:
+            ended.set()
+
+    threading.Thread(target=shut_down, name="podium-ray-shutdown", daemon=True).start()
+    if ended.wait(wait_s) or node is None or not node.all_processes:  # ended, or no process of this one's
+        return ended.is_set()
+    logger.warning("ray.shutdown() has not ended after %.0f s (a GCS call left unanswered): killing the local "
+                   "Ray's processes", wait_s)
+    node.kill_all_processes(check_alive=False, allow_graceful=False)
+    return ended.wait(SHUTDOWN_WAIT_S)
 
 
 def await_release() -> None:

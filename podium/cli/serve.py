@@ -165,10 +165,9 @@ def _serve_on_ray(args: argparse.Namespace, serving: str) -> int:
         raise CliError(f"podium serve needs Ray Serve, which is not installed ({exc}): pip install 'podium[serve]' "
                        "(or \"ray[serve]\" at podium's ray version)") from None
     say("starting Ray Serve")
-    import ray
 
     from podium.live.server import ChampionServer
-    from podium.training.cluster import ensure_ray
+    from podium.training.cluster import ensure_ray, shut_down_ray
 
     try:
         ensure_ray(args.num_cpus * args.replicas)
@@ -204,7 +203,7 @@ def _serve_on_ray(args: argparse.Namespace, serving: str) -> int:
         return 0
     finally:
         serve.shutdown()
-        ray.shutdown()
+        shut_down_ray()  # bounded: a bare ray.shutdown() can wait for ever on its GCS
 
 
 def _say_status(status: dict[str, Any], before: dict[str, Any], url: str) -> None:

@@ -165,11 +165,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def answer_cut_short(exc: BaseException) -> bool:
-    """A read timeout raised while an answer's body was being read: `requests` reads the body after urllib3's
-    Retry has handed the response back, so MLflow's HTTP retries never see it (a server that froze mid-answer).
-    A timeout urllib3 itself retried until it gave up says "Max retries exceeded" instead."""
+    """An answer whose body stopped coming: a read timeout while it was read (a server that froze mid-answer), or
+    the connection closed before its Content-Length was read ("Connection broken: IncompleteRead": a server, or
+    its worker, that ended mid-answer, as a gunicorn worker does when it is killed after a freeze). `requests`
+    reads the body after urllib3's Retry has handed the response back, so MLflow's HTTP retries never see
+    either. A failure urllib3 itself retried until it gave up says "Max retries exceeded" instead."""
     text = str(getattr(exc, "message", exc))
-    return is_unreachable(exc) and "Read timed out" in text and "Max retries exceeded" not in text
+    return (is_unreachable(exc) and ("Read timed out" in text or "Connection broken" in text)
+            and "Max retries exceeded" not in text)
 
 
 def _retry_schedule() -> list[float]:

@@ -262,9 +262,10 @@ def test_disk_full_is_told_apart_also_as_a_cause():
 
 class _FreezesMidAnswer:
     """An MLflow-like HTTP server on loopback whose first answer stops after half its body (a server frozen
-    mid-answer), then answers whole."""
+    mid-answer) or, with `ends`, after its headers, its connection closed (a worker that ended mid-answer), then
+    answers whole."""
 
-    def __init__(self) -> None:
+    def __init__(self, ends: bool = False) -> None:
         import http.server
         import json
         import threading
@@ -281,6 +282,9 @@ class _FreezesMidAnswer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if outer.requests == 1 and ends:
+                    self.close_connection = True  # nothing of the body: the client reads IncompleteRead(0 bytes)
+                    return
                 if outer.requests == 1:
                     self.wfile.write(body[: len(body) // 2])
                     self.wfile.flush()
@@ -302,9 +306,11 @@ class _FreezesMidAnswer:
         self.server.server_close()
 
 
-def test_an_answer_cut_short_mid_body_is_asked_for_again(monkeypatch):
+@pytest.mark.parametrize("ends", [False, True], ids=["frozen", "ended"])
+def test_an_answer_cut_short_mid_body_is_asked_for_again(monkeypatch, ends):
     """MLflow's HTTP retries cover no answer at all, not an answer whose body stopped coming (requests reads the
-    body after urllib3's Retry is done): podium's tracking calls are asked again, on MLflow's schedule."""
+    body after urllib3's Retry is done), frozen or its connection closed: podium's tracking calls are asked again,
+    on MLflow's schedule."""
     from podium.errors import TrackingUnavailable
     from podium.tracking.client import answer_cut_short, tracking_call, tracking_client
 
@@ -315,7 +321,7 @@ def test_an_answer_cut_short_mid_body_is_asked_for_again(monkeypatch):
     def experiment(uri: str):
         return tracking_client(uri).get_experiment_by_name("podium")
 
-    server = _FreezesMidAnswer()
+    server = _FreezesMidAnswer(ends)
     try:
         assert experiment(server.url).experiment_id == "7"
         assert server.requests == 2
