@@ -110,6 +110,15 @@ def _env(tmp_path: Path, prefect_api: str, tracking_uri: str, ray, **extra: str)
     return env | ray.driver_env()
 
 
+def _retries(log: str) -> list[str]:
+    """The lines of a podium.log where urllib3 retried a request of MLflow's client."""
+    return [line for line in log.splitlines() if "Retrying" in line and "mlflow" in line]
+
+
+def _refused_retries(log: str) -> list[str]:
+    return [line for line in _retries(log) if "Connection refused" in line]
+
+
 class PodiumRun:
     """`podium run` (or `podium promote`) in a process group of its own; killed if the test ends before it does."""
 
@@ -358,7 +367,10 @@ class Outages:
         self.mlflow.signal(signal.SIGCONT)
         run.wait_until(verdicts_in_progress, "a verdict with more checkpoints waiting for theirs")
         self.mlflow.kill()
-        time.sleep(3)
+        # down until one of the run's requests was refused (urllib3 retries it, 4 s then 8 s later...): a fixed 3 s
+        # down could fall between two requests (validations of 10 s), and then nothing had ridden it out
+        run.wait_until(lambda: _refused_retries(log_file.read_bytes()[first_run_log:].decode(errors="replace")),
+                       "request refused while MLflow is down", timeout_s=30)
         self.mlflow.start()
         # then the Prefect server lost, and started again once a verdict was written without it
         validated = _statuses(url).count("validated")
@@ -474,9 +486,9 @@ def test_the_resume_rides_out_brief_mlflow_outages(outages):
     assert sorted({m.step for m in history}) == list(range(EPOCHS))
     # the brief outages reached the resumed run's MLflow client (urllib3's retries, which name the MLflow API;
     # the Prefect outage after them is another client's): both kinds of failed attempts were retried
-    retried = [line for line in ended.seen["log"].splitlines() if "Retrying" in line and "mlflow" in line]
+    retried = _retries(ended.seen["log"])
     assert any("Read timed out" in line for line in retried), "the freeze did not hit a request"
-    assert any("Connection refused" in line for line in retried), "the restart did not hit a request"
+    assert _refused_retries(ended.seen["log"]), "the restart did not hit a request"
 
 
 def test_prefect_server_back_mid_run_its_records_catch_up(outages):
