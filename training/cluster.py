@@ -501,12 +501,8 @@ def release_ray() -> None:
     if not _started_here or not ray.is_initialized():
         return
     _started_here = False
-    _release = threading.Thread(target=_shut_down_ray, name="podium-ray-release")  # not a daemon: joined at exit
+    _release = threading.Thread(target=shut_down_ray, name="podium-ray-release")  # not a daemon: joined at exit
     _release.start()
-
-
-def _shut_down_ray() -> None:
-    shut_down_ray()
 
 
 SHUTDOWN_WAIT_S = 30.0  # ray.shutdown's own work takes 1-3 s: past this it is hung (shut_down_ray)
